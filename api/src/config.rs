@@ -1,0 +1,781 @@
+//! The configuration document.
+//!
+//! The layout follows LIO's configfs tree, which administrators already know: backstores,
+//! then targets → portal groups → portals, LUNs and ACLs with mapped LUNs, plus CHAP and
+//! iSCSI parameters. Unknown fields are errors, so a typo never silently falls back to a
+//! default. [`Config::load`] reports the file, the path of the bad field and why.
+
+use std::collections::HashSet;
+use std::fmt;
+use std::io::Write;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+/// A configuration that could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("{file}: cannot read: {source}")]
+    Read {
+        file: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{file}: {path}: {message}")]
+    Invalid {
+        file: PathBuf,
+        /// Path of the offending field, e.g. `targets[0].portal_groups[0].luns[1].backstore`.
+        path: String,
+        message: String,
+    },
+    #[error("{file}: cannot save: {source}")]
+    Write {
+        file: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// A byte count written as an integer or with a unit: `1GiB`, `512M`, `4096`, `4k`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default)]
+pub struct ByteSize(pub u64);
+
+impl ByteSize {
+    pub fn parse(s: &str) -> Result<ByteSize, String> {
+        let s = s.trim();
+        let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+        let (num, unit) = s.split_at(split);
+        let n: u64 = num
+            .parse()
+            .map_err(|_| format!("invalid size {s:?}: expected a number with an optional unit"))?;
+        let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+            "" | "b" => 1,
+            "k" | "kb" | "kib" => 1 << 10,
+            "m" | "mb" | "mib" => 1 << 20,
+            "g" | "gb" | "gib" => 1 << 30,
+            "t" | "tb" | "tib" => 1 << 40,
+            other => return Err(format!("invalid size unit {other:?} in {s:?}")),
+        };
+        n.checked_mul(mult)
+            .map(ByteSize)
+            .ok_or_else(|| format!("size {s:?} is too large"))
+    }
+}
+
+impl fmt::Display for ByteSize {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        const UNITS: [(u64, &str); 4] = [
+            (1 << 40, "TiB"),
+            (1 << 30, "GiB"),
+            (1 << 20, "MiB"),
+            (1 << 10, "KiB"),
+        ];
+        for (m, u) in UNITS {
+            if self.0 >= m && self.0 % m == 0 {
+                return write!(f, "{}{}", self.0 / m, u);
+            }
+        }
+        write!(f, "{}", self.0)
+    }
+}
+
+impl Serialize for ByteSize {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.to_string())
+    }
+}
+
+impl<'de> Deserialize<'de> for ByteSize {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Int(u64),
+            Str(String),
+        }
+        match Raw::deserialize(d)? {
+            Raw::Int(n) => Ok(ByteSize(n)),
+            Raw::Str(s) => ByteSize::parse(&s).map_err(serde::de::Error::custom),
+        }
+    }
+}
+
+/// Where a backstore keeps its blocks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BackstoreKind {
+    /// A regular file (created sparse when missing); relative paths are in the state directory.
+    File,
+    /// A block device.
+    Block,
+    /// Memory; contents are lost at exit.
+    Ramdisk,
+    /// Reads return zeroes, writes are discarded (benchmarks).
+    Null,
+}
+
+fn default_block_size() -> u32 {
+    512
+}
+fn default_true() -> bool {
+    true
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Backstore {
+    pub name: String,
+    #[serde(rename = "type")]
+    pub kind: BackstoreKind,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<PathBuf>,
+    /// Required for file (when the file does not exist yet), ramdisk and null.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub size: Option<ByteSize>,
+    #[serde(default = "default_block_size")]
+    pub block_size: u32,
+    #[serde(default)]
+    pub read_only: bool,
+    /// NAA IEEE Registered Extended identifier as 32 hex digits; derived from the name when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wwn: Option<String>,
+    /// Unit serial number (VPD 0x80); derived from the name when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub serial: Option<String>,
+    /// Thin provisioning: UNMAP and WRITE SAME with UNMAP deallocate.
+    #[serde(default = "default_true")]
+    pub thin: bool,
+    /// Volatile write cache (WCE): writes are durable after SYNCHRONIZE CACHE or FUA.
+    #[serde(default = "default_true")]
+    pub write_cache: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Chap {
+    pub user: String,
+    pub secret: String,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Auth {
+    /// Credentials the initiator must present.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chap: Option<Chap>,
+    /// Credentials the target answers with when the initiator asks for mutual CHAP.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mutual_chap: Option<Chap>,
+}
+
+impl Auth {
+    fn is_empty(&self) -> bool {
+        self.chap.is_none() && self.mutual_chap.is_none()
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Lun {
+    pub lun: u64,
+    pub backstore: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MappedLun {
+    /// LUN number the initiator sees.
+    pub lun: u64,
+    /// LUN number of the portal group it maps to.
+    pub tpg_lun: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Acl {
+    pub initiator: String,
+    #[serde(default, skip_serializing_if = "Auth::is_empty")]
+    pub auth: Auth,
+    /// LUNs this initiator sees; when empty, all of the portal group's LUNs under their own numbers.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mapped_luns: Vec<MappedLun>,
+}
+
+/// iSCSI operational parameters offered by a portal group (RFC 7143 §13). Names are the
+/// RFC's keys; absent keys keep rtgt's defaults.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "PascalCase")]
+pub struct IscsiParams {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_recv_data_segment_length: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_burst_length: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_burst_length: Option<u32>,
+    #[serde(
+        default,
+        rename = "InitialR2T",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub initial_r2t: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub immediate_data: Option<bool>,
+    #[serde(
+        default,
+        rename = "MaxOutstandingR2T",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub max_outstanding_r2t: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_connections: Option<u16>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub default_time2_wait: Option<u16>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub default_time2_retain: Option<u16>,
+    /// Offer CRC32C header digests.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub header_digest: Option<bool>,
+    /// Offer CRC32C data digests.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data_digest: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error_recovery_level: Option<u8>,
+    /// Commands in flight per session (the CmdSN window).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue_depth: Option<u32>,
+    /// Seconds between target-initiated NOP-In pings (0 disables them).
+    #[serde(
+        default,
+        rename = "NopInInterval",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub nopin_interval: Option<u32>,
+    /// Seconds to wait for the answer to a NOP-In ping.
+    #[serde(
+        default,
+        rename = "NopInTimeout",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub nopin_timeout: Option<u32>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PortalGroup {
+    pub tag: u16,
+    pub portals: Vec<SocketAddr>,
+    #[serde(default, skip_serializing_if = "Auth::is_empty")]
+    pub auth: Auth,
+    /// Admit any initiator (LIO's generate_node_acls); it sees all LUNs of the group.
+    #[serde(default)]
+    pub allow_any_initiator: bool,
+    #[serde(default)]
+    pub luns: Vec<Lun>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub acls: Vec<Acl>,
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub params: IscsiParams,
+}
+
+fn is_default<T: Default + PartialEq>(v: &T) -> bool {
+    *v == T::default()
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Target {
+    /// iSCSI qualified name (`iqn.` or `eui.` or `naa.`).
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub alias: Option<String>,
+    pub portal_groups: Vec<PortalGroup>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Discovery {
+    #[serde(default, skip_serializing_if = "Auth::is_empty")]
+    pub auth: Auth,
+}
+
+/// The whole configuration document.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    #[serde(default)]
+    pub backstores: Vec<Backstore>,
+    #[serde(default)]
+    pub targets: Vec<Target>,
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub discovery: Discovery,
+}
+
+/// The configuration rtgtd serves when started without `--config`: one target with LUN 0 on
+/// a 1 GiB sparse file in the state directory, on every address, open to any initiator.
+pub const EMBEDDED_DEFAULT: &str = include_str!("default.yaml");
+
+impl Config {
+    /// Parses and validates a YAML document; `file` names it in error messages.
+    pub fn from_yaml(text: &str, file: &Path) -> Result<Config, ConfigError> {
+        let de = serde_norway::Deserializer::from_str(text);
+        let config: Config = serde_path_to_error::deserialize(de).map_err(|e| {
+            let path = e.path().to_string();
+            let inner = e.into_inner();
+            let mut message = inner.to_string();
+            if let Some(loc) = inner.location() {
+                message = format!("{message} (line {}, column {})", loc.line(), loc.column());
+            }
+            ConfigError::Invalid {
+                file: file.to_path_buf(),
+                path: if path == "." {
+                    "(document)".into()
+                } else {
+                    path
+                },
+                message,
+            }
+        })?;
+        config
+            .validate()
+            .map_err(|(path, message)| ConfigError::Invalid {
+                file: file.to_path_buf(),
+                path,
+                message,
+            })?;
+        Ok(config)
+    }
+
+    /// Reads, parses and validates a configuration file.
+    pub fn load(file: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(file).map_err(|source| ConfigError::Read {
+            file: file.to_path_buf(),
+            source,
+        })?;
+        Config::from_yaml(&text, file)
+    }
+
+    /// The embedded default configuration.
+    pub fn embedded_default() -> Config {
+        Config::from_yaml(EMBEDDED_DEFAULT, Path::new("<embedded default>"))
+            .expect("the embedded default configuration is valid")
+    }
+
+    pub fn to_yaml(&self) -> String {
+        serde_norway::to_string(self).expect("the configuration model always serializes")
+    }
+
+    /// Writes the configuration so that a crash at any point leaves either the old or the new
+    /// file: temporary file, fsync, rename, fsync of the directory.
+    pub fn save(&self, file: &Path) -> Result<(), ConfigError> {
+        let err = |source| ConfigError::Write {
+            file: file.to_path_buf(),
+            source,
+        };
+        let dir = match file.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+            _ => PathBuf::from("."),
+        };
+        let name = file
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "config.yaml".into());
+        let tmp = dir.join(format!(".{name}.tmp"));
+        let mut f = std::fs::File::create(&tmp).map_err(err)?;
+        f.write_all(self.to_yaml().as_bytes()).map_err(err)?;
+        f.sync_all().map_err(err)?;
+        drop(f);
+        std::fs::rename(&tmp, file).map_err(err)?;
+        std::fs::File::open(&dir)
+            .and_then(|d| d.sync_all())
+            .map_err(err)?;
+        Ok(())
+    }
+
+    pub fn backstore(&self, name: &str) -> Option<&Backstore> {
+        self.backstores.iter().find(|b| b.name == name)
+    }
+
+    /// Checks what the types cannot: references, uniqueness, ranges. Returns the path of the
+    /// bad field and why.
+    pub fn validate(&self) -> Result<(), (String, String)> {
+        let mut names = HashSet::new();
+        for (i, b) in self.backstores.iter().enumerate() {
+            let at = |f: &str| format!("backstores[{i}].{f}");
+            if b.name.is_empty()
+                || !b
+                    .name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+            {
+                return Err((
+                    at("name"),
+                    format!(
+                        "invalid name {:?}: use letters, digits, '-', '_' and '.'",
+                        b.name
+                    ),
+                ));
+            }
+            if !names.insert(b.name.as_str()) {
+                return Err((at("name"), format!("duplicate backstore name {:?}", b.name)));
+            }
+            if b.block_size != 512 && b.block_size != 4096 {
+                return Err((
+                    at("block_size"),
+                    format!("{} is not supported: use 512 or 4096", b.block_size),
+                ));
+            }
+            match b.kind {
+                BackstoreKind::File | BackstoreKind::Block if b.path.is_none() => {
+                    return Err((at("path"), "a file or block backstore needs a path".into()));
+                }
+                BackstoreKind::Ramdisk | BackstoreKind::Null if b.size.is_none() => {
+                    return Err((
+                        at("size"),
+                        "a ramdisk or null backstore needs a size".into(),
+                    ));
+                }
+                BackstoreKind::Ramdisk | BackstoreKind::Null if b.path.is_some() => {
+                    return Err((at("path"), "a ramdisk or null backstore has no path".into()));
+                }
+                _ => {}
+            }
+            if let Some(size) = b.size {
+                if size.0 == 0 || size.0 % u64::from(b.block_size) != 0 {
+                    return Err((
+                        at("size"),
+                        format!(
+                            "{size} is not a non-zero multiple of the block size {}",
+                            b.block_size
+                        ),
+                    ));
+                }
+            }
+            if let Some(wwn) = &b.wwn {
+                if wwn.len() != 32
+                    || !wwn.chars().all(|c| c.is_ascii_hexdigit())
+                    || !wwn.starts_with('6')
+                {
+                    return Err((
+                        at("wwn"),
+                        format!("{wwn:?} is not an NAA 6 identifier of 32 hex digits"),
+                    ));
+                }
+            }
+            if let Some(serial) = &b.serial {
+                if serial.is_empty()
+                    || serial.len() > 64
+                    || !serial.chars().all(|c| c.is_ascii_graphic())
+                {
+                    return Err((
+                        at("serial"),
+                        "the serial must be 1 to 64 printable ASCII characters".into(),
+                    ));
+                }
+            }
+        }
+        let mut target_names = HashSet::new();
+        let mut portals = HashSet::new();
+        for (ti, t) in self.targets.iter().enumerate() {
+            let tat = |f: &str| format!("targets[{ti}].{f}");
+            validate_iscsi_name(&t.name).map_err(|m| (tat("name"), m))?;
+            if !target_names.insert(t.name.to_ascii_lowercase()) {
+                return Err((tat("name"), format!("duplicate target {:?}", t.name)));
+            }
+            if t.portal_groups.is_empty() {
+                return Err((
+                    tat("portal_groups"),
+                    "a target needs at least one portal group".into(),
+                ));
+            }
+            let mut tags = HashSet::new();
+            for (gi, g) in t.portal_groups.iter().enumerate() {
+                let gat = |f: &str| format!("targets[{ti}].portal_groups[{gi}].{f}");
+                if g.tag == 0 || !tags.insert(g.tag) {
+                    return Err((
+                        gat("tag"),
+                        format!(
+                            "tag {} must be non-zero and unique within the target",
+                            g.tag
+                        ),
+                    ));
+                }
+                if g.portals.is_empty() {
+                    return Err((
+                        gat("portals"),
+                        "a portal group needs at least one portal".into(),
+                    ));
+                }
+                for (pi, p) in g.portals.iter().enumerate() {
+                    if !portals.insert((t.name.clone(), *p)) {
+                        return Err((
+                            gat(&format!("portals[{pi}]")),
+                            format!("portal {p} is listed twice"),
+                        ));
+                    }
+                }
+                validate_auth(&g.auth).map_err(|(f, m)| (gat(&format!("auth.{f}")), m))?;
+                let mut luns = HashSet::new();
+                for (li, l) in g.luns.iter().enumerate() {
+                    if l.lun >= 16384 {
+                        return Err((
+                            gat(&format!("luns[{li}].lun")),
+                            format!("LUN {} is out of range (0-16383)", l.lun),
+                        ));
+                    }
+                    if !luns.insert(l.lun) {
+                        return Err((
+                            gat(&format!("luns[{li}].lun")),
+                            format!("LUN {} is listed twice", l.lun),
+                        ));
+                    }
+                    if self.backstore(&l.backstore).is_none() {
+                        return Err((
+                            gat(&format!("luns[{li}].backstore")),
+                            format!("unknown backstore {:?}", l.backstore),
+                        ));
+                    }
+                }
+                let mut initiators = HashSet::new();
+                for (ai, a) in g.acls.iter().enumerate() {
+                    let aat = |f: &str| gat(&format!("acls[{ai}].{f}"));
+                    validate_iscsi_name(&a.initiator).map_err(|m| (aat("initiator"), m))?;
+                    if !initiators.insert(a.initiator.to_ascii_lowercase()) {
+                        return Err((
+                            aat("initiator"),
+                            format!("duplicate ACL for {:?}", a.initiator),
+                        ));
+                    }
+                    validate_auth(&a.auth).map_err(|(f, m)| (aat(&format!("auth.{f}")), m))?;
+                    let mut seen = HashSet::new();
+                    for (mi, m) in a.mapped_luns.iter().enumerate() {
+                        if m.lun >= 16384 || !seen.insert(m.lun) {
+                            return Err((
+                                aat(&format!("mapped_luns[{mi}].lun")),
+                                format!("LUN {} is out of range or listed twice", m.lun),
+                            ));
+                        }
+                        if !luns.contains(&m.tpg_lun) {
+                            return Err((
+                                aat(&format!("mapped_luns[{mi}].tpg_lun")),
+                                format!("the portal group has no LUN {}", m.tpg_lun),
+                            ));
+                        }
+                    }
+                }
+                validate_params(&g.params).map_err(|(f, m)| (gat(&format!("params.{f}")), m))?;
+            }
+        }
+        validate_auth(&self.discovery.auth).map_err(|(f, m)| (format!("discovery.auth.{f}"), m))?;
+        Ok(())
+    }
+}
+
+/// RFC 7143 §4.2.7: iqn., eui. and naa. names.
+fn validate_iscsi_name(name: &str) -> Result<(), String> {
+    let lower = name.to_ascii_lowercase();
+    let ok = if let Some(rest) = lower.strip_prefix("iqn.") {
+        rest.len() > 8
+            && rest.as_bytes()[..7].iter().enumerate().all(|(i, c)| {
+                if i == 4 {
+                    *c == b'-'
+                } else {
+                    c.is_ascii_digit()
+                }
+            })
+    } else if let Some(hex) = lower.strip_prefix("eui.") {
+        hex.len() == 16 && hex.chars().all(|c| c.is_ascii_hexdigit())
+    } else if let Some(hex) = lower.strip_prefix("naa.") {
+        (hex.len() == 16 || hex.len() == 32) && hex.chars().all(|c| c.is_ascii_hexdigit())
+    } else {
+        false
+    };
+    if !ok || name.len() > 223 || name.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err(format!(
+            "{name:?} is not a valid iSCSI name (iqn.YYYY-MM.reversed.domain[:id], eui.<16 hex>, naa.<16 or 32 hex>)"
+        ));
+    }
+    Ok(())
+}
+
+fn validate_auth(auth: &Auth) -> Result<(), (String, String)> {
+    for (field, chap) in [("chap", &auth.chap), ("mutual_chap", &auth.mutual_chap)] {
+        if let Some(c) = chap {
+            if c.user.is_empty() {
+                return Err((
+                    format!("{field}.user"),
+                    "the CHAP user name must not be empty".into(),
+                ));
+            }
+            // RFC 7143 §12.1.3: at least 12 bytes (96 bits) of secret.
+            if c.secret.len() < 12 || c.secret.len() > 255 {
+                return Err((
+                    format!("{field}.secret"),
+                    "the CHAP secret must be 12 to 255 characters".into(),
+                ));
+            }
+        }
+    }
+    if auth.mutual_chap.is_some() && auth.chap.is_none() {
+        return Err((
+            "mutual_chap".into(),
+            "mutual CHAP needs chap credentials for the initiator too".into(),
+        ));
+    }
+    if let (Some(a), Some(b)) = (&auth.chap, &auth.mutual_chap) {
+        if a.secret == b.secret {
+            return Err((
+                "mutual_chap.secret".into(),
+                "the mutual secret must differ from the initiator's secret".into(),
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn validate_params(p: &IscsiParams) -> Result<(), (String, String)> {
+    let range = |name: &str, v: Option<u32>, lo: u32, hi: u32| match v {
+        Some(v) if v < lo || v > hi => {
+            Err((name.to_string(), format!("{v} is outside {lo}..={hi}")))
+        }
+        _ => Ok(()),
+    };
+    range(
+        "MaxRecvDataSegmentLength",
+        p.max_recv_data_segment_length,
+        512,
+        16_777_215,
+    )?;
+    range("MaxBurstLength", p.max_burst_length, 512, 16_777_215)?;
+    range("FirstBurstLength", p.first_burst_length, 512, 16_777_215)?;
+    range("MaxOutstandingR2T", p.max_outstanding_r2t, 1, 65_535)?;
+    range("QueueDepth", p.queue_depth, 1, 4096)?;
+    range("NopInTimeout", p.nopin_timeout, 1, 3600)?;
+    if let (Some(f), Some(m)) = (p.first_burst_length, p.max_burst_length) {
+        if f > m {
+            return Err((
+                "FirstBurstLength".into(),
+                format!("{f} exceeds MaxBurstLength {m}"),
+            ));
+        }
+    }
+    if let Some(e) = p.error_recovery_level {
+        if e > 2 {
+            return Err(("ErrorRecoveryLevel".into(), format!("{e} is outside 0..=2")));
+        }
+    }
+    if let Some(c) = p.max_connections {
+        if c == 0 {
+            return Err(("MaxConnections".into(), "0 is outside 1..=65535".into()));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn err_of(yaml: &str) -> (String, String) {
+        match Config::from_yaml(yaml, Path::new("t.yaml")) {
+            Err(ConfigError::Invalid { path, message, .. }) => (path, message),
+            other => panic!("expected an invalid-config error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn embedded_default_is_valid() {
+        let c = Config::embedded_default();
+        assert_eq!(c.backstores.len(), 1);
+        assert_eq!(c.backstores[0].size, Some(ByteSize(1 << 30)));
+        let g = &c.targets[0].portal_groups[0];
+        assert!(g.allow_any_initiator);
+        assert_eq!(g.luns[0].lun, 0);
+    }
+
+    #[test]
+    fn sizes() {
+        assert_eq!(ByteSize::parse("1GiB"), Ok(ByteSize(1 << 30)));
+        assert_eq!(ByteSize::parse("512M"), Ok(ByteSize(512 << 20)));
+        assert_eq!(ByteSize::parse("4096"), Ok(ByteSize(4096)));
+        assert!(ByteSize::parse("1XB").is_err());
+        assert!(ByteSize::parse("99999999999999T").is_err());
+        assert_eq!(ByteSize(3 << 30).to_string(), "3GiB");
+        assert_eq!(ByteSize(1000).to_string(), "1000");
+    }
+
+    #[test]
+    fn round_trip() {
+        let c = Config::embedded_default();
+        let again = Config::from_yaml(&c.to_yaml(), Path::new("x")).unwrap();
+        assert_eq!(c, again);
+    }
+
+    #[test]
+    fn unknown_field_names_its_path() {
+        let (path, msg) =
+            err_of("backstores:\n  - name: a\n    type: null\n    size: 1M\n    sise: 2\n");
+        assert_eq!(path, "backstores[0].sise");
+        assert!(msg.contains("sise"), "{msg}");
+    }
+
+    #[test]
+    fn bad_type_names_its_path() {
+        let (path, msg) = err_of("backstores:\n  - name: a\n    type: tape\n");
+        assert_eq!(path, "backstores[0].type");
+        assert!(msg.contains("tape"), "{msg}");
+    }
+
+    #[test]
+    fn unknown_backstore_reference() {
+        let (path, msg) = err_of(
+            "targets:\n  - name: iqn.2025-01.io.rtgt:t\n    portal_groups:\n      - tag: 1\n        portals: ['0.0.0.0:3260']\n        luns: [{lun: 0, backstore: nope}]\n",
+        );
+        assert_eq!(path, "targets[0].portal_groups[0].luns[0].backstore");
+        assert!(msg.contains("nope"));
+    }
+
+    #[test]
+    fn bad_block_size_and_size() {
+        let (path, _) =
+            err_of("backstores:\n  - {name: a, type: null, size: 1M, block_size: 1024}\n");
+        assert_eq!(path, "backstores[0].block_size");
+        let (path, _) = err_of("backstores:\n  - {name: a, type: ramdisk, size: 1000}\n");
+        assert_eq!(path, "backstores[0].size");
+        let (path, _) = err_of("backstores:\n  - {name: a, type: file}\n");
+        assert_eq!(path, "backstores[0].path");
+    }
+
+    #[test]
+    fn bad_names_and_chap() {
+        let (path, _) = err_of("targets:\n  - name: target1\n    portal_groups: []\n");
+        assert_eq!(path, "targets[0].name");
+        let (path, _) = err_of("discovery:\n  auth:\n    chap: {user: u, secret: short}\n");
+        assert_eq!(path, "discovery.auth.chap.secret");
+        let (path, _) = err_of(
+            "targets:\n  - name: iqn.2025-01.io.rtgt:t\n    portal_groups:\n      - tag: 1\n        portals: ['0.0.0.0:3260']\n        params: {FirstBurstLength: 9000, MaxBurstLength: 4096}\n",
+        );
+        assert_eq!(path, "targets[0].portal_groups[0].params.FirstBurstLength");
+    }
+
+    #[test]
+    fn acl_mapped_lun_must_exist() {
+        let (path, _) = err_of(
+            "backstores: [{name: a, type: null, size: 1M}]\ntargets:\n  - name: iqn.2025-01.io.rtgt:t\n    portal_groups:\n      - tag: 1\n        portals: ['0.0.0.0:3260']\n        luns: [{lun: 0, backstore: a}]\n        acls:\n          - initiator: iqn.1994-05.com.redhat:h\n            mapped_luns: [{lun: 0, tpg_lun: 3}]\n",
+        );
+        assert_eq!(
+            path,
+            "targets[0].portal_groups[0].acls[0].mapped_luns[0].tpg_lun"
+        );
+    }
+
+    #[test]
+    fn save_is_atomic_and_loadable() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("rtgt.yaml");
+        let c = Config::embedded_default();
+        c.save(&file).unwrap();
+        assert_eq!(Config::load(&file).unwrap(), c);
+        assert!(!dir.path().join(".rtgt.yaml.tmp").exists());
+    }
+}

@@ -1,0 +1,57 @@
+//! Block backstores for rtgt.
+//!
+//! A [`Backstore`] moves whole logical blocks between a device and [`IoBuf`]s. Buffers are
+//! passed by value and handed back with the result, so a buffer the kernel may still write
+//! into is never reachable from safe code (the ownership model of the io_uring backend).
+//! Buffers come from a [`BufPool`] whose memory is allocated in large aligned slabs that can
+//! later be registered with io_uring (fixed buffers) and with the RDMA stack (memory regions).
+
+mod buf;
+mod error;
+mod file;
+mod mem;
+
+pub use buf::{BufPool, IoBuf};
+pub use error::{BackstoreError, IoErrorKind};
+pub use file::{FileBackstore, FileOptions};
+pub use mem::{NullBackstore, RamBackstore};
+
+use async_trait::async_trait;
+
+/// What the SCSI layer needs to know about a device.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceInfo {
+    /// Logical block size in bytes (512 or 4096).
+    pub block_size: u32,
+    /// Number of logical blocks.
+    pub num_blocks: u64,
+    /// Writes are refused.
+    pub read_only: bool,
+    /// UNMAP / WRITE SAME with UNMAP deallocate blocks (thin provisioning).
+    pub thin: bool,
+    /// The device has a volatile write cache that `flush` empties.
+    pub write_cache: bool,
+}
+
+/// Result of an operation that takes a buffer: the buffer always comes back.
+pub type BufResult<T> = (Result<T, BackstoreError>, IoBuf);
+
+/// A block device. Offsets and lengths are in bytes and multiples of the block size;
+/// callers (the SCSI engine) check ranges against [`DeviceInfo`] before calling.
+#[async_trait]
+pub trait Backstore: Send + Sync + 'static {
+    fn info(&self) -> DeviceInfo;
+    /// Reads `buf.len()` bytes at `offset` into `buf`.
+    async fn read(&self, offset: u64, buf: IoBuf) -> BufResult<()>;
+    /// Writes `buf` at `offset`. With `fua` the data is on stable media when this returns.
+    async fn write(&self, offset: u64, buf: IoBuf, fua: bool) -> BufResult<()>;
+    /// Makes all completed writes durable (SYNCHRONIZE CACHE).
+    async fn flush(&self) -> Result<(), BackstoreError>;
+    /// Deallocates `len` bytes at `offset`; reads of the range then return zeroes.
+    async fn unmap(&self, offset: u64, len: u64) -> Result<(), BackstoreError>;
+    /// Whether the range is mapped (allocated); used by GET LBA STATUS.
+    /// Returns (mapped, length in bytes of the run starting at `offset` with that state).
+    async fn lba_status(&self, offset: u64, len: u64) -> Result<(bool, u64), BackstoreError>;
+    /// Changes the capacity (live resize).
+    async fn resize(&self, num_blocks: u64) -> Result<(), BackstoreError>;
+}

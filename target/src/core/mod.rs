@@ -1,0 +1,182 @@
+//! The target core: targets, portal groups, LUN maps, ACLs and the session registry.
+//!
+//! These are the runtime objects built from the configuration; fabrics look targets up
+//! here and never see the configuration file.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, RwLock};
+
+use crate::scsi::LunMap;
+
+/// CHAP credentials (RFC 7143 §12.1.3). `mutual` holds the target's own name and secret
+/// for mutual authentication.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct ChapCredentials {
+    pub user: String,
+    pub secret: String,
+}
+
+impl std::fmt::Debug for ChapCredentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ChapCredentials")
+            .field("user", &self.user)
+            .field("secret", &"<hidden>")
+            .finish()
+    }
+}
+
+/// Authentication required on a portal group, an ACL or discovery.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Auth {
+    /// Credentials the initiator must present; `None` means AuthMethod=None is accepted.
+    pub chap: Option<ChapCredentials>,
+    /// Credentials the target presents when the initiator asks for mutual CHAP.
+    pub mutual: Option<ChapCredentials>,
+}
+
+/// iSCSI operational parameters the target offers (RFC 7143 §13). Defaults follow the RFC
+/// except where noted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IscsiParams {
+    pub max_recv_data_segment_length: u32,
+    pub max_burst_length: u32,
+    pub first_burst_length: u32,
+    pub initial_r2t: bool,
+    pub immediate_data: bool,
+    pub max_outstanding_r2t: u32,
+    pub max_connections: u16,
+    pub default_time2wait: u16,
+    pub default_time2retain: u16,
+    pub header_digest: bool,
+    pub data_digest: bool,
+    pub error_recovery_level: u8,
+    /// Commands the target accepts per session beyond ExpCmdSN (MaxCmdSN − ExpCmdSN + 1).
+    pub queue_depth: u32,
+    /// Seconds between target-initiated NOP-In pings on an idle connection (0 = off).
+    pub nopin_interval: u32,
+    /// Seconds to wait for the NOP-Out answering a ping before dropping the connection.
+    pub nopin_timeout: u32,
+}
+
+impl Default for IscsiParams {
+    fn default() -> Self {
+        IscsiParams {
+            max_recv_data_segment_length: 262_144,
+            max_burst_length: 1_048_576,
+            first_burst_length: 65_536,
+            initial_r2t: false,
+            immediate_data: true,
+            max_outstanding_r2t: 1,
+            max_connections: 1,
+            default_time2wait: 2,
+            default_time2retain: 20,
+            header_digest: true,
+            data_digest: true,
+            error_recovery_level: 0,
+            queue_depth: 128,
+            nopin_interval: 15,
+            nopin_timeout: 30,
+        }
+    }
+}
+
+/// One initiator allowed into a portal group, with the LUNs it sees.
+#[derive(Clone)]
+pub struct Acl {
+    /// Initiator node name (iSCSI name, or SRP initiator port ID).
+    pub initiator: String,
+    pub auth: Auth,
+    pub luns: LunMap,
+}
+
+/// A target portal group: the unit of access control (LIO's TPG).
+#[derive(Clone)]
+pub struct PortalGroup {
+    pub tag: u16,
+    pub portals: Vec<SocketAddr>,
+    /// Authentication for initiators that match no ACL-specific settings.
+    pub auth: Auth,
+    /// Explicit ACLs by initiator name.
+    pub acls: HashMap<String, Acl>,
+    /// When set, any initiator is admitted and sees `luns` (LIO's generate_node_acls).
+    pub allow_any_initiator: bool,
+    /// LUNs seen by initiators admitted without an explicit ACL.
+    pub luns: LunMap,
+    pub params: IscsiParams,
+}
+
+impl PortalGroup {
+    /// The LUN map and authentication for an initiator, or `None` when it is not allowed.
+    pub fn admit(&self, initiator: &str) -> Option<(LunMap, Auth)> {
+        if let Some(acl) = self.acls.get(initiator) {
+            let auth = if acl.auth.chap.is_some() {
+                acl.auth.clone()
+            } else {
+                self.auth.clone()
+            };
+            return Some((acl.luns.clone(), auth));
+        }
+        self.allow_any_initiator
+            .then(|| (self.luns.clone(), self.auth.clone()))
+    }
+}
+
+/// A SCSI target (an iSCSI target node).
+#[derive(Clone)]
+pub struct Target {
+    /// iSCSI qualified name.
+    pub name: String,
+    pub alias: Option<String>,
+    pub portal_groups: Vec<PortalGroup>,
+}
+
+/// All targets of the running daemon. Fabrics take a snapshot per login so a live
+/// reconfiguration never changes a target under a command in flight.
+#[derive(Default)]
+pub struct Registry {
+    targets: RwLock<HashMap<String, Arc<Target>>>,
+    /// Authentication for SendTargets discovery sessions.
+    discovery_auth: RwLock<Auth>,
+}
+
+impl Registry {
+    pub fn new() -> Arc<Registry> {
+        Arc::new(Registry::default())
+    }
+
+    pub fn target(&self, name: &str) -> Option<Arc<Target>> {
+        self.targets.read().unwrap_or_else(|e| e.into_inner()).get(name).cloned()
+    }
+
+    pub fn targets(&self) -> Vec<Arc<Target>> {
+        let mut v: Vec<_> = self
+            .targets
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .cloned()
+            .collect();
+        v.sort_by(|a, b| a.name.cmp(&b.name));
+        v
+    }
+
+    pub fn set_target(&self, target: Target) {
+        self.targets
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(target.name.clone(), Arc::new(target));
+    }
+
+    pub fn remove_target(&self, name: &str) -> Option<Arc<Target>> {
+        self.targets.write().unwrap_or_else(|e| e.into_inner()).remove(name)
+    }
+
+    pub fn discovery_auth(&self) -> Auth {
+        self.discovery_auth.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    pub fn set_discovery_auth(&self, auth: Auth) {
+        *self.discovery_auth.write().unwrap_or_else(|e| e.into_inner()) = auth;
+    }
+}

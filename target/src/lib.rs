@@ -1,0 +1,8 @@
+//! rtgt's SCSI target.
+//!
+//! Dependency direction: [`scsi`] (no fabric knowledge) ← [`core`] (targets, portal groups,
+//! LUN maps, ACLs, sessions) ← fabrics ([`iscsi`]) ← the `rtgtd` daemon.
+
+pub mod core;
+pub mod iscsi;
+pub mod scsi;

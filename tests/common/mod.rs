@@ -1,0 +1,150 @@
+//! Helpers shared by the integration tests: prerequisites and a running rtgtd.
+#![allow(dead_code)]
+
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Whether CI runs us: there a missing prerequisite is a failure, not a skip.
+pub fn in_ci() -> bool {
+    std::env::var_os("CI").is_some_and(|v| !v.is_empty() && v != "false" && v != "0")
+}
+
+/// Runs `probe`; when it cannot start, skips the test with one line (or fails it in CI).
+pub fn prerequisite(what: &str, probe: &[&str]) -> bool {
+    let ok = Command::new(probe[0])
+        .args(&probe[1..])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok();
+    if !ok {
+        assert!(!in_ci(), "{what} is required in CI but `{}` did not run", probe.join(" "));
+        eprintln!("skipped: {what} is not installed (`{}` did not run)", probe.join(" "));
+    }
+    ok
+}
+
+pub const TEST_IQN: &str = "iqn.2025-01.io.rtgt:test";
+
+/// A free TCP port on 127.0.0.1.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+/// rtgtd running on 127.0.0.1 with its own state directory; stopped with SIGTERM on drop.
+pub struct Rtgtd {
+    pub child: Child,
+    pub port: u16,
+    pub dir: PathBuf,
+    pub log: PathBuf,
+}
+
+impl Rtgtd {
+    /// One target, LUN 0 on a sparse file of `size` bytes, any initiator admitted.
+    pub fn start_file_lun(name: &str, size: u64) -> Rtgtd {
+        let port = free_port();
+        let config = format!(
+            "backstores:\n  - {{name: lun0, type: file, path: lun0.img, size: {size}, block_size: 512}}\n\
+             targets:\n  - name: {TEST_IQN}\n    portal_groups:\n      - tag: 1\n        portals: ['127.0.0.1:{port}']\n        allow_any_initiator: true\n        luns: [{{lun: 0, backstore: lun0}}]\n"
+        );
+        Rtgtd::start(name, &config, port)
+    }
+
+    /// Starts rtgtd on `config` (YAML) and waits until `port` accepts connections.
+    pub fn start(name: &str, config: &str, port: u16) -> Rtgtd {
+        let dir = std::env::temp_dir().join(format!("rtgt-test-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("create the test state directory");
+        let cfg = dir.join("rtgt.yaml");
+        std::fs::write(&cfg, config).expect("write the test configuration");
+        Rtgtd::spawn(&dir, &cfg, port)
+    }
+
+    fn spawn(dir: &Path, cfg: &Path, port: u16) -> Rtgtd {
+        let log = dir.join("rtgtd.log");
+        let logf = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log)
+            .expect("open the rtgtd log");
+        let child = Command::new(env!("CARGO_BIN_EXE_rtgtd"))
+            .arg("--config")
+            .arg(cfg)
+            .arg("--state-dir")
+            .arg(dir)
+            .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()))
+            .stdout(logf.try_clone().expect("clone the log handle"))
+            .stderr(logf)
+            .spawn()
+            .expect("start rtgtd");
+        let mut d = Rtgtd {
+            child,
+            port,
+            dir: dir.to_path_buf(),
+            log,
+        };
+        d.wait_listening();
+        d
+    }
+
+    fn wait_listening(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < deadline {
+            if TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
+                return;
+            }
+            if let Ok(Some(status)) = self.child.try_wait() {
+                panic!("rtgtd exited with {status}:\n{}", self.log_text());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("rtgtd did not listen on port {} within 30 s:\n{}", self.port, self.log_text());
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    pub fn lun_url(&self, lun: u32) -> String {
+        format!("iscsi://127.0.0.1:{}/{TEST_IQN}/{lun}", self.port)
+    }
+
+    pub fn is_running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    /// SIGTERM and wait; returns the exit code.
+    pub fn stop(&mut self) -> Option<i32> {
+        // SAFETY: kill(2) on the pid of a child we own and have not reaped.
+        unsafe {
+            libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM);
+        }
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < deadline {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return status.code();
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.child.kill();
+        self.child.wait().ok().and_then(|s| s.code())
+    }
+}
+
+impl Drop for Rtgtd {
+    fn drop(&mut self) {
+        if self.is_running() {
+            self.stop();
+        }
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        } else {
+            eprintln!("rtgtd state and log kept in {}", self.dir.display());
+        }
+    }
+}
