@@ -5,16 +5,21 @@
 //! into is never reachable from safe code (the ownership model of the io_uring backend).
 //! Buffers come from a [`BufPool`] whose memory is allocated in large aligned slabs that can
 //! later be registered with io_uring (fixed buffers) and with the RDMA stack (memory regions).
+//!
+//! Backends: [`FileBackstore`] (regular files and block devices on one io_uring per backstore,
+//! O_DIRECT for aligned transfers), [`RamBackstore`] (sparse memory) and [`NullBackstore`].
 
 mod buf;
 mod error;
 mod file;
 mod mem;
+mod sys;
+mod uring;
 
-pub use buf::{BufPool, IoBuf};
+pub use buf::{BufPool, IoBuf, IO_BUF_ALIGN};
 pub use error::{BackstoreError, IoErrorKind};
-pub use file::{FileBackstore, FileOptions};
-pub use mem::{NullBackstore, RamBackstore};
+pub use file::{FileBackstore, FileCounters, FileOptions, DEFAULT_QUEUE_DEPTH};
+pub use mem::{NullBackstore, RamBackstore, RAM_CHUNK};
 
 use async_trait::async_trait;
 

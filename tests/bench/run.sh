@@ -1,0 +1,108 @@
+#!/usr/bin/env bash
+# Side-by-side iSCSI/TCP benchmark on 127.0.0.1: rtgtd and Debian's tgtd serve the same
+# tmpfs-backed file in turn; libiscsi's iscsi-perf drives reads, rtgt's own initiator drives
+# writes; fio (io_uring) on the file and iperf3 over loopback give the ceilings.
+#
+# Usage: tests/bench/run.sh [--seconds N] [--size MiB]
+# Needs: tgt, libiscsi-bin, fio, iperf3 (Debian packages) and a release build of rtgtd and
+# rtgt-iscsi (built here).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+secs=10 size_mib=1024
+while (($#)); do
+    case $1 in
+    --seconds) secs=$2; shift ;;
+    --size) size_mib=$2; shift ;;
+    *) echo "usage: $0 [--seconds N] [--size MiB]" >&2; exit 2 ;;
+    esac
+    shift
+done
+for tool in tgtd tgtadm iscsi-perf fio iperf3; do
+    command -v "$tool" >/dev/null || { echo "bench: $tool is not installed" >&2; exit 2; }
+done
+cargo build --release -q --bin rtgtd --bin rtgt-iscsi
+bin=build/release
+
+work=$(mktemp -d /dev/shm/rtgt-bench.XXXXXX)
+pids=()
+cleanup() {
+    for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+    wait 2>/dev/null || true
+    rm -rf "$work"
+}
+trap cleanup EXIT
+lun=$work/lun.img
+truncate -s "${size_mib}M" "$lun"
+# Fill the file so reads are of real data on both targets.
+dd if=/dev/urandom of="$lun" bs=1M count="$size_mib" conv=notrunc status=none
+
+port_tgt=3361 port_rtgt=3362 ctl=$$
+iqn_tgt=iqn.2025-01.io.rtgt:bench-tgt iqn_rtgt=iqn.2025-01.io.rtgt:bench
+
+tgtd -f -C "$ctl" --iscsi "portal=127.0.0.1:$port_tgt" >"$work/tgtd.log" 2>&1 &
+pids+=($!)
+sleep 1
+tgtadm -C "$ctl" --lld iscsi --op new --mode target --tid 1 -T "$iqn_tgt"
+tgtadm -C "$ctl" --lld iscsi --op new --mode logicalunit --tid 1 --lun 1 -b "$lun"
+tgtadm -C "$ctl" --lld iscsi --op bind --mode target --tid 1 -I ALL
+
+cat >"$work/rtgt.yaml" <<YAML
+backstores:
+  - {name: bench, type: file, path: $lun, block_size: 512}
+targets:
+  - name: $iqn_rtgt
+    portal_groups:
+      - tag: 1
+        portals: ['127.0.0.1:$port_rtgt']
+        allow_any_initiator: true
+        luns: [{lun: 1, backstore: bench}]
+YAML
+RUST_LOG=warn "$bin/rtgtd" --config "$work/rtgt.yaml" --state-dir "$work/state" >"$work/rtgtd.log" 2>&1 &
+pids+=($!)
+for _ in $(seq 100); do (exec 3<>/dev/tcp/127.0.0.1/$port_rtgt) 2>/dev/null && break; sleep 0.1; done
+
+url_tgt=iscsi://127.0.0.1:$port_tgt/$iqn_tgt/1
+url_rtgt=iscsi://127.0.0.1:$port_rtgt/$iqn_rtgt/1
+
+# iscsi-perf URL QD BLOCKS RANDOM(0|1) -> IOPS average
+perf() {
+    local r=()
+    (($4)) && r=(-r)
+    timeout $((secs + 20)) iscsi-perf -m "$2" -b "$3" "${r[@]}" -t "$secs" "$1" 2>&1 | tr '\r' '\n' |
+        sed -n 's/^iops average \([0-9]*\).*/\1/p' | tail -1
+}
+# rtgt-iscsi bench URL RW BS QD -> IOPS
+ibench() {
+    "$bin/rtgt-iscsi" bench --url "$1" --rw "$2" --bs "$3" --iodepth "$4" --seconds "$secs" 2>&1 |
+        sed -n 's/.*iops=\([0-9.]*\).*/\1/p' | tail -1
+}
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2fx", a / b; else print "n/a" }'; }
+mbs() { awk -v i="$1" -v bs="$2" 'BEGIN { printf "%.0f MB/s", i * bs / 1e6 }'; }
+
+printf '%-34s %14s %14s %8s\n' workload tgtd rtgtd rtgt/tgt
+row() { # name tgt rtgt unit-bytes
+    local t=$2 r=$3
+    printf '%-34s %14s %14s %8s\n' "$1" "$t IOPS" "$r IOPS" "$(ratio "$r" "$t")"
+    [[ $4 -gt 65536 ]] && printf '%-34s %14s %14s\n' "" "$(mbs "$t" "$4")" "$(mbs "$r" "$4")"
+    return 0
+}
+row "4K random read QD32 (iscsi-perf)" "$(perf "$url_tgt" 32 8 1)" "$(perf "$url_rtgt" 32 8 1)" 4096
+row "4K random read QD1 (iscsi-perf)" "$(perf "$url_tgt" 1 8 1)" "$(perf "$url_rtgt" 1 8 1)" 4096
+seq_t=$(perf "$url_tgt" 8 256 0) seq_r=$(perf "$url_rtgt" 8 256 0)
+row "128K sequential read QD8 (iscsi-perf)" "$seq_t" "$seq_r" 131072
+row "4K random write QD32 (rtgt-iscsi)" "$(ibench "$url_tgt" randwrite 4096 32)" "$(ibench "$url_rtgt" randwrite 4096 32)" 4096
+row "128K sequential write QD8 (rtgt-iscsi)" "$(ibench "$url_tgt" write 131072 8)" "$(ibench "$url_rtgt" write 131072 8)" 131072
+
+echo
+fio_iops=$(fio --name=ceiling --filename="$lun" --ioengine=io_uring --rw=randread --bs=4k --iodepth=32 \
+    --runtime="$secs" --time_based --output-format=terse --terse-version=3 2>/dev/null | awk -F';' '{print $8}')
+echo "local io_uring (fio, 4K random read QD32 on the file): $fio_iops IOPS;" \
+    "rtgtd reaches $(ratio "$(perf "$url_rtgt" 32 8 1)" "$fio_iops") of it"
+iperf3 -s -1 -p 5299 >/dev/null 2>&1 &
+sleep 0.5
+tcp_bps=$(iperf3 -c 127.0.0.1 -p 5299 -t "$secs" -J 2>/dev/null |
+    python3 -c 'import json,sys; print(int(json.load(sys.stdin)["end"]["sum_received"]["bits_per_second"]))')
+tcp_mbs=$((tcp_bps / 8 / 1000000))
+seq_mbs=$((seq_r * 131072 / 1000000))
+echo "TCP loopback ceiling (iperf3, one stream): $tcp_mbs MB/s; rtgtd 128K read: $seq_mbs MB/s" \
+    "($(ratio "$seq_mbs" "$tcp_mbs") of the ceiling)"
