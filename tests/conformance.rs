@@ -92,7 +92,7 @@ fn libiscsi_conformance() {
     if !prerequisite("iscsi-test-cu", &["iscsi-test-cu", "-l"]) {
         return;
     }
-    let daemon = Rtgtd::start_file_lun("conformance", 256 << 20);
+    let mut daemon = Rtgtd::start_file_lun("conformance", 256 << 20);
     let url = daemon.lun_url(0);
     let mut total = Tally::default();
     let mut failures = Vec::new();

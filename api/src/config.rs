@@ -72,7 +72,7 @@ impl fmt::Display for ByteSize {
             (1 << 10, "KiB"),
         ];
         for (m, u) in UNITS {
-            if self.0 >= m && self.0 % m == 0 {
+            if self.0 >= m && self.0.is_multiple_of(m) {
                 return write!(f, "{}{}", self.0 / m, u);
             }
         }
@@ -441,7 +441,7 @@ impl Config {
                 _ => {}
             }
             if let Some(size) = b.size {
-                if size.0 == 0 || size.0 % u64::from(b.block_size) != 0 {
+                if size.0 == 0 || !size.0.is_multiple_of(u64::from(b.block_size)) {
                     return Err((
                         at("size"),
                         format!(

@@ -1,0 +1,109 @@
+#!/bin/bash
+# open-iscsi against rtgtd: discovery, CHAP login, size and WWN, ext4 with checksummed files
+# across a remount, fio verify on the raw device, logout, mutual CHAP re-login with the data
+# still there, and rtgtd restarted twice (SIGTERM, kill -9) under the logged-in session.
+set -euo pipefail
+portal=$LAB_HOST_IP
+node=(-m node -T "$TARGET_IQN" -p "$portal")
+
+modprobe -a iscsi_tcp sd_mod ext4
+echo "InitiatorName=$GUEST_IQN" >/etc/iscsi/initiatorname.iscsi
+lab_step "starting iscsid"
+iscsid
+lab_step "discovery"
+iscsiadm -m discovery -t sendtargets -p "$portal" | tee "$LAB_OUT/discovery.txt"
+grep -q "$portal:3260,1 $TARGET_IQN" "$LAB_OUT/discovery.txt" || lab_fail "target not discovered"
+
+set_auth() { iscsiadm "${node[@]}" --op update -n "$1" -v "$2"; }
+set_auth node.session.auth.authmethod CHAP
+set_auth node.session.auth.username "$CHAP_USER"
+set_auth node.session.auth.password "$CHAP_SECRET"
+# Quick recovery when the target restarts.
+set_auth node.session.timeo.replacement_timeout 120
+set_auth node.conn[0].timeo.noop_out_interval 5
+set_auth node.conn[0].timeo.noop_out_timeout 10
+
+lab_step "login with a wrong CHAP secret is refused"
+set_auth node.session.auth.password "not-the-secret-0"
+if iscsiadm "${node[@]}" --login >"$LAB_OUT/badlogin.txt" 2>&1; then
+    lab_fail "login with a wrong CHAP secret succeeded"
+fi
+grep -qi 'authorization failure\|authentication failure\|24' "$LAB_OUT/badlogin.txt" ||
+    { cat "$LAB_OUT/badlogin.txt"; lab_fail "unexpected error for a wrong secret"; }
+set_auth node.session.auth.password "$CHAP_SECRET"
+
+lab_step "login (CHAP)"
+iscsiadm "${node[@]}" --login
+dev=$(lab_iscsi_disk "$portal" "$TARGET_IQN" 0 60) || lab_fail "no disk for LUN 0"
+name=${dev#/dev/}
+bytes=$(($(cat "/sys/class/block/$name/size") * 512))
+lab_step "disk $dev: $bytes bytes"
+((bytes == DISK_BYTES)) || lab_fail "disk size $bytes, expected $DISK_BYTES"
+wwid=$(cat "/sys/class/block/$name/device/wwid")
+lab_step "wwid $wwid"
+[[ $wwid == "naa.$DISK_WWN" ]] || lab_fail "wwid $wwid, expected naa.$DISK_WWN"
+
+lab_step "mkfs.ext4 and files"
+# The file system keeps to the first 200 MiB; fio verifies the space behind it.
+mkfs.ext4 -q -F "$dev" 200M
+mkdir -p /mnt/disk
+mount "$dev" /mnt/disk
+for i in 1 2 3 4 5 6; do
+    head -c $((i * 1024 * 1024 + i * 513)) /dev/urandom >"/mnt/disk/file$i"
+done
+mkdir /mnt/disk/small
+for i in $(seq 1 40); do head -c $((i * 97)) /dev/urandom >"/mnt/disk/small/s$i"; done
+(cd /mnt/disk && find . -type f -print0 | sort -z | xargs -0 sha256sum) >/tmp/sums
+umount /mnt/disk
+echo 3 >/proc/sys/vm/drop_caches
+verify_files() {
+    mount "$dev" /mnt/disk
+    (cd /mnt/disk && sha256sum --quiet -c /tmp/sums) || lab_fail "checksums differ ($1)"
+    umount /mnt/disk
+}
+lab_step "remount and verify sha256"
+verify_files "after remount"
+
+fio_verify() { # NAME RW BS IODEPTH OFFSET SIZE
+    fio --name="$1" --filename="$dev" --rw="$2" --bs="$3" --iodepth="$4" --offset="$5" --size="$6" \
+        --verify=crc32c --verify_fatal=1 --ioengine=libaio --direct=1 --eta=never \
+        --output="$LAB_OUT/fio-$1.txt" || { cat "$LAB_OUT/fio-$1.txt"; lab_fail "fio $1 failed"; }
+    grep -q 'err= 0' "$LAB_OUT/fio-$1.txt" || lab_fail "fio $1 reported errors"
+}
+lab_step "fio verify: randwrite and randrw, bs 4k/64k/1m, iodepth 1/32"
+for rw in randwrite randrw; do
+    for bs in 4k 64k 1m; do
+        for qd in 1 32; do
+            size=8m
+            [[ $bs == 1m ]] && size=32m
+            fio_verify "$rw-$bs-qd$qd" "$rw" "$bs" "$qd" 256m "$size"
+        done
+    done
+done
+
+lab_step "logout"
+iscsiadm "${node[@]}" --logout
+lab_retry 30 bash -c "! test -e /sys/class/block/$name" || lab_fail "disk still present after logout"
+
+lab_step "login with mutual CHAP"
+set_auth node.session.auth.username_in "$MUTUAL_USER"
+set_auth node.session.auth.password_in "$MUTUAL_SECRET"
+iscsiadm "${node[@]}" --login
+dev=$(lab_iscsi_disk "$portal" "$TARGET_IQN" 0 60) || lab_fail "no disk after mutual CHAP login"
+verify_files "after re-login"
+
+lab_step "rtgtd stopped with SIGTERM and restarted"
+lab_signal restart-term
+lab_wait restarted-term 120 || lab_fail "host did not restart rtgtd"
+fio_verify after-term randwrite 4k 16 300m 16m
+verify_files "after SIGTERM restart"
+
+lab_step "rtgtd killed with SIGKILL and restarted"
+lab_signal restart-kill
+lab_wait restarted-kill 120 || lab_fail "host did not restart rtgtd"
+fio_verify after-kill randrw 64k 16 320m 16m
+verify_files "after kill -9 restart"
+
+lab_step "logout"
+iscsiadm "${node[@]}" --logout
+lab_step "rtgt-iscsi-tcp done"
