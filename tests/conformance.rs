@@ -24,8 +24,10 @@ struct Tally {
     skipped: usize,
 }
 
-/// Reads CUnit's verbose output: `Test: NAME ...` opens a test, a line ending in `passed`
-/// or containing `FAILED` closes it; a passed test that printed `[SKIPPED]` counts as skipped.
+/// Reads CUnit's verbose output: `Test: NAME ...` opens a test and CUnit's own verdict closes
+/// it, `passed` or `FAILED` at the start of the text that follows (libiscsi's log lines such as
+/// `[FAILED] WRITE10 ...` are bracketed and are not verdicts); a passed test that printed
+/// `[SKIPPED]` counts as skipped.
 fn tally(output: &str) -> (Tally, Vec<String>) {
     let mut t = Tally::default();
     let mut failed = Vec::new();
@@ -41,20 +43,20 @@ fn tally(output: &str) -> (Tally, Vec<String>) {
         let Some((name, skipped)) = current.as_mut() else {
             continue;
         };
-        if rest.contains("[SKIPPED]") {
-            *skipped = true;
-        }
-        if rest.contains("FAILED") {
+        let verdict = rest.trim_start();
+        if verdict.starts_with("FAILED") {
             t.failed += 1;
             failed.push(name.clone());
             current = None;
-        } else if rest.trim_end().ends_with("passed") {
+        } else if verdict.starts_with("passed") {
             if *skipped {
                 t.skipped += 1;
             } else {
                 t.passed += 1;
             }
             current = None;
+        } else if rest.contains("[SKIPPED]") {
+            *skipped = true;
         }
     }
     (t, failed)
@@ -74,12 +76,12 @@ fn suites() -> Vec<String> {
 
 #[test]
 fn tally_reads_cunit_output() {
-    let out = "Suite: S\n  Test: A ...passed\n  Test: B ...    [SKIPPED] no\npassed\n  Test: C ...FAILED\n    1. x.c:1 - y\n  Test: D ...    [INFO] z\npassed\n";
+    let out = "Suite: S\n  Test: A ...passed\n  Test: B ...    [SKIPPED] no\npassed\n  Test: C ...FAILED\n    1. x.c:1 - y\n  Test: D ...    [INFO] z\npassed    [FAILED] PRIN in the teardown\n  Test: E ...    [FAILED] WRITE10 as expected\npassed\n";
     let (t, failed) = tally(out);
     assert_eq!(
         t,
         Tally {
-            passed: 2,
+            passed: 3,
             failed: 1,
             skipped: 1
         }
@@ -101,7 +103,15 @@ fn libiscsi_conformance() {
         let mut cmd = Command::new("timeout");
         cmd.arg("--kill-after=5")
             .arg(SUITE_TIMEOUT.as_secs().to_string())
-            .args(["iscsi-test-cu", "--dataloss", "--allow-sanitize", "-t", &suite, &url, &url]);
+            .args([
+                "iscsi-test-cu",
+                "--dataloss",
+                "--allow-sanitize",
+                "-t",
+                &suite,
+                &url,
+                &url,
+            ]);
         let out = cmd.output().expect("iscsi-test-cu runs");
         let text = String::from_utf8_lossy(&out.stdout).into_owned()
             + &String::from_utf8_lossy(&out.stderr);
@@ -114,7 +124,11 @@ fn libiscsi_conformance() {
             t.passed,
             t.failed,
             t.skipped,
-            if failed.is_empty() { String::new() } else { format!(" ({})", failed.join(", ")) }
+            if failed.is_empty() {
+                String::new()
+            } else {
+                format!(" ({})", failed.join(", "))
+            }
         );
         if !failed.is_empty() {
             eprintln!("{text}");
@@ -128,7 +142,10 @@ fn libiscsi_conformance() {
         "conformance: {} passed, {} failed, {} skipped",
         total.passed, total.failed, total.skipped
     );
-    assert!(daemon.is_running(), "rtgtd exited during the conformance run");
+    assert!(
+        daemon.is_running(),
+        "rtgtd exited during the conformance run"
+    );
     assert!(hung.is_empty(), "suites timed out: {hung:?}");
     assert!(failures.is_empty(), "failed tests: {failures:?}");
     assert!(

@@ -4,5 +4,6 @@
 //! LUN maps, ACLs, sessions) ← fabrics ([`iscsi`]) ← the `rtgtd` daemon.
 
 pub mod core;
+pub mod daemon;
 pub mod iscsi;
 pub mod scsi;

@@ -146,7 +146,11 @@ impl Registry {
     }
 
     pub fn target(&self, name: &str) -> Option<Arc<Target>> {
-        self.targets.read().unwrap_or_else(|e| e.into_inner()).get(name).cloned()
+        self.targets
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(name)
+            .cloned()
     }
 
     pub fn targets(&self) -> Vec<Arc<Target>> {
@@ -169,14 +173,23 @@ impl Registry {
     }
 
     pub fn remove_target(&self, name: &str) -> Option<Arc<Target>> {
-        self.targets.write().unwrap_or_else(|e| e.into_inner()).remove(name)
+        self.targets
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(name)
     }
 
     pub fn discovery_auth(&self) -> Auth {
-        self.discovery_auth.read().unwrap_or_else(|e| e.into_inner()).clone()
+        self.discovery_auth
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     pub fn set_discovery_auth(&self, auth: Auth) {
-        *self.discovery_auth.write().unwrap_or_else(|e| e.into_inner()) = auth;
+        *self
+            .discovery_auth
+            .write()
+            .unwrap_or_else(|e| e.into_inner()) = auth;
     }
 }

@@ -1,0 +1,370 @@
+//! The `rtgtd` daemon: builds the running target from a configuration, serves it and shuts
+//! down gracefully.
+
+use std::collections::{BTreeMap, HashMap};
+use std::hash::{Hash, Hasher};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use rtgt_api::config::{self, BackstoreKind, Config};
+use rtgt_backstore::{Backstore, BufPool, FileBackstore, FileOptions, NullBackstore, RamBackstore};
+use tokio::net::TcpListener;
+use tracing::{error, info, warn};
+
+use crate::core::{self, Registry};
+use crate::iscsi::IscsiServer;
+use crate::scsi::{Device, DeviceConfig, DeviceRegistry, LunMap};
+
+/// Memory for data buffers in flight, shared by every session (back-pressure beyond it).
+const BUFFER_BUDGET: usize = 256 << 20;
+
+/// How long in-flight commands may take to finish at shutdown before they are aborted.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+
+#[derive(Debug, thiserror::Error)]
+pub enum DaemonError {
+    #[error(transparent)]
+    Config(#[from] rtgt_api::ConfigError),
+    #[error("state directory {dir}: {source}")]
+    StateDir {
+        dir: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("backstore {name}: {message}")]
+    Backstore { name: String, message: String },
+    #[error("portal {addr}: cannot listen: {source}")]
+    Listen {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// An error with its sources, for log lines an operator can act on.
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(src) = cur {
+        let text = src.to_string();
+        if !s.ends_with(&text) {
+            s.push_str(": ");
+            s.push_str(&text);
+        }
+        cur = src.source();
+    }
+    s
+}
+
+/// What rtgtd was asked to serve.
+pub struct Options {
+    pub config: Option<PathBuf>,
+    pub state_dir: PathBuf,
+}
+
+/// The running target built from a configuration.
+pub struct Running {
+    pub registry: Arc<Registry>,
+    pub devices: BTreeMap<String, Arc<Device>>,
+    pub backstores: BTreeMap<String, Arc<dyn Backstore>>,
+    pub portals: Vec<SocketAddr>,
+    pub pool: Arc<BufPool>,
+}
+
+/// A stable NAA IEEE Registered Extended designator (SPC-4 7.7.3.6.5) for a backstore that
+/// has none configured: derived from the host and the backstore name so two appliances
+/// never collide and a restart keeps the identity.
+fn derived_wwn(name: &str) -> u128 {
+    let host = std::fs::read_to_string("/etc/machine-id").unwrap_or_default();
+    let mut out = [0u8; 16];
+    for (i, chunk) in out.chunks_mut(8).enumerate() {
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        (i, host.trim(), name).hash(&mut h);
+        chunk.copy_from_slice(&h.finish().to_be_bytes());
+    }
+    // NAA 6, IEEE company ID 0x0014FF (locally assigned range), vendor-specific rest.
+    out[0] = 0x60;
+    out[1] = 0x01;
+    out[2] = 0x4f;
+    out[3] = (out[3] & 0x0f) | 0xf0;
+    u128::from_be_bytes(out)
+}
+
+/// Validated by the configuration: 32 hex digits starting with 6.
+fn parse_wwn(hex: &str) -> u128 {
+    u128::from_str_radix(hex, 16).unwrap_or(0)
+}
+
+fn derived_serial(wwn: u128) -> String {
+    format!("{:016x}", wwn as u64)
+}
+
+async fn open_backstore(
+    b: &config::Backstore,
+    state_dir: &Path,
+) -> Result<Arc<dyn Backstore>, DaemonError> {
+    let fail = |message: String| DaemonError::Backstore {
+        name: b.name.clone(),
+        message,
+    };
+    let size = b.size.map(|s| s.0);
+    Ok(match b.kind {
+        BackstoreKind::File | BackstoreKind::Block => {
+            let path = b
+                .path
+                .as_ref()
+                .expect("validated: file backstores have a path");
+            let path = if path.is_relative() {
+                state_dir.join(path)
+            } else {
+                path.clone()
+            };
+            let opts = FileOptions {
+                size: if b.kind == BackstoreKind::File {
+                    size
+                } else {
+                    None
+                },
+                block_size: b.block_size,
+                read_only: b.read_only,
+                write_cache: b.write_cache,
+                direct: true,
+                thin: b.thin,
+                create: b.kind == BackstoreKind::File,
+            };
+            Arc::new(
+                FileBackstore::open(&path, opts)
+                    .map_err(|e| fail(format!("{}: {}", path.display(), error_chain(&e))))?,
+            )
+        }
+        BackstoreKind::Ramdisk => Arc::new(RamBackstore::new(
+            size.expect("validated: ramdisk has a size"),
+            b.block_size,
+        )),
+        BackstoreKind::Null => Arc::new(NullBackstore::new(
+            size.expect("validated: null has a size"),
+            b.block_size,
+        )),
+    })
+}
+
+/// Opens every backstore and builds the target registry.
+pub async fn build(config: &Config, state_dir: &Path) -> Result<Running, DaemonError> {
+    let pool = BufPool::new(BUFFER_BUDGET);
+    let pr_dir = state_dir.join("pr");
+    std::fs::create_dir_all(&pr_dir).map_err(|source| DaemonError::StateDir {
+        dir: pr_dir.clone(),
+        source,
+    })?;
+    let device_registry = DeviceRegistry::new();
+    let mut devices = BTreeMap::new();
+    let mut backstores = BTreeMap::new();
+    for b in &config.backstores {
+        let store = open_backstore(b, state_dir).await?;
+        let wwn = b
+            .wwn
+            .as_deref()
+            .map(parse_wwn)
+            .unwrap_or_else(|| derived_wwn(&b.name));
+        let dc = DeviceConfig {
+            name: b.name.clone(),
+            serial: b.serial.clone().unwrap_or_else(|| derived_serial(wwn)),
+            wwn,
+            write_cache: b.write_cache,
+            read_only: b.read_only,
+            thin: b.thin,
+            pr_file: Some(pr_dir.join(format!("{}.pr", b.name))),
+            registry: Some(device_registry.clone()),
+            ..DeviceConfig::default()
+        };
+        let dev =
+            Device::new(store.clone(), pool.clone(), dc).map_err(|e| DaemonError::Backstore {
+                name: b.name.clone(),
+                message: error_chain(&e),
+            })?;
+        info!(backstore = %b.name, kind = ?b.kind, "backstore ready");
+        devices.insert(b.name.clone(), dev);
+        backstores.insert(b.name.clone(), store);
+    }
+
+    let registry = Registry::new();
+    let mut portals = Vec::new();
+    for t in &config.targets {
+        let mut groups = Vec::new();
+        for g in &t.portal_groups {
+            let mut luns = LunMap::default();
+            for l in &g.luns {
+                luns.luns.insert(l.lun, devices[&l.backstore].clone());
+            }
+            let mut acls = HashMap::new();
+            for a in &g.acls {
+                let mapped = if a.mapped_luns.is_empty() {
+                    luns.clone()
+                } else {
+                    let mut m = LunMap::default();
+                    for ml in &a.mapped_luns {
+                        m.luns.insert(ml.lun, luns.luns[&ml.tpg_lun].clone());
+                    }
+                    m
+                };
+                acls.insert(
+                    a.initiator.clone(),
+                    core::Acl {
+                        initiator: a.initiator.clone(),
+                        auth: auth(&a.auth),
+                        luns: mapped,
+                    },
+                );
+            }
+            if g.allow_any_initiator && g.auth.chap.is_none() {
+                warn!(
+                    target = %t.name,
+                    tpg = g.tag,
+                    "portal group admits any initiator without authentication"
+                );
+            }
+            for p in &g.portals {
+                if !portals.contains(p) {
+                    portals.push(*p);
+                }
+            }
+            groups.push(core::PortalGroup {
+                tag: g.tag,
+                portals: g.portals.clone(),
+                auth: auth(&g.auth),
+                acls,
+                allow_any_initiator: g.allow_any_initiator,
+                luns,
+                params: params(&g.params),
+            });
+        }
+        registry.set_target(core::Target {
+            name: t.name.clone(),
+            alias: t.alias.clone(),
+            portal_groups: groups,
+        });
+    }
+    registry.set_discovery_auth(auth(&config.discovery.auth));
+    Ok(Running {
+        registry,
+        devices,
+        backstores,
+        portals,
+        pool,
+    })
+}
+
+fn chap(c: &Option<config::Chap>) -> Option<core::ChapCredentials> {
+    c.as_ref().map(|c| core::ChapCredentials {
+        user: c.user.clone(),
+        secret: c.secret.clone(),
+    })
+}
+
+fn auth(a: &config::Auth) -> core::Auth {
+    core::Auth {
+        chap: chap(&a.chap),
+        mutual: chap(&a.mutual_chap),
+    }
+}
+
+fn params(p: &config::IscsiParams) -> core::IscsiParams {
+    let d = core::IscsiParams::default();
+    core::IscsiParams {
+        max_recv_data_segment_length: p
+            .max_recv_data_segment_length
+            .unwrap_or(d.max_recv_data_segment_length),
+        max_burst_length: p.max_burst_length.unwrap_or(d.max_burst_length),
+        first_burst_length: p.first_burst_length.unwrap_or(d.first_burst_length),
+        initial_r2t: p.initial_r2t.unwrap_or(d.initial_r2t),
+        immediate_data: p.immediate_data.unwrap_or(d.immediate_data),
+        max_outstanding_r2t: p.max_outstanding_r2t.unwrap_or(d.max_outstanding_r2t),
+        max_connections: p.max_connections.unwrap_or(d.max_connections),
+        default_time2wait: p.default_time2_wait.unwrap_or(d.default_time2wait),
+        default_time2retain: p.default_time2_retain.unwrap_or(d.default_time2retain),
+        header_digest: p.header_digest.unwrap_or(d.header_digest),
+        data_digest: p.data_digest.unwrap_or(d.data_digest),
+        error_recovery_level: p.error_recovery_level.unwrap_or(d.error_recovery_level),
+        queue_depth: p.queue_depth.unwrap_or(d.queue_depth),
+        nopin_interval: p.nopin_interval.unwrap_or(d.nopin_interval),
+        nopin_timeout: p.nopin_timeout.unwrap_or(d.nopin_timeout),
+    }
+}
+
+/// Loads the configuration named by `opts` (or the embedded default).
+pub fn load_config(opts: &Options) -> Result<Config, DaemonError> {
+    match &opts.config {
+        Some(file) => Ok(Config::load(file)?),
+        None => {
+            warn!(
+                state_dir = %opts.state_dir.display(),
+                "no --config given: serving the embedded default (LUN 0 on a 1 GiB file, every address, \
+                 no authentication, any initiator allowed)"
+            );
+            Ok(Config::embedded_default())
+        }
+    }
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).expect("install the SIGTERM handler");
+    let mut int = signal(SignalKind::interrupt()).expect("install the SIGINT handler");
+    tokio::select! {
+        _ = term.recv() => info!("SIGTERM: shutting down"),
+        _ = int.recv() => info!("SIGINT: shutting down"),
+    }
+}
+
+/// Runs the daemon until SIGTERM or SIGINT.
+pub async fn run(opts: Options) -> Result<(), DaemonError> {
+    std::fs::create_dir_all(&opts.state_dir).map_err(|source| DaemonError::StateDir {
+        dir: opts.state_dir.clone(),
+        source,
+    })?;
+    let config = load_config(&opts)?;
+    let running = build(&config, &opts.state_dir).await?;
+    let server = Arc::new(IscsiServer::new(
+        running.registry.clone(),
+        running.pool.clone(),
+    ));
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+
+    let mut tasks = Vec::new();
+    for addr in &running.portals {
+        let listener = TcpListener::bind(addr)
+            .await
+            .map_err(|source| DaemonError::Listen {
+                addr: *addr,
+                source,
+            })?;
+        info!(portal = %addr, "iSCSI portal listening");
+        let server = server.clone();
+        let stop = stop_rx.clone();
+        let addr = *addr;
+        tasks.push(tokio::spawn(async move {
+            if let Err(e) = server.serve(listener, stop).await {
+                error!(portal = %addr, error = %e, "iSCSI portal failed");
+            }
+        }));
+    }
+    for t in running.registry.targets() {
+        info!(target = %t.name, "target ready");
+    }
+
+    shutdown_signal().await;
+    let _ = stop_tx.send(true);
+    server.shutdown(SHUTDOWN_GRACE).await;
+    for t in tasks {
+        let _ = t.await;
+    }
+    for (name, store) in &running.backstores {
+        if let Err(e) = store.flush().await {
+            error!(backstore = %name, error = %error_chain(&e), "flush at shutdown failed");
+        }
+    }
+    info!("stopped");
+    Ok(())
+}
