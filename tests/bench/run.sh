@@ -74,7 +74,7 @@ perf() {
 # rtgt-iscsi bench URL RW BS QD -> IOPS
 ibench() {
     "$bin/rtgt-iscsi" bench --url "$1" --rw "$2" --bs "$3" --iodepth "$4" --seconds "$secs" 2>&1 |
-        sed -n 's/.*iops=\([0-9.]*\).*/\1/p' | tail -1
+        sed -n 's/.* IOPS=\([0-9]*\).*/\1/p' | tail -1
 }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2fx", a / b; else print "n/a" }'; }
 mbs() { awk -v i="$1" -v bs="$2" 'BEGIN { printf "%.0f MB/s", i * bs / 1e6 }'; }

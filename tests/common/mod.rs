@@ -20,8 +20,15 @@ pub fn prerequisite(what: &str, probe: &[&str]) -> bool {
         .status()
         .is_ok();
     if !ok {
-        assert!(!in_ci(), "{what} is required in CI but `{}` did not run", probe.join(" "));
-        eprintln!("skipped: {what} is not installed (`{}` did not run)", probe.join(" "));
+        assert!(
+            !in_ci(),
+            "{what} is required in CI but `{}` did not run",
+            probe.join(" ")
+        );
+        eprintln!(
+            "skipped: {what} is not installed (`{}` did not run)",
+            probe.join(" ")
+        );
     }
     ok
 }
@@ -77,7 +84,10 @@ impl Rtgtd {
             .arg(cfg)
             .arg("--state-dir")
             .arg(dir)
-            .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()))
+            .env(
+                "RUST_LOG",
+                std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()),
+            )
             .stdout(logf.try_clone().expect("clone the log handle"))
             .stderr(logf)
             .spawn()
@@ -103,7 +113,11 @@ impl Rtgtd {
             }
             std::thread::sleep(Duration::from_millis(50));
         }
-        panic!("rtgtd did not listen on port {} within 30 s:\n{}", self.port, self.log_text());
+        panic!(
+            "rtgtd did not listen on port {} within 30 s:\n{}",
+            self.port,
+            self.log_text()
+        );
     }
 
     pub fn log_text(&self) -> String {

@@ -46,13 +46,10 @@ host_run() {
     local pid status
     pid=$(awk '$2 == "rtgtd" { p = $1 } END { print p }' "$LAB_WORK/daemons")
     kill -TERM "$pid"
-    status=0
-    for _ in $(seq 300); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-    if kill -0 "$pid" 2>/dev/null; then
+    status=$(lab_daemon_status rtgtd 30) || {
         echo "rtgtd did not stop within 30 s of SIGTERM"
         return 1
-    fi
-    wait "$pid" 2>/dev/null || status=$?
+    }
     lab_report "rtgtd exit status after SIGTERM: $status"
     ((status == 0)) || return 1
     start_rtgtd rtgtd-2 || return 1

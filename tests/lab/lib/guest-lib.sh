@@ -1,0 +1,58 @@
+# shellcheck shell=bash
+# Functions for a scenario's guest.sh (loaded through BASH_ENV inside the lab guest).
+# Environment: LAB_SCENARIO, LAB_HOST_IP, LAB_GUEST_IP, LAB_MTU, LAB_SHARE (/lab), LAB_OUT (/lab/out:
+# files put there are kept with the results of a failed run), plus whatever the host exported.
+
+LAB_SHARE=${LAB_SHARE:-/lab}
+LAB_EVENTS=${LAB_EVENTS:-$LAB_SHARE/events}
+LAB_OUT=${LAB_OUT:-$LAB_SHARE/out}
+LAB_PEER_END=host-done
+# shellcheck source=events.sh
+source "$LAB_SHARE/lib/events.sh"
+
+# lab_step TEXT: print a timestamped progress line (shows on the serial console).
+lab_step() { printf '[%6ss] %s\n' "$(cut -d' ' -f1 /proc/uptime)" "$*"; }
+
+# lab_fail TEXT: print an error and exit non-zero.
+lab_fail() {
+    printf 'lab: FAIL: %s\n' "$*" >&2
+    exit 1
+}
+
+# lab_retry TIMEOUT_S CMD...: run CMD every 0.5 s until it succeeds or TIMEOUT_S elapse.
+lab_retry() {
+    local timeout=$1 start
+    shift
+    start=$(date +%s)
+    until "$@"; do
+        (($(date +%s) - start >= timeout)) && return 1
+        sleep 0.5
+    done
+}
+
+# lab_host_status: the exit status of the host's concurrent step (host_run), once host-done is raised.
+lab_host_status() { lab_event host-done; }
+
+# lab_iscsi_disk PORTAL_IP TARGET_IQN LUN [TIMEOUT_S]: wait for the disk of a logged-in iSCSI
+# session (through udev's /dev/disk/by-path) and print its /dev/sdX path.
+lab_iscsi_disk() {
+    local ip=$1 iqn=$2 lun=$3 timeout=${4:-60} link
+    link=/dev/disk/by-path/ip-$ip:3260-iscsi-$iqn-lun-$lun
+    lab_retry "$timeout" test -b "$link" || {
+        ls -l /dev/disk/by-path/ >&2 2>/dev/null || true
+        return 1
+    }
+    udevadm settle --timeout=30 >/dev/null 2>&1 || true
+    readlink -f "$link"
+}
+
+# lab_rxe_add [NAME] [NETDEV]: create a Soft-RoCE device (default rxe0 on eth0) and wait until its
+# port is ACTIVE.
+lab_rxe_add() {
+    local name=${1:-rxe0} dev=${2:-eth0}
+    modprobe rdma_rxe
+    modprobe ib_uverbs
+    modprobe rdma_ucm
+    rdma link add "$name" type rxe netdev "$dev"
+    lab_retry 30 bash -c "rdma link show $name/1 | grep -q ACTIVE"
+}
