@@ -1,7 +1,17 @@
 //! rtgt's software RoCEv2 RDMA stack: wire codecs, verbs, RC transport, connection manager.
 //!
-//! [`wire`] holds the packet formats: the RoCEv2 transport headers and their opcode table, the
-//! invariant CRC, the IP/UDP framing around them, and the MAD/CM/rdma_cm messages the
-//! connection manager exchanges over QP1.
+//! * [`wire`] holds the packet formats: the RoCEv2 transport headers and their opcode table,
+//!   the invariant CRC, the IP/UDP framing around them, and the MAD/CM/rdma_cm messages the
+//!   connection manager exchanges over QP1.
+//! * [`verbs`] is the soft HCA's resource model: device, PD, MR, CQ, QP, SRQ, AH.
+//! * [`rc`] is the transport engine: requester, responder and completer of RC QPs (and the UD
+//!   send/receive path), driven by packets in, packets out and a clock.
+//! * [`netdev`] moves whole IP datagrams: an in-memory loopback, a fault injector and a UDP
+//!   socket on port 4791.
 
+pub mod netdev;
+pub mod rc;
+pub(crate) mod ring;
+pub mod sim;
+pub mod verbs;
 pub mod wire;

@@ -1,0 +1,76 @@
+//! Packet I/O for the RDMA engine: whole IP datagrams (IP header, UDP header, BTH ... ICRC), so
+//! the ICRC, which covers the IP header, can be computed on send and checked on receive.
+//!
+//! * [`loopback`]: an in-memory pair of links connecting two devices in one process;
+//! * [`fault`]: a deterministic fault injector (loss, duplication, reordering, corruption,
+//!   delay) wrapped around any netdev, after smoltcp's `FaultInjector`;
+//! * [`udp`]: a kernel UDP socket on port 4791.
+
+pub mod fault;
+pub mod loopback;
+pub mod udp;
+
+use std::future::Future;
+use std::io;
+
+/// A link that carries whole IP datagrams.
+pub trait NetDev: Send {
+    /// Queues one datagram (starting at the IP header) for transmission. A full link may drop
+    /// it, as a wire would; the transport retransmits.
+    fn transmit(&mut self, datagram: &[u8]) -> io::Result<()>;
+
+    /// The next received datagram, if one is waiting (never blocks).
+    fn receive(&mut self) -> io::Result<Option<Vec<u8>>>;
+
+    /// Transmits several datagrams (one system call where the link supports it).
+    fn transmit_batch(&mut self, datagrams: &[Vec<u8>]) -> io::Result<()> {
+        for d in datagrams {
+            self.transmit(d)?;
+        }
+        Ok(())
+    }
+
+    /// Appends up to `max` waiting datagrams to `out`; returns how many.
+    fn receive_batch(&mut self, out: &mut Vec<Vec<u8>>, max: usize) -> io::Result<usize> {
+        let mut n = 0;
+        while n < max {
+            match self.receive()? {
+                Some(d) => out.push(d),
+                None => break,
+            }
+            n += 1;
+        }
+        Ok(n)
+    }
+}
+
+/// A netdev that can wait for received datagrams, so an async runner can sleep.
+pub trait AsyncNetDev: NetDev {
+    /// Resolves when [`NetDev::receive`] may return a datagram (spurious wake-ups allowed).
+    fn readable(&self) -> impl Future<Output = io::Result<()>> + Send + '_;
+}
+
+/// Drives `dev` over `netdev` until an I/O error: receives on readiness, runs timers at their
+/// deadlines and sends what posted work produces. Completion work stays with the consumers,
+/// who await their CQs ([`crate::verbs::Cq::wait_nonempty`]).
+pub async fn run<N: AsyncNetDev>(dev: crate::verbs::Device, mut netdev: N) -> io::Result<()> {
+    let epoch = tokio::time::Instant::now();
+    loop {
+        let now = epoch.elapsed();
+        // Keep going while datagrams move; otherwise sleep until a datagram arrives, work is
+        // posted or a timer is due (a QP blocked on its window waits for ACKs, not the CPU).
+        if dev.drive(&mut netdev, now) > 0 {
+            tokio::task::yield_now().await;
+            continue;
+        }
+        let sleep = match dev.next_deadline() {
+            Some(d) => d.saturating_sub(now),
+            None => std::time::Duration::from_secs(3600),
+        };
+        tokio::select! {
+            r = netdev.readable() => r?,
+            _ = dev.kicked() => {}
+            _ = tokio::time::sleep(sleep) => {}
+        }
+    }
+}

@@ -1,0 +1,596 @@
+//! RoCEv2 over a kernel UDP socket bound to one local address on port 4791.
+//!
+//! # What a UDP socket can and cannot do (DESIGN.md "Packet I/O facts", PROTOCOLS.md §8)
+//!
+//! * Transmit: the socket is unconnected and has `IP_PMTUDISC_DO`, so Linux sends DF with
+//!   IP ID 0 — the IPv4 header is then known in advance and the ICRC (which covers the ID,
+//!   flags, lengths, addresses and UDP ports) is computable. The engine's datagram is rewritten
+//!   to what the kernel will put on the wire (source address and port of the socket, ID 0,
+//!   DF) and its ICRC regenerated before the UDP payload is sent.
+//! * Receive: the kernel strips the IP header and does not report the IPv4 ID, so the header
+//!   handed to the engine is a reconstruction (ID 0) and **the ICRC of IPv4 packets cannot be
+//!   verified**: create the device with `check_icrc = false` for IPv4. IPv6 has no ID field,
+//!   so its reconstruction is exact and the ICRC can be checked. Checking IPv4 ICRCs needs an
+//!   AF_PACKET, raw or AF_XDP socket: [`UdpNetDev::bind_with_packet_rx`] adds an AF_PACKET
+//!   socket on the interface (CAP_NET_RAW) that receives the whole IP datagrams, real ID
+//!   included, so the device can keep `check_icrc = true`; the UDP socket then only transmits
+//!   (and keeps the port bound so the kernel sends no ICMP port-unreachable).
+//! * IPv6 peers (rxe) send zero UDP checksums; `UDP_NO_CHECK6_RX` makes the kernel accept them.
+//! * The socket is bound to one address, which therefore is the destination of everything it
+//!   receives (no `IP_PKTINFO` needed).
+//!
+//! Socket options, `sendmmsg` and `recvmmsg` (batches of 32 datagrams per system call)
+//! go through libc; that is the only `unsafe` in this module.
+
+use std::io;
+use std::net::{IpAddr, SocketAddr};
+use std::os::fd::AsRawFd;
+
+use super::NetDev;
+use crate::wire::{datagram, icrc, ipv4, ipv6, roce, udp, Datagram, IpRepr};
+
+/// A UDP socket carrying RoCEv2.
+#[derive(Debug)]
+pub struct UdpNetDev {
+    socket: tokio::net::UdpSocket,
+    local: SocketAddr,
+    /// Destination UDP port (4791; tests may use another).
+    pub peer_port: u16,
+    buf: Vec<u8>,
+    batch_bufs: Vec<Vec<u8>>,
+    packet_rx: Option<tokio::io::unix::AsyncFd<std::os::fd::OwnedFd>>,
+}
+
+fn setsockopt_int(fd: i32, level: i32, name: i32, value: i32) -> io::Result<()> {
+    // SAFETY: `value` is a live c_int for the duration of the call and its exact size is
+    // passed; `fd` is an open socket owned by the caller.
+    let r = unsafe {
+        libc::setsockopt(
+            fd,
+            level,
+            name,
+            (&value as *const i32).cast(),
+            std::mem::size_of::<i32>() as libc::socklen_t,
+        )
+    };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+impl UdpNetDev {
+    /// Binds `addr` (normally port 4791) with the options above. Needs a tokio runtime.
+    pub fn bind(addr: SocketAddr) -> io::Result<UdpNetDev> {
+        let std_sock = std::net::UdpSocket::bind(addr)?;
+        std_sock.set_nonblocking(true)?;
+        let fd = std_sock.as_raw_fd();
+        match addr.ip() {
+            IpAddr::V4(_) => setsockopt_int(
+                fd,
+                libc::IPPROTO_IP,
+                libc::IP_MTU_DISCOVER,
+                libc::IP_PMTUDISC_DO,
+            )?,
+            IpAddr::V6(_) => {
+                setsockopt_int(
+                    fd,
+                    libc::IPPROTO_IPV6,
+                    libc::IPV6_MTU_DISCOVER,
+                    libc::IP_PMTUDISC_DO,
+                )?;
+                setsockopt_int(fd, libc::SOL_UDP, libc::UDP_NO_CHECK6_RX, 1)?;
+            }
+        }
+        let local = std_sock.local_addr()?;
+        Ok(UdpNetDev {
+            socket: tokio::net::UdpSocket::from_std(std_sock)?,
+            local,
+            peer_port: roce::UDP_PORT,
+            buf: vec![0u8; 65536],
+            batch_bufs: (0..BATCH).map(|_| vec![0u8; RX_BUF]).collect(),
+            packet_rx: None,
+        })
+    }
+
+    /// Like [`UdpNetDev::bind`], and receives through an AF_PACKET socket on interface
+    /// `ifname` instead, so received ICRCs can be checked (see the module documentation).
+    pub fn bind_with_packet_rx(addr: SocketAddr, ifname: &str) -> io::Result<UdpNetDev> {
+        let mut nd = UdpNetDev::bind(addr)?;
+        let fd = sys::packet_socket(ifname)?;
+        // SAFETY: `fd` is an OwnedFd: open, owned by the AsyncFd from here on, and its
+        // `as_raw_fd` always returns the same descriptor.
+        let afd = unsafe {
+            tokio::io::unix::AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE)
+        }
+        .map_err(|e| io::Error::other(e.to_string()))?;
+        nd.packet_rx = Some(afd);
+        Ok(nd)
+    }
+
+    /// Receives whole datagrams from the packet socket: incoming only, UDP to our address and
+    /// port. The UDP socket's own copies are discarded.
+    fn packet_receive(&mut self, out: &mut Vec<Vec<u8>>, max: usize) -> io::Result<usize> {
+        while let Ok((_, _)) = self.socket.try_recv_from(&mut self.buf) {}
+        let Some(afd) = &self.packet_rx else {
+            return Ok(0);
+        };
+        let mut n = 0;
+        while n < max {
+            let len = match sys::packet_recv(afd.get_ref(), &mut self.buf) {
+                Ok(Some(len)) => len,
+                Ok(None) => continue,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) => return Err(e),
+            };
+            n += 1;
+            let d = &self.buf[..len];
+            let Ok(dg) = Datagram::split(d) else {
+                continue;
+            };
+            let Ok(ip) = dg.ip_repr() else {
+                continue;
+            };
+            if ip.dst_addr() == self.local.ip() && dg.udp_repr().dst_port == self.local.port() {
+                out.push(d.to_vec());
+            }
+        }
+        Ok(n)
+    }
+
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local
+    }
+
+    /// Waits until a datagram can be read.
+    pub async fn readable(&self) -> io::Result<()> {
+        match &self.packet_rx {
+            Some(afd) => {
+                // Cleared before the caller drains the socket: data arriving later raises
+                // readiness again.
+                afd.readable().await?.clear_ready();
+                Ok(())
+            }
+            None => self.socket.readable().await,
+        }
+    }
+
+    /// The datagram as the kernel will send it: our address and port, IPv4 ID 0 with DF.
+    fn rewrite(&self, d: &[u8]) -> io::Result<(Vec<u8>, SocketAddr, usize)> {
+        let bad = || io::Error::new(io::ErrorKind::InvalidInput, "not a RoCEv2 datagram");
+        let dg = Datagram::split(d).map_err(|_| bad())?;
+        let ip = dg.ip_repr().map_err(|_| bad())?;
+        let dst = ip.dst_addr();
+        let ip = match (ip, self.local.ip()) {
+            (IpRepr::V4(mut r), IpAddr::V4(src)) => {
+                r.src_addr = src;
+                r.ident = 0;
+                r.dont_frag = true;
+                IpRepr::V4(r)
+            }
+            (IpRepr::V6(mut r), IpAddr::V6(src)) => {
+                r.src_addr = src;
+                IpRepr::V6(r)
+            }
+            _ => return Err(bad()),
+        };
+        let mut out = vec![0u8; ip.header_len() + udp::HEADER_LEN + dg.roce.len()];
+        let hl = datagram::emit_headers(
+            &ip,
+            self.local.port(),
+            self.peer_port,
+            dg.roce.len(),
+            &mut out,
+        )
+        .map_err(|_| bad())?;
+        out[hl..].copy_from_slice(dg.roce);
+        icrc::generate(&mut out).map_err(|_| bad())?;
+        Ok((out, SocketAddr::new(dst, self.peer_port), hl))
+    }
+}
+
+impl NetDev for UdpNetDev {
+    fn transmit(&mut self, d: &[u8]) -> io::Result<()> {
+        let (out, to, hl) = self.rewrite(d)?;
+        match self.socket.try_send_to(&out[hl..], to) {
+            Ok(_) => Ok(()),
+            // A full socket buffer drops the datagram like a congested wire.
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    fn receive(&mut self) -> io::Result<Option<Vec<u8>>> {
+        if self.packet_rx.is_some() {
+            let mut v = Vec::new();
+            self.packet_receive(&mut v, 1)?;
+            return Ok(v.pop());
+        }
+        let (n, from) = match self.socket.try_recv_from(&mut self.buf) {
+            Ok(v) => v,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        Ok(wrap(from, self.local, &self.buf[..n]))
+    }
+
+    fn transmit_batch(&mut self, datagrams: &[Vec<u8>]) -> io::Result<()> {
+        let mut msgs = Vec::with_capacity(datagrams.len());
+        for d in datagrams {
+            // A datagram the socket cannot send is dropped like any other loss.
+            if let Ok((out, to, hl)) = self.rewrite(d) {
+                msgs.push((out, hl, to));
+            }
+        }
+        for chunk in msgs.chunks(BATCH) {
+            let mut sent = 0;
+            while sent < chunk.len() {
+                match self.socket.try_io(tokio::io::Interest::WRITABLE, || {
+                    sys::sendmmsg(&self.socket, &chunk[sent..])
+                }) {
+                    Ok(n) => sent += n.max(1),
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn receive_batch(&mut self, out: &mut Vec<Vec<u8>>, max: usize) -> io::Result<usize> {
+        if self.packet_rx.is_some() {
+            return self.packet_receive(out, max);
+        }
+        let mut total = 0;
+        while total < max {
+            let bufs = &mut self.batch_bufs;
+            let got = match self.socket.try_io(tokio::io::Interest::READABLE, || {
+                sys::recvmmsg(&self.socket, bufs)
+            }) {
+                Ok(v) => v,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) => return Err(e),
+            };
+            if got.is_empty() {
+                break;
+            }
+            for (i, len, from) in got {
+                total += 1;
+                if let Some(d) = wrap(from, self.local, &self.batch_bufs[i][..len]) {
+                    out.push(d);
+                }
+            }
+        }
+        Ok(total)
+    }
+}
+
+/// Datagrams per `sendmmsg`/`recvmmsg` call.
+const BATCH: usize = 32;
+/// Receive buffer per datagram: a 4096-byte MTU packet with all headers fits.
+const RX_BUF: usize = 8192;
+
+/// Rebuilds the IP and UDP headers the kernel stripped (see the module documentation).
+fn wrap(from: SocketAddr, local: SocketAddr, payload: &[u8]) -> Option<Vec<u8>> {
+    let ip = match (from.ip(), local.ip()) {
+        (IpAddr::V4(s), IpAddr::V4(d)) => IpRepr::V4(ipv4::Repr {
+            src_addr: s,
+            dst_addr: d,
+            protocol: ipv4::PROTOCOL_UDP,
+            payload_len: 0,
+            ttl: 64,
+            tos: 0,
+            ident: 0,
+            dont_frag: true,
+        }),
+        (IpAddr::V6(s), IpAddr::V6(d)) => IpRepr::V6(ipv6::Repr {
+            src_addr: s,
+            dst_addr: d,
+            next_header: ipv4::PROTOCOL_UDP,
+            payload_len: 0,
+            hop_limit: 64,
+            traffic_class: 0,
+            flow_label: 0,
+        }),
+        _ => return None,
+    };
+    let n = payload.len();
+    let mut out = vec![0u8; ip.header_len() + udp::HEADER_LEN + n];
+    let hl = datagram::emit_headers(&ip, from.port(), local.port(), n, &mut out).ok()?;
+    out[hl..].copy_from_slice(payload);
+    Some(out)
+}
+
+/// `sendmmsg`/`recvmmsg` through libc.
+mod sys {
+    use std::io;
+    use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+    use std::os::fd::AsRawFd;
+
+    fn to_storage(addr: SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
+        // SAFETY: sockaddr_storage is plain old data for which all-zero bytes are valid.
+        let mut st: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+        let len = match addr {
+            SocketAddr::V4(a) => {
+                let sin = libc::sockaddr_in {
+                    sin_family: libc::AF_INET as libc::sa_family_t,
+                    sin_port: a.port().to_be(),
+                    sin_addr: libc::in_addr {
+                        s_addr: u32::from_ne_bytes(a.ip().octets()),
+                    },
+                    sin_zero: [0; 8],
+                };
+                // SAFETY: sockaddr_storage is larger than and aligned for sockaddr_in.
+                unsafe { std::ptr::write((&mut st as *mut libc::sockaddr_storage).cast(), sin) };
+                std::mem::size_of::<libc::sockaddr_in>()
+            }
+            SocketAddr::V6(a) => {
+                let sin6 = libc::sockaddr_in6 {
+                    sin6_family: libc::AF_INET6 as libc::sa_family_t,
+                    sin6_port: a.port().to_be(),
+                    sin6_flowinfo: 0,
+                    sin6_addr: libc::in6_addr {
+                        s6_addr: a.ip().octets(),
+                    },
+                    sin6_scope_id: a.scope_id(),
+                };
+                // SAFETY: sockaddr_storage is larger than and aligned for sockaddr_in6.
+                unsafe { std::ptr::write((&mut st as *mut libc::sockaddr_storage).cast(), sin6) };
+                std::mem::size_of::<libc::sockaddr_in6>()
+            }
+        };
+        (st, len as libc::socklen_t)
+    }
+
+    fn from_storage(st: &libc::sockaddr_storage) -> Option<SocketAddr> {
+        match i32::from(st.ss_family) {
+            libc::AF_INET => {
+                // SAFETY: the kernel wrote a sockaddr_in (family AF_INET) into the storage,
+                // which is aligned for it.
+                let sin =
+                    unsafe { &*(st as *const libc::sockaddr_storage).cast::<libc::sockaddr_in>() };
+                let ip = Ipv4Addr::from(sin.sin_addr.s_addr.to_ne_bytes());
+                Some(SocketAddr::new(IpAddr::V4(ip), u16::from_be(sin.sin_port)))
+            }
+            libc::AF_INET6 => {
+                // SAFETY: as above for sockaddr_in6 (family AF_INET6).
+                let sin6 =
+                    unsafe { &*(st as *const libc::sockaddr_storage).cast::<libc::sockaddr_in6>() };
+                let ip = Ipv6Addr::from(sin6.sin6_addr.s6_addr);
+                let ip = ip.to_ipv4_mapped().map_or(IpAddr::V6(ip), IpAddr::V4);
+                Some(SocketAddr::new(ip, u16::from_be(sin6.sin6_port)))
+            }
+            _ => None,
+        }
+    }
+
+    /// An AF_PACKET datagram socket for IPv4 on interface `ifname`, non-blocking.
+    pub(super) fn packet_socket(ifname: &str) -> io::Result<std::os::fd::OwnedFd> {
+        use std::os::fd::FromRawFd;
+        let name = std::ffi::CString::new(ifname)
+            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "interface name"))?;
+        // SAFETY: `name` is a valid NUL-terminated string for the duration of the call.
+        let index = unsafe { libc::if_nametoindex(name.as_ptr()) };
+        if index == 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let proto = (libc::ETH_P_IP as u16).to_be();
+        // SAFETY: plain system call with constant arguments.
+        let fd = unsafe {
+            libc::socket(
+                libc::AF_PACKET,
+                libc::SOCK_DGRAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+                i32::from(proto),
+            )
+        };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: `fd` was just returned by socket() and is owned by nothing else.
+        let owned = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) };
+        // SAFETY: sockaddr_ll is plain old data; all-zero is valid before filling it in.
+        let mut sll: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
+        sll.sll_family = libc::AF_PACKET as u16;
+        sll.sll_protocol = proto;
+        sll.sll_ifindex = index as i32;
+        // SAFETY: `sll` is a valid sockaddr_ll of the length passed; `owned` is open.
+        let r = unsafe {
+            libc::bind(
+                owned.as_raw_fd(),
+                (&sll as *const libc::sockaddr_ll).cast(),
+                std::mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t,
+            )
+        };
+        if r < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(owned)
+    }
+
+    /// One datagram from a packet socket into `buf`: `Some(len)` for an incoming packet,
+    /// `None` for one this host sent (seen on loopback and by taps), `WouldBlock` when empty.
+    pub(super) fn packet_recv(fd: &impl AsRawFd, buf: &mut [u8]) -> io::Result<Option<usize>> {
+        // SAFETY: sockaddr_ll is plain old data; all-zero is valid.
+        let mut sll: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
+        let mut len = std::mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t;
+        // SAFETY: `buf` is writable for its length, `sll`/`len` describe a writable address
+        // buffer of the right size; the call does not retain any pointer.
+        let n = unsafe {
+            libc::recvfrom(
+                fd.as_raw_fd(),
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+                libc::MSG_DONTWAIT | libc::MSG_TRUNC,
+                (&mut sll as *mut libc::sockaddr_ll).cast(),
+                &mut len,
+            )
+        };
+        if n < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let n = n as usize;
+        if sll.sll_pkttype == libc::PACKET_OUTGOING || n > buf.len() {
+            return Ok(None);
+        }
+        Ok(Some(n))
+    }
+
+    /// Sends `msgs` (UDP payload at `.0[.1..]` to `.2`); returns how many went out.
+    pub(super) fn sendmmsg(
+        sock: &impl AsRawFd,
+        msgs: &[(Vec<u8>, usize, SocketAddr)],
+    ) -> io::Result<usize> {
+        let mut names: Vec<(libc::sockaddr_storage, libc::socklen_t)> =
+            msgs.iter().map(|m| to_storage(m.2)).collect();
+        let mut iovs: Vec<libc::iovec> = msgs
+            .iter()
+            .map(|m| libc::iovec {
+                iov_base: m.0[m.1..].as_ptr() as *mut libc::c_void,
+                iov_len: m.0.len() - m.1,
+            })
+            .collect();
+        let mut hdrs: Vec<libc::mmsghdr> = names
+            .iter_mut()
+            .zip(iovs.iter_mut())
+            .map(|(name, iov)| {
+                // SAFETY: msghdr is plain old data; zero is a valid "no control data" value.
+                let mut h: libc::msghdr = unsafe { std::mem::zeroed() };
+                h.msg_name = (&mut name.0 as *mut libc::sockaddr_storage).cast();
+                h.msg_namelen = name.1;
+                h.msg_iov = iov;
+                h.msg_iovlen = 1;
+                libc::mmsghdr {
+                    msg_hdr: h,
+                    msg_len: 0,
+                }
+            })
+            .collect();
+        // SAFETY: every header points at a live name and iovec in `names`/`iovs`, whose
+        // buffers (`msgs`) outlive the call; the kernel only reads them.
+        let r = unsafe {
+            libc::sendmmsg(
+                sock.as_raw_fd(),
+                hdrs.as_mut_ptr(),
+                hdrs.len() as libc::c_uint,
+                libc::MSG_DONTWAIT,
+            )
+        };
+        if r < 0 {
+            Err(io::Error::last_os_error())
+        } else {
+            Ok(r as usize)
+        }
+    }
+
+    /// Receives up to `bufs.len()` datagrams; returns (buffer index, length, source) for each
+    /// one that was not truncated.
+    pub(super) fn recvmmsg(
+        sock: &impl AsRawFd,
+        bufs: &mut [Vec<u8>],
+    ) -> io::Result<Vec<(usize, usize, SocketAddr)>> {
+        // SAFETY: sockaddr_storage is plain old data; all-zero is valid.
+        let mut names: Vec<libc::sockaddr_storage> =
+            bufs.iter().map(|_| unsafe { std::mem::zeroed() }).collect();
+        let mut iovs: Vec<libc::iovec> = bufs
+            .iter_mut()
+            .map(|b| libc::iovec {
+                iov_base: b.as_mut_ptr().cast(),
+                iov_len: b.len(),
+            })
+            .collect();
+        let mut hdrs: Vec<libc::mmsghdr> = names
+            .iter_mut()
+            .zip(iovs.iter_mut())
+            .map(|(name, iov)| {
+                // SAFETY: msghdr is plain old data; zero is a valid "no control data" value.
+                let mut h: libc::msghdr = unsafe { std::mem::zeroed() };
+                h.msg_name = (name as *mut libc::sockaddr_storage).cast();
+                h.msg_namelen = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+                h.msg_iov = iov;
+                h.msg_iovlen = 1;
+                libc::mmsghdr {
+                    msg_hdr: h,
+                    msg_len: 0,
+                }
+            })
+            .collect();
+        // SAFETY: each header points at a live, writable name and iovec whose buffer is
+        // exclusively borrowed (`bufs`) for the call; lengths match the allocations.
+        let r = unsafe {
+            libc::recvmmsg(
+                sock.as_raw_fd(),
+                hdrs.as_mut_ptr(),
+                hdrs.len() as libc::c_uint,
+                libc::MSG_DONTWAIT,
+                std::ptr::null_mut(),
+            )
+        };
+        if r < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let mut out = Vec::with_capacity(r as usize);
+        for (i, h) in hdrs.iter().take(r as usize).enumerate() {
+            if h.msg_hdr.msg_flags & libc::MSG_TRUNC != 0 {
+                continue;
+            }
+            if let Some(from) = from_storage(&names[i]) {
+                out.push((i, h.msg_len as usize, from));
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// [`super::run`] for a UDP netdev.
+pub async fn run(dev: crate::verbs::Device, netdev: UdpNetDev) -> io::Result<()> {
+    super::run(dev, netdev).await
+}
+
+impl super::AsyncNetDev for UdpNetDev {
+    fn readable(&self) -> impl std::future::Future<Output = io::Result<()>> + Send + '_ {
+        UdpNetDev::readable(self)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::Ipv4Addr;
+
+    #[tokio::test]
+    async fn rewrite_makes_kernel_header() {
+        let Ok(nd) = UdpNetDev::bind("127.0.0.1:0".parse().unwrap()) else {
+            eprintln!("skipping: cannot bind a UDP socket");
+            return;
+        };
+        let ip = IpRepr::V4(ipv4::Repr {
+            src_addr: Ipv4Addr::new(9, 9, 9, 9),
+            dst_addr: Ipv4Addr::new(127, 0, 0, 1),
+            protocol: ipv4::PROTOCOL_UDP,
+            payload_len: 0,
+            ttl: 64,
+            tos: 0,
+            ident: 77,
+            dont_frag: false,
+        });
+        let mut d = vec![0u8; 28 + 16];
+        datagram::emit_headers(&ip, 0xc000, 4791, 16, &mut d).unwrap();
+        d[28] = 0x04; // RC SEND_ONLY
+        d[30] = 0xff;
+        d[31] = 0xff;
+        let (out, to, hl) = nd.rewrite(&d).unwrap();
+        assert_eq!(hl, 28);
+        assert_eq!(to, SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 4791));
+        let dg = Datagram::split(&out).unwrap();
+        let IpRepr::V4(r) = dg.ip_repr().unwrap() else {
+            panic!()
+        };
+        assert_eq!(
+            (r.ident, r.dont_frag, r.src_addr),
+            (0, true, Ipv4Addr::LOCALHOST)
+        );
+        assert_eq!(dg.udp_repr().src_port, nd.local_addr().port());
+        assert_eq!(dg.computed_icrc(), dg.wire_icrc());
+    }
+}

@@ -1,0 +1,315 @@
+//! The transport engine, split by role as in rxe: [`requester`] (send queue → request
+//! packets), [`responder`] (request packets → memory, receive completions, ACK/NAK and READ
+//! responses) and [`completer`] (responses → send completions, retransmission). [`ud`] is the
+//! datagram path of UD and GSI QPs.
+//!
+//! Everything here is pure logic over the device's tables: packets come in through
+//! `receive`, timers and the send queues run in `poll_qp` (both driven by
+//! [`crate::verbs::Device`]), and packets go out as whole IP
+//! datagrams into the device's bounded transmit queue. Time is a `Duration` since an arbitrary
+//! epoch given by the caller, so tests can run on a virtual clock. No packet from the wire can
+//! make this code panic: every header goes through the wire module's checked views, and all
+//! lengths and offsets are checked before use.
+
+pub mod completer;
+pub mod requester;
+pub mod responder;
+pub mod ud;
+
+use std::net::IpAddr;
+use std::time::Duration;
+
+use crate::verbs::device::Engine;
+use crate::verbs::mr::{KeyKind, MrError, MrTable};
+use crate::verbs::qp::QpCtx;
+use crate::verbs::{Access, AddressVector, QpState, QpType, Sge};
+use crate::wire::{datagram, icrc, ipv4, ipv6, roce, Datagram, IpRepr, RoceRepr};
+
+/// ACK requests are forced after this many packets without one (rxe `RXE_MAX_PKT_PER_ACK`).
+pub const MAX_PKT_PER_ACK: u32 = 64;
+/// The requester stops when this many PSNs are unacknowledged (rxe `RXE_MAX_UNACKED_PSNS`).
+pub const MAX_UNACKED_PSNS: i32 = 128;
+/// Packets a QP may generate per poll (fairness between QPs).
+pub const POLL_BUDGET: usize = 256;
+
+/// The retransmit timeout for an encoded local ACK timeout: 4.096 µs × 2^timeout, `None` for 0.
+pub fn ack_timeout(timeout: u8) -> Option<Duration> {
+    if timeout == 0 {
+        None
+    } else {
+        Some(Duration::from_nanos(4096u64 << timeout.min(31)))
+    }
+}
+
+/// Builds a datagram around `repr` from the QP's address and queues it. `fill` writes the
+/// payload; returns false if the packet could not be built (it is then not sent).
+pub(crate) fn emit(
+    eng: &mut Engine,
+    av: &AddressVector,
+    sport: u16,
+    repr: &RoceRepr,
+    fill: impl FnOnce(&mut [u8]) -> bool,
+) -> bool {
+    emit_to(&eng.gids, &mut eng.tx, av, sport, repr, fill)
+}
+
+/// [`emit`] with the engine split, so `fill` can borrow the MR table.
+pub(crate) fn emit_to(
+    gids: &[crate::verbs::Gid],
+    tx: &mut crate::verbs::device::Tx,
+    av: &AddressVector,
+    sport: u16,
+    repr: &RoceRepr,
+    fill: impl FnOnce(&mut [u8]) -> bool,
+) -> bool {
+    let Some(src) = gids.get(av.sgid_index as usize).map(|g| g.to_ip()) else {
+        return false;
+    };
+    let ip = match (src, av.dest) {
+        (IpAddr::V4(s), IpAddr::V4(d)) => IpRepr::V4(ipv4::Repr {
+            src_addr: s,
+            dst_addr: d,
+            protocol: ipv4::PROTOCOL_UDP,
+            payload_len: 0,
+            ttl: av.hop_limit,
+            tos: av.traffic_class,
+            // Linux gives an unconnected DF socket's packets ID 0 (DESIGN.md "Packet I/O").
+            ident: 0,
+            dont_frag: true,
+        }),
+        (IpAddr::V6(s), IpAddr::V6(d)) => IpRepr::V6(ipv6::Repr {
+            src_addr: s,
+            dst_addr: d,
+            next_header: ipv4::PROTOCOL_UDP,
+            payload_len: 0,
+            hop_limit: av.hop_limit,
+            traffic_class: av.traffic_class,
+            flow_label: av.flow_label & 0xF_FFFF,
+        }),
+        _ => return false,
+    };
+    let roce_len = repr.buffer_len();
+    let mut buf = vec![0u8; ip.header_len() + crate::wire::udp::HEADER_LEN + roce_len];
+    let Ok(hl) = datagram::emit_headers(&ip, sport, roce::UDP_PORT, roce_len, &mut buf) else {
+        return false;
+    };
+    {
+        let mut pkt = roce::Packet::new_unchecked(&mut buf[hl..]);
+        if repr.emit(&mut pkt).is_err() || !fill(pkt.payload_mut()) {
+            return false;
+        }
+    }
+    if icrc::generate(&mut buf).is_err() {
+        return false;
+    }
+    tx.queue.push_back(buf);
+    tx.packets += 1;
+    true
+}
+
+/// Copies `out.len()` bytes starting `offset` bytes into the SGE list (L_Keys of `pd`).
+pub(crate) fn gather(
+    mrs: &MrTable,
+    pd: u32,
+    sges: &[Sge],
+    mut offset: usize,
+    out: &mut [u8],
+) -> Result<(), MrError> {
+    let mut done = 0;
+    for s in sges {
+        if done == out.len() {
+            break;
+        }
+        let len = s.length as usize;
+        if offset >= len {
+            offset -= len;
+            continue;
+        }
+        let n = (len - offset).min(out.len() - done);
+        let (region, at) = mrs.lookup(
+            pd,
+            s.lkey,
+            KeyKind::Local,
+            Access::empty(),
+            s.addr + offset as u64,
+            n,
+        )?;
+        if !region.read(at, &mut out[done..done + n]) {
+            return Err(MrError::Bounds);
+        }
+        done += n;
+        offset = 0;
+    }
+    if done == out.len() {
+        Ok(())
+    } else {
+        Err(MrError::Bounds)
+    }
+}
+
+/// Why a scatter failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ScatterError {
+    /// More data than the SGE list holds.
+    Length,
+    Protection,
+}
+
+/// Writes `data` starting `offset` bytes into the SGE list (L_Keys with LOCAL_WRITE).
+pub(crate) fn scatter(
+    mrs: &MrTable,
+    pd: u32,
+    sges: &[Sge],
+    mut offset: usize,
+    data: &[u8],
+) -> Result<(), ScatterError> {
+    let mut done = 0;
+    for s in sges {
+        if done == data.len() {
+            break;
+        }
+        let len = s.length as usize;
+        if offset >= len {
+            offset -= len;
+            continue;
+        }
+        let n = (len - offset).min(data.len() - done);
+        let (region, at) = mrs
+            .lookup(
+                pd,
+                s.lkey,
+                KeyKind::Local,
+                Access::LOCAL_WRITE,
+                s.addr + offset as u64,
+                n,
+            )
+            .map_err(|_| ScatterError::Protection)?;
+        if !region.write(at, &data[done..done + n]) {
+            return Err(ScatterError::Protection);
+        }
+        done += n;
+        offset = 0;
+    }
+    if done == data.len() {
+        Ok(())
+    } else {
+        Err(ScatterError::Length)
+    }
+}
+
+/// Handles one received IP datagram; false if it was dropped (rxe `rxe_rcv` checks).
+pub(crate) fn receive(eng: &mut Engine, datagram: &[u8], now: Duration) -> bool {
+    let Ok(d) = Datagram::split(datagram) else {
+        return false;
+    };
+    // The UDP destination port is the netdev's business (it binds 4791, or another port in
+    // tests); the ICRC covers whatever port was used.
+    let Ok(ip) = d.ip_repr() else {
+        return false;
+    };
+    let dst = crate::verbs::Gid::from_ip(ip.dst_addr());
+    if !eng.gids.contains(&dst) {
+        return false;
+    }
+    let Ok(pkt) = d.roce_packet() else {
+        return false;
+    };
+    if eng.check_icrc && d.computed_icrc() != d.wire_icrc() {
+        eng.stats.rx_bad_icrc += 1;
+        return false;
+    }
+    let bth = pkt.bth();
+    if bth.pkey() & 0x7FFF != 0x7FFF {
+        return false;
+    }
+    let qpn = bth.dest_qp();
+    if qpn == 0 {
+        return false;
+    }
+    let Some(info) = pkt.opcode_info() else {
+        return false;
+    };
+    let Some(mut qp) = eng.qps.remove(&qpn) else {
+        return false;
+    };
+    let ok = dispatch(eng, &mut qp, &d, ip, &pkt, info, now);
+    eng.qps.insert(qpn, qp);
+    ok
+}
+
+fn dispatch(
+    eng: &mut Engine,
+    qp: &mut QpCtx,
+    d: &Datagram<'_>,
+    ip: IpRepr,
+    pkt: &roce::Packet<&[u8]>,
+    info: &crate::wire::OpcodeInfo,
+    now: Duration,
+) -> bool {
+    if !crate::verbs::device::opcode_matches(qp.qp_type, pkt.opcode()) {
+        return false;
+    }
+    match qp.qp_type {
+        QpType::Ud | QpType::Gsi => {
+            if !matches!(
+                qp.state,
+                QpState::Rtr | QpState::Rts | QpState::Sqd | QpState::Sqe
+            ) {
+                return false;
+            }
+            ud::on_receive(eng, qp, d, ip, pkt)
+        }
+        QpType::Rc => {
+            if ip.src_addr() != qp.av.dest {
+                return false;
+            }
+            if info.is_response() {
+                if !matches!(qp.state, QpState::Rts | QpState::Sqd) {
+                    return false;
+                }
+                completer::on_response(eng, qp, pkt, now);
+                true
+            } else {
+                if !matches!(
+                    qp.state,
+                    QpState::Rtr | QpState::Rts | QpState::Sqd | QpState::Sqe
+                ) {
+                    return false;
+                }
+                responder::on_request(eng, qp, pkt, now);
+                true
+            }
+        }
+    }
+}
+
+/// Timers, completions, READ responses and the send queue of one QP.
+pub(crate) fn poll_qp(eng: &mut Engine, qp: &mut QpCtx, now: Duration) {
+    if matches!(qp.state, QpState::Reset | QpState::Err | QpState::Init) {
+        return;
+    }
+    if qp.qp_type == QpType::Rc {
+        completer::timers(eng, qp, now);
+        responder::read_responses(eng, qp, POLL_BUDGET, false);
+    }
+    completer::complete_ready(qp);
+    requester::run(eng, qp, now, POLL_BUDGET);
+    completer::complete_ready(qp);
+    if qp.state == QpState::Sqd && qp.sqd_notify && qp.sq.is_empty() {
+        qp.sqd_notify = false;
+        eng.events
+            .push(crate::verbs::AsyncEvent::SqDrained { qpn: qp.qpn });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timeout_values() {
+        assert_eq!(ack_timeout(0), None);
+        assert_eq!(ack_timeout(1), Some(Duration::from_nanos(8192)));
+        assert_eq!(ack_timeout(14), Some(Duration::from_nanos(4096 << 14)));
+    }
+}

@@ -1,0 +1,265 @@
+//! Two devices over real UDP sockets on 127.0.0.1 and 127.0.0.2, port 4791, driven by the
+//! async runner; consumers await their CQs. Skips when the sockets cannot be bound (for
+//! example when rdma_rxe owns port 4791 in this network namespace).
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::Arc;
+
+use rtgt_transport::netdev::udp::{run, UdpNetDev};
+use rtgt_transport::verbs::*;
+
+fn addr(last: u8) -> IpAddr {
+    IpAddr::V4(Ipv4Addr::new(127, 0, 0, last))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rc_over_udp_sockets() {
+    rc_over_udp(false, 1).await;
+}
+
+/// With AF_PACKET receive the whole datagrams arrive and the ICRC is verified.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rc_over_udp_with_packet_rx() {
+    rc_over_udp(true, 3).await;
+}
+
+/// Devices on 127.0.0.`base` and 127.0.0.`base + 1` (distinct per test: tests run in
+/// parallel and each binds port 4791).
+async fn rc_over_udp(packet_rx: bool, base: u8) {
+    let bind = |last| {
+        let a = SocketAddr::new(addr(last), 4791);
+        if packet_rx {
+            UdpNetDev::bind_with_packet_rx(a, "lo")
+        } else {
+            UdpNetDev::bind(a)
+        }
+    };
+    let (na, nb) = match (bind(base), bind(base + 1)) {
+        (Ok(a), Ok(b)) => (a, b),
+        (a, b) => {
+            eprintln!(
+                "skipping: cannot bind UDP 4791 on 127.0.0.{base}/{}: {:?} {:?}",
+                base + 1,
+                a.err(),
+                b.err()
+            );
+            return;
+        }
+    };
+    let mk = |last| {
+        let mut cfg = DeviceConfig::new("udp", vec![addr(last)]);
+        // A UDP socket cannot see the IPv4 ID, so received ICRCs cannot be verified there.
+        cfg.check_icrc = packet_rx;
+        cfg.eth_mtu = 1500;
+        Device::new(cfg).unwrap()
+    };
+    let (da, db) = (mk(base), mk(base + 1));
+    let ta = tokio::spawn(run(da.clone(), na));
+    let tb = tokio::spawn(run(db.clone(), nb));
+    let access = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ;
+    let setup = |d: &Device| {
+        let pd = d.alloc_pd().unwrap();
+        let cq = d.create_cq(64).unwrap();
+        let qp = pd.create_qp(QpInitAttr::new(QpType::Rc, &cq, &cq)).unwrap();
+        let region = Arc::new(Region::zeroed(1 << 20));
+        let mr = pd.reg_mr(region.clone(), access).unwrap();
+        (pd, cq, qp, region, mr)
+    };
+    let (_pa, cqa, qpa, ra, mra) = setup(&da);
+    let (_pb, cqb, qpb, rb, mrb) = setup(&db);
+    for (qp, remote, dest) in [
+        (&qpa, addr(base + 1), qpb.qpn()),
+        (&qpb, addr(base), qpa.qpn()),
+    ] {
+        use QpAttrMask as M;
+        let mut a = QpAttr {
+            qp_state: Some(QpState::Init),
+            qp_access_flags: Some(access),
+            port_num: 1,
+            ..Default::default()
+        };
+        qp.modify(&a, M::STATE | M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS)
+            .unwrap();
+        a.qp_state = Some(QpState::Rtr);
+        a.av = AddressVector::new(remote);
+        a.path_mtu = Some(Mtu::Mtu1024);
+        a.dest_qp_num = dest;
+        a.max_dest_rd_atomic = 4;
+        a.min_rnr_timer = 1;
+        qp.modify(
+            &a,
+            M::STATE
+                | M::AV
+                | M::PATH_MTU
+                | M::DEST_QPN
+                | M::RQ_PSN
+                | M::MAX_DEST_RD_ATOMIC
+                | M::MIN_RNR_TIMER,
+        )
+        .unwrap();
+        a.qp_state = Some(QpState::Rts);
+        a.timeout = 12;
+        a.retry_cnt = 7;
+        a.rnr_retry = 7;
+        a.max_rd_atomic = 4;
+        qp.modify(
+            &a,
+            M::STATE | M::SQ_PSN | M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::MAX_QP_RD_ATOMIC,
+        )
+        .unwrap();
+    }
+    let data: Vec<u8> = (0..100_000u32).map(|i| (i * 7) as u8).collect();
+    ra.write(0, &data);
+    qpb.post_recv(RecvWr {
+        wr_id: 1,
+        sg_list: vec![mrb.sge(0, 200_000)],
+    })
+    .unwrap();
+    qpa.post_send(SendWr::new(1, SendOp::Send, vec![mra.sge(0, 100_000)]))
+        .unwrap();
+    qpa.post_send(SendWr::new(
+        2,
+        SendOp::RdmaWrite {
+            remote_addr: mrb.iova() + 300_000,
+            rkey: mrb.rkey(),
+        },
+        vec![mra.sge(0, 100_000)],
+    ))
+    .unwrap();
+    qpa.post_send(SendWr::new(
+        3,
+        SendOp::RdmaRead {
+            remote_addr: mrb.iova(),
+            rkey: mrb.rkey(),
+        },
+        vec![mra.sge(500_000, 100_000)],
+    ))
+    .unwrap();
+    let mut got = Vec::new();
+    let wait = async {
+        while got.len() < 3 {
+            cqa.wait_nonempty().await;
+            got.extend(cqa.poll(8));
+        }
+        cqb.wait_nonempty().await;
+    };
+    tokio::time::timeout(std::time::Duration::from_secs(20), wait)
+        .await
+        .expect("timed out");
+    assert!(got.iter().all(|w| w.status == WcStatus::Success), "{got:?}");
+    assert_eq!(cqb.poll(1)[0].byte_len, 100_000);
+    let mut check = vec![0u8; 100_000];
+    rb.read(300_000, &mut check);
+    assert!(check == data);
+    ra.read(500_000, &mut check);
+    assert!(check == data, "READ returned the SEND's bytes");
+    if packet_rx {
+        assert_eq!(da.stats().rx_bad_icrc + db.stats().rx_bad_icrc, 0);
+        assert!(db.stats().rx_packets > 0);
+    }
+    ta.abort();
+    tb.abort();
+}
+
+/// IPv6 on ::1 (two ports, since loopback has one IPv6 address): the reconstructed IPv6
+/// header is exact, so the ICRC is verified even through a plain UDP socket.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rc_over_udp_ipv6_checks_icrc() {
+    let lo: IpAddr = "::1".parse().unwrap();
+    let (mut na, mut nb) = match (
+        UdpNetDev::bind(SocketAddr::new(lo, 4793)),
+        UdpNetDev::bind(SocketAddr::new(lo, 4794)),
+    ) {
+        (Ok(a), Ok(b)) => (a, b),
+        (a, b) => {
+            eprintln!(
+                "skipping: cannot bind UDP on [::1]: {:?} {:?}",
+                a.err(),
+                b.err()
+            );
+            return;
+        }
+    };
+    na.peer_port = 4794;
+    nb.peer_port = 4793;
+    let mk = || {
+        let mut cfg = DeviceConfig::new("udp6", vec![lo]);
+        cfg.check_icrc = true;
+        Device::new(cfg).unwrap()
+    };
+    let (da, db) = (mk(), mk());
+    let ta = tokio::spawn(run(da.clone(), na));
+    let tb = tokio::spawn(run(db.clone(), nb));
+    let access = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ;
+    let setup = |d: &Device| {
+        let pd = d.alloc_pd().unwrap();
+        let cq = d.create_cq(64).unwrap();
+        let qp = pd.create_qp(QpInitAttr::new(QpType::Rc, &cq, &cq)).unwrap();
+        let region = Arc::new(Region::zeroed(1 << 18));
+        let mr = pd.reg_mr(region.clone(), access).unwrap();
+        (pd, cq, qp, region, mr)
+    };
+    let (_pa, cqa, qpa, ra, mra) = setup(&da);
+    let (_pb, _cqb, qpb, rb, mrb) = setup(&db);
+    for (qp, dest) in [(&qpa, qpb.qpn()), (&qpb, qpa.qpn())] {
+        use QpAttrMask as M;
+        let mut a = QpAttr {
+            qp_state: Some(QpState::Init),
+            qp_access_flags: Some(access),
+            port_num: 1,
+            ..Default::default()
+        };
+        qp.modify(&a, M::STATE | M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS)
+            .unwrap();
+        a.qp_state = Some(QpState::Rtr);
+        a.av = AddressVector::new(lo);
+        a.path_mtu = Some(Mtu::Mtu4096);
+        a.dest_qp_num = dest;
+        a.max_dest_rd_atomic = 4;
+        qp.modify(
+            &a,
+            M::STATE
+                | M::AV
+                | M::PATH_MTU
+                | M::DEST_QPN
+                | M::RQ_PSN
+                | M::MAX_DEST_RD_ATOMIC
+                | M::MIN_RNR_TIMER,
+        )
+        .unwrap();
+        a.qp_state = Some(QpState::Rts);
+        a.timeout = 12;
+        a.retry_cnt = 7;
+        a.rnr_retry = 7;
+        a.max_rd_atomic = 4;
+        qp.modify(
+            &a,
+            M::STATE | M::SQ_PSN | M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::MAX_QP_RD_ATOMIC,
+        )
+        .unwrap();
+    }
+    let data: Vec<u8> = (0..50_000u32).map(|i| (i * 13) as u8).collect();
+    rb.write(0, &data);
+    qpa.post_send(SendWr::new(
+        1,
+        SendOp::RdmaRead {
+            remote_addr: mrb.iova(),
+            rkey: mrb.rkey(),
+        },
+        vec![mra.sge(0, 50_000)],
+    ))
+    .unwrap();
+    let wc = tokio::time::timeout(std::time::Duration::from_secs(20), async {
+        cqa.wait_nonempty().await;
+        cqa.poll(1)
+    })
+    .await
+    .expect("timed out");
+    assert_eq!(wc[0].status, WcStatus::Success);
+    let mut got = vec![0u8; 50_000];
+    ra.read(0, &mut got);
+    assert!(got == data);
+    assert_eq!(da.stats().rx_bad_icrc, 0);
+    ta.abort();
+    tb.abort();
+}
