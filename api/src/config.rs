@@ -149,6 +149,25 @@ pub struct Backstore {
     /// Volatile write cache (WCE): writes are durable after SYNCHRONIZE CACHE or FUA.
     #[serde(default = "default_true")]
     pub write_cache: bool,
+    /// Physical block size reported to initiators (READ CAPACITY(16) logical blocks per
+    /// physical block, Block Limits VPD granularities): a power of two from `block_size` to
+    /// 64KiB. Default: for a file 4096 (the page and hole-punching granularity of Linux
+    /// file systems), for a block device its physical block size, for ramdisk and null
+    /// `block_size`; never less than `block_size`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub physical_block_size: Option<ByteSize>,
+    /// Removable medium: START STOP UNIT with LOEJ ejects and loads it, PREVENT ALLOW
+    /// MEDIUM REMOVAL keeps it in.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub removable: bool,
+    /// Bytes per second a SANITIZE overwrite (or zero-fill erase) may write in the
+    /// background; 0 is unlimited. Default 32MiB.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sanitize_rate: Option<ByteSize>,
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -322,10 +341,12 @@ impl Config {
         let config: Config = serde_path_to_error::deserialize(de).map_err(|e| {
             let path = e.path().to_string();
             let inner = e.into_inner();
-            let mut message = inner.to_string();
-            if let Some(loc) = inner.location() {
-                message = format!("{message} (line {}, column {})", loc.line(), loc.column());
-            }
+            // The YAML error already names the location; drop its own copy of the path.
+            let text = inner.to_string();
+            let message = text
+                .strip_prefix(&format!("{path}: "))
+                .unwrap_or(&text)
+                .to_string();
             ConfigError::Invalid {
                 file: file.to_path_buf(),
                 path: if path == "." {
@@ -439,6 +460,17 @@ impl Config {
                     return Err((at("path"), "a ramdisk or null backstore has no path".into()));
                 }
                 _ => {}
+            }
+            if let Some(pbs) = b.physical_block_size {
+                if !pbs.0.is_power_of_two() || pbs.0 < u64::from(b.block_size) || pbs.0 > 65536 {
+                    return Err((
+                        at("physical_block_size"),
+                        format!(
+                            "{pbs} must be a power of two from the block size {} to 64KiB",
+                            b.block_size
+                        ),
+                    ));
+                }
             }
             if let Some(size) = b.size {
                 if size.0 == 0 || !size.0.is_multiple_of(u64::from(b.block_size)) {
@@ -744,6 +776,40 @@ mod tests {
         assert_eq!(path, "backstores[0].size");
         let (path, _) = err_of("backstores:\n  - {name: a, type: file}\n");
         assert_eq!(path, "backstores[0].path");
+    }
+
+    #[test]
+    fn physical_block_size_removable_and_sanitize_rate() {
+        for bad in ["256", "1000", "128k"] {
+            let (path, _) = err_of(&format!(
+                "backstores:\n  - {{name: a, type: null, size: 1M, physical_block_size: {bad}}}\n"
+            ));
+            assert_eq!(path, "backstores[0].physical_block_size");
+        }
+        let (path, _) = err_of(
+            "backstores:\n  - {name: a, type: null, size: 1M, block_size: 4096, physical_block_size: 512}\n",
+        );
+        assert_eq!(path, "backstores[0].physical_block_size");
+        let c = Config::from_yaml(
+            "backstores:\n  - {name: a, type: null, size: 1M, physical_block_size: 4k, removable: true, sanitize_rate: 64MiB}\n",
+            Path::new("t.yaml"),
+        )
+        .unwrap();
+        let b = &c.backstores[0];
+        assert_eq!(b.physical_block_size, Some(ByteSize(4096)));
+        assert!(b.removable);
+        assert_eq!(b.sanitize_rate, Some(ByteSize(64 << 20)));
+        let c = Config::from_yaml(
+            "backstores:\n  - {name: a, type: null, size: 1M}\n",
+            Path::new("t.yaml"),
+        )
+        .unwrap();
+        let b = &c.backstores[0];
+        assert_eq!(
+            (b.physical_block_size, b.removable, b.sanitize_rate),
+            (None, false, None)
+        );
+        assert!(!c.to_yaml().contains("removable"));
     }
 
     #[test]

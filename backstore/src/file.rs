@@ -5,6 +5,14 @@
 //! one for everything else (and for an O_DIRECT transfer the kernel still refuses with EINVAL).
 //! The kernel keeps the two coherent: direct writes invalidate cached pages and direct reads
 //! write back dirty ones first.
+//!
+//! Transfers that cannot wait run synchronously in the caller instead of through the ring:
+//! on a memory file system (tmpfs, ramfs) every transfer is a memory copy, like a
+//! [`crate::RamBackstore`] access, and O_DIRECT is not used there because those file systems
+//! only emulate it; elsewhere a buffered transfer first tries `RWF_NOWAIT`, which succeeds on
+//! a page-cache hit, and only what remains goes to the ring. Without this, io_uring hands
+//! every transfer on a file system lacking non-blocking support (tmpfs) to its worker
+//! threads, which costs a thread hand-off and a wake-up per transfer.
 
 use std::fs::{File, OpenOptions};
 use std::io;
@@ -78,6 +86,8 @@ pub struct FileCounters {
     pub short_transfers: u64,
     /// Submissions that used fixed buffers of the registered pool.
     pub fixed: u64,
+    /// Transfers (or their leading part) completed synchronously without the ring.
+    pub inline: u64,
 }
 
 #[derive(Default)]
@@ -86,6 +96,7 @@ struct Counters {
     buffered: AtomicU64,
     direct_fallbacks: AtomicU64,
     short_transfers: AtomicU64,
+    inline: AtomicU64,
 }
 
 /// A regular file or block device served through io_uring.
@@ -107,6 +118,12 @@ pub struct FileBackstore {
     read_only: bool,
     write_cache: bool,
     thin: bool,
+    /// The file lives on tmpfs or ramfs: every transfer is a memory copy and runs inline.
+    memory_fs: bool,
+    /// Whether RWF_NOWAIT is still worth trying on the buffered descriptor; cleared when the
+    /// file system refuses it.
+    nowait_reads: AtomicBool,
+    nowait_writes: AtomicBool,
     counters: Counters,
     warned_fallback: AtomicBool,
 }
@@ -190,10 +207,13 @@ impl FileBackstore {
             }
         };
 
+        let memory_fs = !block_device && sys::is_memory_fs(&buffered).unwrap_or(false);
         let mut files = vec![Arc::new(buffered)];
         let mut dio_offset_align = u64::from(opts.block_size);
         let mut dio_mem_align = 512usize;
-        if opts.direct {
+        if memory_fs {
+            tracing::debug!(path = %path.display(), "memory file system: transfers run inline, without O_DIRECT");
+        } else if opts.direct {
             let align = if block_device {
                 sys::bdev_logical_block_size(&files[0])
                     .ok()
@@ -237,6 +257,10 @@ impl FileBackstore {
             read_only: opts.read_only,
             write_cache: opts.write_cache,
             thin: opts.thin,
+            memory_fs,
+            nowait_reads: AtomicBool::new(true),
+            // With O_DSYNC every write waits for the device.
+            nowait_writes: AtomicBool::new(opts.write_cache && !opts.read_only),
             counters: Counters::default(),
             warned_fallback: AtomicBool::new(false),
         })
@@ -274,6 +298,7 @@ impl FileBackstore {
             direct_fallbacks: c.direct_fallbacks.load(Ordering::Relaxed),
             short_transfers: c.short_transfers.load(Ordering::Relaxed),
             fixed: self.ring.fixed_ops(),
+            inline: c.inline.load(Ordering::Relaxed),
         }
     }
 
@@ -338,7 +363,10 @@ impl FileBackstore {
         } else {
             0
         };
-        let mut done = 0usize;
+        let mut done = match self.transfer_inline(write, offset, &mut buf, rw_flags) {
+            Ok(n) => n,
+            Err(e) => return (Err(fail(e)), buf),
+        };
         let mut retries = 0;
         let mut direct_refused = false;
         while done < len {
@@ -415,6 +443,87 @@ impl FileBackstore {
         (Ok(()), buf)
     }
 
+    /// The part of a transfer that completes without waiting, done synchronously: all of it
+    /// on a memory file system, a page-cache hit (`RWF_NOWAIT`) on the buffered descriptor
+    /// elsewhere. Returns the bytes done; the ring does the rest. Errors come back only for
+    /// memory file systems, where no ring attempt follows.
+    fn transfer_inline(
+        &self,
+        write: bool,
+        offset: u64,
+        buf: &mut IoBuf,
+        rw_flags: i32,
+    ) -> io::Result<usize> {
+        let file = &self.files[BUFFERED as usize];
+        let len = buf.len();
+        if self.memory_fs {
+            let mut done = 0usize;
+            let mut retries = 0;
+            while done < len {
+                let at = offset + done as u64;
+                let r = if write {
+                    sys::pwrite_flags(file, &buf[done..], at, rw_flags)
+                } else {
+                    sys::pread_flags(file, &mut buf[done..], at, 0)
+                };
+                match r {
+                    Ok(0) if !write => {
+                        // Past the end of a file shorter than the capacity: a sparse tail.
+                        buf[done..].fill(0);
+                        done = len;
+                    }
+                    Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                    Ok(n) => done += n,
+                    Err(e) if e.raw_os_error() == Some(libc::EINTR) && retries < RETRIES => {
+                        retries += 1
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+            self.counters.inline.fetch_add(1, Ordering::Relaxed);
+            return Ok(len);
+        }
+        let nowait = if write {
+            &self.nowait_writes
+        } else {
+            &self.nowait_reads
+        };
+        if len == 0
+            || !nowait.load(Ordering::Relaxed)
+            || (write && rw_flags != 0)
+            || self.direct_ok(offset, buf, 0)
+        {
+            return Ok(0);
+        }
+        let r = if write {
+            sys::pwrite_flags(file, &buf[..], offset, libc::RWF_NOWAIT)
+        } else {
+            sys::pread_flags(file, &mut buf[..], offset, libc::RWF_NOWAIT)
+        };
+        match r {
+            Ok(0) if !write => {
+                // At or past the end of the file: a sparse tail.
+                buf.fill(0);
+                self.counters.inline.fetch_add(1, Ordering::Relaxed);
+                Ok(len)
+            }
+            Ok(n) => {
+                if n > 0 {
+                    self.counters.inline.fetch_add(1, Ordering::Relaxed);
+                }
+                Ok(n)
+            }
+            Err(e) if matches!(e.raw_os_error(), Some(libc::EOPNOTSUPP | libc::EINVAL)) => {
+                // The file system cannot do this without blocking; stop asking.
+                nowait.store(false, Ordering::Relaxed);
+                Ok(0)
+            }
+            // EAGAIN (not cached, or a lock is busy) and real errors: the ring takes over and
+            // reports what persists.
+            Err(_) => Ok(0),
+        }
+    }
+
     fn file_lba_status(&self, offset: u64, end: u64) -> io::Result<(bool, u64)> {
         let bs = u64::from(self.block_size);
         let file = &self.files[BUFFERED as usize];
@@ -452,6 +561,12 @@ impl Backstore for FileBackstore {
     }
 
     async fn flush(&self) -> Result<(), BackstoreError> {
+        if self.memory_fs {
+            // Nothing to write back; the call only orders it with earlier writes.
+            return self.files[BUFFERED as usize]
+                .sync_data()
+                .map_err(|source| BackstoreError::Flush { source });
+        }
         let mut retries = 0;
         loop {
             let done = self.ring.run(Op::Fdatasync { file: BUFFERED }).await;

@@ -1,5 +1,5 @@
 //! Safe wrappers for the few Linux calls std does not offer (block device ioctls, SEEK_DATA and
-//! SEEK_HOLE, statx direct-I/O alignment).
+//! SEEK_HOLE, statx direct-I/O alignment, statfs, preadv2/pwritev2 with `RWF_*` flags).
 
 use std::ffi::CStr;
 use std::fs::File;
@@ -104,4 +104,54 @@ pub(crate) fn dio_align(f: &File) -> io::Result<Option<DioAlign>> {
         offset: stx.stx_dio_offset_align,
         mem: stx.stx_dio_mem_align,
     }))
+}
+
+/// `statfs` magic of tmpfs (and of shmem files).
+const TMPFS_MAGIC: u32 = 0x0102_1994;
+/// `statfs` magic of ramfs.
+const RAMFS_MAGIC: u32 = 0x8584_58f6;
+
+/// Whether `f` lives on a file system that keeps its data in memory (tmpfs, ramfs): there is
+/// no device I/O to wait for, and O_DIRECT, where accepted, only emulates direct I/O.
+pub(crate) fn is_memory_fs(f: &File) -> io::Result<bool> {
+    // SAFETY: an all-zero statfs is a valid value of this plain C struct.
+    let mut sf: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: fstatfs writes one struct to a live local.
+    check(unsafe { libc::fstatfs(f.as_raw_fd(), &mut sf) })?;
+    // f_type is a signed word whose width differs between ABIs; the magics are 32-bit.
+    Ok(matches!(sf.f_type as u32, TMPFS_MAGIC | RAMFS_MAGIC))
+}
+
+fn offset_arg(offset: u64) -> io::Result<libc::off_t> {
+    libc::off_t::try_from(offset).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))
+}
+
+/// `preadv2` of one buffer at `offset` with `RWF_*` `flags`.
+pub(crate) fn pread_flags(f: &File, buf: &mut [u8], offset: u64, flags: i32) -> io::Result<usize> {
+    let iov = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: buf.len(),
+    };
+    // SAFETY: the iovec describes `buf`, which is exclusively borrowed for the duration of the
+    // call; the kernel writes at most `buf.len()` bytes into it.
+    let n = unsafe { libc::preadv2(f.as_raw_fd(), &iov, 1, offset_arg(offset)?, flags) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(n as usize)
+}
+
+/// `pwritev2` of one buffer at `offset` with `RWF_*` `flags`.
+pub(crate) fn pwrite_flags(f: &File, buf: &[u8], offset: u64, flags: i32) -> io::Result<usize> {
+    let iov = libc::iovec {
+        iov_base: buf.as_ptr() as *mut libc::c_void,
+        iov_len: buf.len(),
+    };
+    // SAFETY: the iovec describes `buf`, which is borrowed for the duration of the call; the
+    // kernel only reads from it.
+    let n = unsafe { libc::pwritev2(f.as_raw_fd(), &iov, 1, offset_arg(offset)?, flags) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(n as usize)
 }

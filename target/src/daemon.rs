@@ -150,6 +150,39 @@ async fn open_backstore(
     })
 }
 
+/// The physical block size of a backstore without one configured: 4096 for a file (the
+/// page and hole-punching granularity of Linux file systems), the device's own physical
+/// block size for a block device (4096 when it cannot be read), the logical block size for
+/// ramdisk and null; never less than the logical block size.
+fn default_physical_block_size(b: &config::Backstore, state_dir: &Path) -> u32 {
+    let pbs = match b.kind {
+        BackstoreKind::File => 4096,
+        BackstoreKind::Block => b
+            .path
+            .as_ref()
+            .map(|p| state_dir.join(p))
+            .and_then(|p| block_device_physical_block_size(&p))
+            .unwrap_or(4096),
+        BackstoreKind::Ramdisk | BackstoreKind::Null => b.block_size,
+    };
+    pbs.max(b.block_size)
+}
+
+/// `queue/physical_block_size` of a block device in sysfs, when it is a power of two of at
+/// most 64 KiB.
+fn block_device_physical_block_size(path: &Path) -> Option<u32> {
+    use std::os::unix::fs::MetadataExt;
+    let rdev = std::fs::metadata(path).ok()?.rdev();
+    let major = ((rdev >> 8) & 0xfff) | ((rdev >> 32) & !0xfff);
+    let minor = (rdev & 0xff) | ((rdev >> 12) & !0xff);
+    let text = std::fs::read_to_string(format!(
+        "/sys/dev/block/{major}:{minor}/queue/physical_block_size"
+    ))
+    .ok()?;
+    let pbs: u32 = text.trim().parse().ok()?;
+    (pbs.is_power_of_two() && pbs <= 65536).then_some(pbs)
+}
+
 /// Opens every backstore and builds the target registry.
 pub async fn build(config: &Config, state_dir: &Path) -> Result<Running, DaemonError> {
     let pool = BufPool::new(BUFFER_BUDGET);
@@ -175,6 +208,15 @@ pub async fn build(config: &Config, state_dir: &Path) -> Result<Running, DaemonE
             write_cache: b.write_cache,
             read_only: b.read_only,
             thin: b.thin,
+            physical_block_size: Some(
+                b.physical_block_size
+                    .and_then(|p| u32::try_from(p.0).ok())
+                    .unwrap_or_else(|| default_physical_block_size(b, state_dir)),
+            ),
+            removable: b.removable,
+            sanitize_rate: b
+                .sanitize_rate
+                .map_or(crate::scsi::DEFAULT_SANITIZE_RATE, |r| r.0),
             pr_file: Some(pr_dir.join(format!("{}.pr", b.name))),
             registry: Some(device_registry.clone()),
             ..DeviceConfig::default()
@@ -367,4 +409,32 @@ pub async fn run(opts: Options) -> Result<(), DaemonError> {
     }
     info!("stopped");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn backstore(yaml: &str) -> config::Backstore {
+        let c = Config::from_yaml(&format!("backstores:\n  - {yaml}\n"), Path::new("t.yaml"))
+            .expect("valid configuration");
+        c.backstores[0].clone()
+    }
+
+    #[test]
+    fn default_physical_block_sizes() {
+        let dir = Path::new("/nonexistent");
+        let pbs = |yaml: &str| default_physical_block_size(&backstore(yaml), dir);
+        assert_eq!(pbs("{name: a, type: file, path: a.img, size: 1M}"), 4096);
+        assert_eq!(
+            pbs("{name: a, type: file, path: a.img, size: 1M, block_size: 4096}"),
+            4096
+        );
+        assert_eq!(pbs("{name: a, type: block, path: /dev/nonexistent}"), 4096);
+        assert_eq!(pbs("{name: a, type: ramdisk, size: 1M}"), 512);
+        assert_eq!(
+            pbs("{name: a, type: null, size: 1M, block_size: 4096}"),
+            4096
+        );
+    }
 }

@@ -5,7 +5,7 @@
 #
 # Usage: tests/bench/run.sh [--seconds N] [--size MiB]
 # Needs: tgt, libiscsi-bin, fio, iperf3 (Debian packages) and a release build of rtgtd and
-# rtgt-iscsi (built here).
+# rtgt-iscsi (built here, into $CARGO_TARGET_DIR or build/).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 secs=10 size_mib=1024
@@ -21,12 +21,13 @@ for tool in tgtd tgtadm iscsi-perf fio iperf3; do
     command -v "$tool" >/dev/null || { echo "bench: $tool is not installed" >&2; exit 2; }
 done
 cargo build --release -q --bin rtgtd --bin rtgt-iscsi
-bin=build/release
+bin=${CARGO_TARGET_DIR:-build}/release
 
 work=$(mktemp -d /dev/shm/rtgt-bench.XXXXXX)
 pids=()
 cleanup() {
-    for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+    # tgtd ignores SIGTERM; it holds no state worth a graceful stop here.
+    for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
     wait 2>/dev/null || true
     rm -rf "$work"
 }
@@ -36,7 +37,9 @@ truncate -s "${size_mib}M" "$lun"
 # Fill the file so reads are of real data on both targets.
 dd if=/dev/urandom of="$lun" bs=1M count="$size_mib" conv=notrunc status=none
 
-port_tgt=3361 port_rtgt=3362 ctl=$$
+# Free ports, so that a leftover daemon of an earlier run cannot answer in our place.
+free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+port_tgt=$(free_port) port_rtgt=$(free_port) port_iperf=$(free_port) ctl=$$
 iqn_tgt=iqn.2025-01.io.rtgt:bench-tgt iqn_rtgt=iqn.2025-01.io.rtgt:bench
 
 tgtd -f -C "$ctl" --iscsi "portal=127.0.0.1:$port_tgt" >"$work/tgtd.log" 2>&1 &
@@ -98,9 +101,9 @@ fio_iops=$(fio --name=ceiling --filename="$lun" --ioengine=io_uring --rw=randrea
     --runtime="$secs" --time_based --output-format=terse --terse-version=3 2>/dev/null | awk -F';' '{print $8}')
 echo "local io_uring (fio, 4K random read QD32 on the file): $fio_iops IOPS;" \
     "rtgtd reaches $(ratio "$(perf "$url_rtgt" 32 8 1)" "$fio_iops") of it"
-iperf3 -s -1 -p 5299 >/dev/null 2>&1 &
+iperf3 -s -1 -p "$port_iperf" >/dev/null 2>&1 &
 sleep 0.5
-tcp_bps=$(iperf3 -c 127.0.0.1 -p 5299 -t "$secs" -J 2>/dev/null |
+tcp_bps=$(iperf3 -c 127.0.0.1 -p "$port_iperf" -t "$secs" -J 2>/dev/null |
     python3 -c 'import json,sys; print(int(json.load(sys.stdin)["end"]["sum_received"]["bits_per_second"]))')
 tcp_mbs=$((tcp_bps / 8 / 1000000))
 seq_mbs=$((seq_r * 131072 / 1000000))

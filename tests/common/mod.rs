@@ -64,9 +64,20 @@ impl Rtgtd {
 
     /// Starts rtgtd on `config` (YAML) and waits until `port` accepts connections.
     pub fn start(name: &str, config: &str, port: u16) -> Rtgtd {
+        Rtgtd::start_with_files(name, config, port, &[])
+    }
+
+    /// Like [`Rtgtd::start`], with sparse files (name, size) created in the state directory
+    /// first, for backstores rtgtd does not create (read-only ones).
+    pub fn start_with_files(name: &str, config: &str, port: u16, files: &[(&str, u64)]) -> Rtgtd {
         let dir = std::env::temp_dir().join(format!("rtgt-test-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("create the test state directory");
+        for (file, size) in files {
+            std::fs::File::create(dir.join(file))
+                .and_then(|f| f.set_len(*size))
+                .expect("create a backing file");
+        }
         let cfg = dir.join("rtgt.yaml");
         std::fs::write(&cfg, config).expect("write the test configuration");
         Rtgtd::spawn(&dir, &cfg, port)

@@ -1,5 +1,6 @@
 //! rtgtd: the rtgt storage target daemon.
 
+use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -28,6 +29,7 @@ fn main() -> ExitCode {
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr);
     if args.log_json {
         builder.json().init();
@@ -48,9 +50,7 @@ fn main() -> ExitCode {
     match runtime.block_on(daemon::run(opts)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            let text = daemon::error_chain(&e);
-            tracing::error!("{text}");
-            eprintln!("rtgtd: {text}");
+            tracing::error!("{}", daemon::error_chain(&e));
             ExitCode::FAILURE
         }
     }

@@ -6,9 +6,12 @@
 //! Data-Out on TCP, RDMA READ on iSER) and delivering read data with the status (Data-In on
 //! TCP, RDMA WRITE on iSER).
 
+use std::future::Future;
 use std::ops::Range;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
+use std::task::{Context, Waker};
 
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -549,8 +552,21 @@ impl Conn {
                 return Ok(Flow::Continue);
             }
         };
-        let me = self.clone();
-        tokio::spawn(async move { me.run_task(task, dep).await });
+        // Run the command here, in the driver's task, as far as it goes without waiting:
+        // most finish at once (reads served from memory, writes with their data in this
+        // PDU), and their responses join the batch the driver sends next. Only a command
+        // that has to wait (for Data-Out, the device, an ORDERED task) gets a task of its
+        // own; the first poll uses a no-op waker, and the spawned task polls again at once
+        // with its own, so no wake-up is lost.
+        let mut run: Pin<Box<dyn Future<Output = ()> + Send>> =
+            Box::pin(self.clone().run_task(task, dep));
+        if run
+            .as_mut()
+            .poll(&mut Context::from_waker(Waker::noop()))
+            .is_pending()
+        {
+            tokio::spawn(run);
+        }
         Ok(Flow::Continue)
     }
 
@@ -1000,6 +1016,14 @@ impl Conn {
         };
         if response == 0 {
             self.session.drain().await;
+            if l.reason == 0 {
+                // The I_T nexus ends with the session: the logical units learn it before
+                // the initiator does (an SPC-2 reservation is released by the time a
+                // command on another session follows the Logout Response).
+                for d in self.session.devices() {
+                    d.nexus_loss(&self.session.nexus);
+                }
+            }
         } else {
             self.logged_out.store(false, Ordering::Release);
         }

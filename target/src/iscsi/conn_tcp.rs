@@ -3,21 +3,30 @@
 //!
 //! [`PduReader`] reads a PDU as READY → HDR → AHS → DATA and can resume after any partial
 //! read; it never buffers more than one PDU of at most the negotiated
-//! MaxRecvDataSegmentLength (plus AHS). Outgoing PDUs go through a bounded queue to one
-//! writer task, which fills StatSN/ExpCmdSN/MaxCmdSN at transmit time so that StatSN
-//! increases in wire order.
+//! MaxRecvDataSegmentLength (plus AHS).
+//!
+//! One task per connection reads: it takes whatever requests one read returned, handles
+//! them in turn — [`Conn`] runs a command to completion right there when nothing makes it
+//! wait — and then sends all their responses with one vectored write. Outgoing PDUs go
+//! through a bounded queue ([`TX_QUEUE`]); StatSN/ExpCmdSN/MaxCmdSN are filled when a PDU
+//! leaves it, so StatSN increases in wire order. A writer task only steps in while the
+//! socket is full, and sends what is left when the connection closes.
 
+use std::collections::VecDeque;
+use std::io::IoSlice;
 use std::net::SocketAddr;
+use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use bytes::{Buf, BytesMut};
 use rtgt_backstore::IoBuf;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufWriter};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::tcp::OwnedWriteHalf;
 use tokio::net::TcpStream;
-use tokio::sync::{mpsc, Notify};
+use tokio::sync::{Notify, Semaphore};
 use tokio::time::Instant;
 
 use super::conn::{Completion, Conn, ConnDriver, Flow, RxPdu, StatSn, TxData, TxPdu};
@@ -33,6 +42,13 @@ use super::IscsiError;
 
 /// Outgoing PDUs queued per connection before senders wait.
 pub const TX_QUEUE: usize = 256;
+/// While the reader handles a batch of requests, responses collect until this many are
+/// queued, then go out together.
+const BATCH_FLUSH: usize = 64;
+/// Most pieces (headers, data, padding) handed to one writev.
+const MAX_IOV: usize = 128;
+/// Room the reader makes in its buffer before each read.
+const READ_CHUNK: usize = 64 * 1024;
 /// Time a login may take between two PDUs.
 const LOGIN_PDU_TIMEOUT: Duration = Duration::from_secs(15);
 
@@ -255,35 +271,239 @@ pub fn encode_pdu(
     }
 }
 
-/// Writes one PDU; large data segments bypass the buffer.
-pub async fn write_pdu<W: AsyncWrite + Unpin>(
-    w: &mut BufWriter<W>,
-    bhs: &[u8; BHS_LEN],
-    ahs: &[u8],
-    data: &[u8],
+/// Target PDUs on their way to the socket: a bounded queue, and the transmit state of
+/// whichever task currently writes.
+///
+/// There is no dedicated sender in the common case: the task that queues a PDU writes it
+/// right away with a non-blocking `writev` — usually the connection's reader, which runs
+/// most commands to completion itself and sends the responses of one batch of requests in
+/// one call — so a response needs no hand-off to another task or thread. Only when the
+/// socket is full does the connection's writer task wait for it to drain.
+///
+/// Whoever wins `writing` owns the transmit state; the others set `dirty` and leave, and the
+/// owner looks at `dirty` again after giving up the role, so no queued PDU is left behind.
+/// StatSN is assigned when a PDU leaves the queue, so it increases in wire order.
+struct Outbox {
+    queue: Mutex<VecDeque<TxPdu>>,
+    /// One permit per PDU that may be queued or in transmission ([`TX_QUEUE`]).
+    slots: Semaphore,
+    tx: Mutex<TxState>,
+    sock: OwnedWriteHalf,
+    writing: AtomicBool,
+    /// PDUs were queued since the writing task last looked.
+    dirty: AtomicBool,
+    /// The reader is handling a batch and flushes when it is done.
+    batching: AtomicBool,
+    /// The socket is full; the writer task writes once it has room.
+    blocked: AtomicBool,
+    /// Asks the writer task to wait for room in the socket.
+    want_room: Notify,
+    session: Arc<Session>,
     hd: bool,
     dd: bool,
-) -> std::io::Result<()> {
-    w.write_all(bhs).await?;
-    w.write_all(ahs).await?;
-    if hd {
-        w.write_all(&digest(&[bhs, ahs]).to_le_bytes()).await?;
-    }
-    if !data.is_empty() {
-        let pad = [0u8; 3];
-        let p = &pad[..pad4(data.len())];
-        w.write_all(data).await?;
-        w.write_all(p).await?;
-        if dd {
-            w.write_all(&digest(&[data, p]).to_le_bytes()).await?;
+}
+
+struct TxState {
+    stat_sn: u32,
+    /// PDUs taken from the queue and not yet fully written.
+    wires: VecDeque<Wire>,
+    /// Bytes of the first wire already written.
+    sent: usize,
+    /// Scratch space for moving PDUs out of the queue.
+    taken: Vec<TxPdu>,
+}
+
+/// A PDU as it goes on the wire: header (and digest), data, padding (and digest).
+struct Wire {
+    head: [u8; BHS_LEN + 4],
+    head_len: usize,
+    data: TxData,
+    tail: [u8; 7],
+    tail_len: usize,
+}
+
+impl Wire {
+    fn new(bhs: &[u8; BHS_LEN], data: TxData, hd: bool, dd: bool) -> Wire {
+        let mut head = [0u8; BHS_LEN + 4];
+        head[..BHS_LEN].copy_from_slice(bhs);
+        let mut head_len = BHS_LEN;
+        if hd {
+            head[BHS_LEN..].copy_from_slice(&digest(&[bhs]).to_le_bytes());
+            head_len += 4;
+        }
+        let mut tail = [0u8; 7];
+        let d = data.as_slice();
+        let mut tail_len = 0;
+        if !d.is_empty() {
+            tail_len = pad4(d.len());
+            if dd {
+                let crc = digest(&[d, &tail[..tail_len]]);
+                tail[tail_len..tail_len + 4].copy_from_slice(&crc.to_le_bytes());
+                tail_len += 4;
+            }
+        }
+        Wire {
+            head,
+            head_len,
+            data,
+            tail,
+            tail_len,
         }
     }
-    Ok(())
+
+    fn len(&self) -> usize {
+        self.head_len + self.data.len() + self.tail_len
+    }
+
+    /// Adds the unwritten pieces (after `skip` bytes) to `iov`; false when `iov` is full.
+    fn slices<'a>(&'a self, mut skip: usize, iov: &mut [IoSlice<'a>], n: &mut usize) -> bool {
+        for part in [
+            &self.head[..self.head_len],
+            self.data.as_slice(),
+            &self.tail[..self.tail_len],
+        ] {
+            if skip >= part.len() {
+                skip -= part.len();
+                continue;
+            }
+            if *n == iov.len() {
+                return false;
+            }
+            iov[*n] = IoSlice::new(&part[skip..]);
+            *n += 1;
+            skip = 0;
+        }
+        true
+    }
+}
+
+impl Outbox {
+    /// Queues `pdu` (the caller holds a slot for it) and writes unless the reader's batch
+    /// will. An error means the connection failed.
+    fn push(&self, pdu: TxPdu) -> std::io::Result<()> {
+        let queued = {
+            let mut q = lock(&self.queue);
+            q.push_back(pdu);
+            q.len()
+        };
+        self.dirty.store(true, Ordering::SeqCst);
+        if self.batching.load(Ordering::SeqCst) && queued < BATCH_FLUSH {
+            return Ok(());
+        }
+        self.flush()
+    }
+
+    /// Writes what is queued as far as the socket takes it without blocking, unless another
+    /// task is writing (it will see `dirty`) or the writer task waits for room.
+    /// Returns an error when the connection failed.
+    fn flush(&self) -> std::io::Result<()> {
+        loop {
+            if self.blocked.load(Ordering::SeqCst) || self.writing.swap(true, Ordering::SeqCst) {
+                return Ok(());
+            }
+            self.dirty.store(false, Ordering::SeqCst);
+            let r = self.write_some(&mut lock(&self.tx));
+            if let Ok(false) = r {
+                self.blocked.store(true, Ordering::SeqCst);
+                self.want_room.notify_one();
+            }
+            self.writing.store(false, Ordering::SeqCst);
+            r?;
+            if !self.dirty.load(Ordering::SeqCst) {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Whether nothing is queued or partly written.
+    fn is_idle(&self) -> bool {
+        lock(&self.queue).is_empty() && lock(&self.tx).wires.is_empty()
+    }
+
+    /// Writes until everything queued is out (true) or the socket is full (false).
+    fn write_some(&self, st: &mut TxState) -> std::io::Result<bool> {
+        loop {
+            if st.wires.len() < MAX_IOV / 2 {
+                self.take_queued(st);
+            }
+            if st.wires.is_empty() {
+                return Ok(true);
+            }
+            let mut iov = [IoSlice::new(&[]); MAX_IOV];
+            let mut n = 0;
+            let mut skip = st.sent;
+            for w in &st.wires {
+                if !w.slices(skip, &mut iov, &mut n) {
+                    break;
+                }
+                skip = 0;
+            }
+            let mut written = match self.sock.try_write_vectored(&iov[..n]) {
+                Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+                Ok(k) => k,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Ok(false),
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e),
+            };
+            let mut done = 0;
+            while let Some(w) = st.wires.front() {
+                let left = w.len() - st.sent;
+                if written < left {
+                    st.sent += written;
+                    break;
+                }
+                written -= left;
+                st.sent = 0;
+                st.wires.pop_front();
+                done += 1;
+            }
+            if done > 0 {
+                self.slots.add_permits(done);
+                self.session
+                    .stats
+                    .pdus_out
+                    .fetch_add(done as u64, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Moves queued PDUs into the transmit state, assigning StatSN in that order.
+    fn take_queued(&self, st: &mut TxState) {
+        {
+            let mut q = lock(&self.queue);
+            if q.is_empty() {
+                return;
+            }
+            let n = q.len().min(MAX_IOV);
+            st.taken.extend(q.drain(..n));
+        }
+        // One snapshot per batch: MaxCmdSN never decreases, and every slot freed before
+        // these PDUs were queued is already counted.
+        let (exp, max) = self.session.window_snapshot();
+        for mut p in st.taken.drain(..) {
+            let sn = match p.stat_sn {
+                StatSn::Advance => {
+                    let sn = st.stat_sn;
+                    st.stat_sn = sn.wrapping_add(1);
+                    sn
+                }
+                StatSn::Peek => st.stat_sn,
+                StatSn::Without => 0,
+            };
+            Bhs::new_unchecked(&mut p.bhs[..]).set_sequence(sn, exp, max);
+            st.wires
+                .push_back(Wire::new(&p.bhs, p.data, self.hd, self.dd));
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// The TCP implementation of [`ConnDriver`].
 pub struct TcpDriver {
-    tx: mpsc::Sender<TxPdu>,
+    out: Outbox,
     max_xmit: AtomicU32,
     max_burst: u32,
     max_outstanding_r2t: u32,
@@ -317,6 +537,28 @@ impl TcpDriver {
             n.await;
         }
     }
+
+    /// Responses queued from now on wait for [`TcpDriver::end_batch`] (or for a full batch).
+    fn begin_batch(&self) {
+        self.out.batching.store(true, Ordering::SeqCst);
+    }
+
+    /// Sends what the batch queued.
+    fn end_batch(&self) {
+        self.out.batching.store(false, Ordering::SeqCst);
+        self.flush();
+    }
+
+    fn flush(&self) {
+        if let Err(e) = self.out.flush() {
+            self.failed(&e);
+        }
+    }
+
+    fn failed(&self, e: &std::io::Error) {
+        tracing::debug!(peer = %self.out.session.peer, error = %e, "iSCSI send failed");
+        self.close();
+    }
 }
 
 #[async_trait]
@@ -325,7 +567,22 @@ impl ConnDriver for TcpDriver {
         if self.is_closing() {
             return Err(IscsiError::Closed);
         }
-        self.tx.send(pdu).await.map_err(|_| IscsiError::Closed)
+        match self.out.slots.try_acquire() {
+            Ok(p) => p.forget(),
+            Err(_) => {
+                // Full: write what is queued, then wait for the socket to take it.
+                self.flush();
+                tokio::select! {
+                    p = self.out.slots.acquire() => p.map_err(|_| IscsiError::Closed)?.forget(),
+                    _ = self.closed() => return Err(IscsiError::Closed),
+                }
+            }
+        }
+        if let Err(e) = self.out.push(pdu) {
+            self.failed(&e);
+            return Err(IscsiError::Closed);
+        }
+        Ok(())
     }
 
     /// R2T / Data-Out (RFC 7143 §11.8): at most MaxOutstandingR2T bursts of at most
@@ -474,53 +731,42 @@ impl ConnDriver for TcpDriver {
     }
 }
 
-/// The writer task: transmits queued PDUs, filling sequence numbers, flushing when the
-/// queue runs empty; after `close` it sends what is queued and shuts the stream down.
-async fn writer<W: AsyncWrite + Unpin>(
-    w: W,
-    mut rx: mpsc::Receiver<TxPdu>,
-    driver: Arc<TcpDriver>,
-    session: Arc<Session>,
-    mut stat_sn: u32,
-) -> std::io::Result<()> {
-    let hd = session.params.header_digest;
-    let dd = session.params.data_digest;
-    let mut w = BufWriter::with_capacity(256 * 1024, w);
+/// The writer task: writes for the others while the socket is full, and at close sends
+/// what is queued and shuts the stream down.
+async fn writer(driver: Arc<TcpDriver>) {
+    let out = &driver.out;
     loop {
-        let p = tokio::select! {
+        tokio::select! {
             biased;
-            p = rx.recv() => p,
-            _ = driver.closed() => None,
-        };
-        let Some(mut p) = p else {
-            // Closing: drain whatever is already queued.
-            while let Ok(mut p) = rx.try_recv() {
-                stat_sn = fill(&mut p, stat_sn, &session);
-                write_pdu(&mut w, &p.bhs, &[], p.data.as_slice(), hd, dd).await?;
+            _ = out.want_room.notified() => {}
+            _ = driver.closed() => break,
+        }
+        if let Err(e) = out.sock.writable().await {
+            tracing::debug!(error = %e, "iSCSI socket failed");
+            driver.close();
+            break;
+        }
+        out.blocked.store(false, Ordering::SeqCst);
+        driver.flush();
+    }
+    // Closing: what is already queued still goes out.
+    while !out.is_idle() {
+        out.blocked.store(false, Ordering::SeqCst);
+        if out.flush().is_err() {
+            break;
+        }
+        if out.blocked.load(Ordering::SeqCst) {
+            if out.sock.writable().await.is_err() {
+                break;
             }
-            w.flush().await?;
-            w.shutdown().await?;
-            return Ok(());
-        };
-        stat_sn = fill(&mut p, stat_sn, &session);
-        session.stats.pdus_out.fetch_add(1, Ordering::Relaxed);
-        write_pdu(&mut w, &p.bhs, &[], p.data.as_slice(), hd, dd).await?;
-        drop(p);
-        if rx.is_empty() {
-            w.flush().await?;
+        } else {
+            // Another task is writing; let it finish.
+            tokio::task::yield_now().await;
         }
     }
-}
-
-fn fill(p: &mut TxPdu, stat_sn: u32, session: &Session) -> u32 {
-    let (exp, max) = session.window_snapshot();
-    let (sn, next) = match p.stat_sn {
-        StatSn::Advance => (stat_sn, stat_sn.wrapping_add(1)),
-        StatSn::Peek => (stat_sn, stat_sn),
-        StatSn::Without => (0, stat_sn),
-    };
-    Bhs::new_unchecked(&mut p.bhs[..]).set_sequence(sn, exp, max);
-    next
+    let stream: &TcpStream = out.sock.as_ref();
+    // SAFETY: shutdown takes no pointers; the descriptor stays open, owned by the stream.
+    unsafe { libc::shutdown(stream.as_raw_fd(), libc::SHUT_WR) };
 }
 
 async fn send_login<W: AsyncWrite + Unpin>(
@@ -623,9 +869,26 @@ async fn full_feature(
 ) {
     let p = &session.params;
     let (mut rd, wr) = stream.into_split();
-    let (tx, rx) = mpsc::channel(TX_QUEUE);
     let driver = Arc::new(TcpDriver {
-        tx,
+        out: Outbox {
+            queue: Mutex::new(VecDeque::with_capacity(TX_QUEUE)),
+            slots: Semaphore::new(TX_QUEUE),
+            tx: Mutex::new(TxState {
+                stat_sn,
+                wires: VecDeque::new(),
+                sent: 0,
+                taken: Vec::new(),
+            }),
+            sock: wr,
+            writing: AtomicBool::new(false),
+            dirty: AtomicBool::new(false),
+            batching: AtomicBool::new(false),
+            blocked: AtomicBool::new(false),
+            want_room: Notify::new(),
+            session: session.clone(),
+            hd: p.header_digest,
+            dd: p.data_digest,
+        },
         max_xmit: AtomicU32::new(p.max_xmit_data_segment_length.max(512)),
         max_burst: p.max_burst_length.max(512),
         max_outstanding_r2t: p.max_outstanding_r2t.max(1),
@@ -633,7 +896,7 @@ async fn full_feature(
         closing: AtomicBool::new(false),
         close_notify: Notify::new(),
     });
-    let writer_task = tokio::spawn(writer(wr, rx, driver.clone(), session.clone(), stat_sn));
+    let writer_task = tokio::spawn(writer(driver.clone()));
     let conn = Conn::new(cid, session.clone(), driver.clone());
     let conn_id = shared.register_conn(conn.clone());
     let mut reader = PduReader::new(
@@ -648,58 +911,106 @@ async fn full_feature(
     let mut ping_sent: Option<Instant> = None;
     let mut ping_ttt = 0x8000_0000u32;
     let peer = session.peer;
+    let due = |ping_sent: Option<Instant>, last_rx: Instant| match ping_sent {
+        _ if interval.is_zero() => None,
+        Some(t) => Some(t + timeout),
+        None => Some(last_rx + interval),
+    };
+    // The timer is armed lazily: traffic only moves the due time, and a timer that fires
+    // early is re-armed, so busy connections do not touch the timer wheel per PDU.
+    let mut armed = due(ping_sent, last_rx);
+    let timer = tokio::time::sleep_until(armed.unwrap_or_else(Instant::now));
+    tokio::pin!(timer);
+    let closing = session.closing();
+    tokio::pin!(closing);
+    let closed = driver.closed();
+    tokio::pin!(closed);
 
-    let why = loop {
-        let deadline = match ping_sent {
-            _ if interval.is_zero() => None,
-            Some(t) => Some(t + timeout),
-            None => Some(last_rx + interval),
-        };
-        let sleep = async {
-            match deadline {
-                Some(d) => tokio::time::sleep_until(d).await,
-                None => std::future::pending().await,
-            }
-        };
-        let pdu = tokio::select! {
-            r = read_pdu(&mut rd, &mut reader, &mut buf) => r,
-            c = session.closing() => break format!("session closing ({c:?})"),
-            _ = driver.closed() => break "connection closed by the target".to_string(),
-            _ = sleep => {
-                if ping_sent.is_some() && conn.ping_outstanding() {
-                    break "NOP-In ping not answered".to_string();
+    let why = 'conn: loop {
+        // Handle every PDU already received, then send their responses together.
+        driver.begin_batch();
+        let mut stop = None;
+        let mut got = false;
+        loop {
+            match reader.poll(&mut buf) {
+                Ok(Some(pdu)) => {
+                    got = true;
+                    match conn.receive(pdu).await {
+                        Ok(Flow::Continue) => {}
+                        Ok(Flow::Close) => {
+                            stop = Some("closed after logout or protocol error".to_string());
+                            break;
+                        }
+                        Err(e) => {
+                            stop = Some(format!("{e}"));
+                            break;
+                        }
+                    }
                 }
+                Ok(None) => break,
+                Err(ReadError::HeaderDigest) => {
+                    stop = Some(format!("{}", IscsiError::HeaderDigest));
+                    break;
+                }
+                Err(ReadError::TooLong { bhs, len }) => {
+                    let max = reader.max_data;
+                    tracing::warn!(%peer, len, max, "data segment longer than MaxRecvDataSegmentLength");
+                    let _ = conn.reject(pdu::reject_reason::PROTOCOL_ERROR, &bhs).await;
+                    stop = Some("oversized data segment".to_string());
+                    break;
+                }
+            }
+        }
+        driver.end_batch();
+        if got {
+            last_rx = Instant::now();
+            if ping_sent.is_some() && !conn.ping_outstanding() {
                 ping_sent = None;
-                if last_rx.elapsed() >= interval {
+                armed = due(ping_sent, last_rx);
+                if let Some(d) = armed {
+                    timer.as_mut().reset(d);
+                }
+            }
+        }
+        if let Some(why) = stop {
+            break why;
+        }
+        buf.reserve(reader.need().max(READ_CHUNK));
+        tokio::select! {
+            biased;
+            c = &mut closing => break format!("session closing ({c:?})"),
+            _ = &mut closed => break "connection closed by the target".to_string(),
+            r = rd.read_buf(&mut buf) => match r {
+                Ok(0) => break "closed by the initiator".to_string(),
+                Ok(_) => {}
+                Err(e) => break format!("{}", IscsiError::from(e)),
+            },
+            _ = &mut timer, if armed.is_some() => {
+                let now = Instant::now();
+                loop {
+                    armed = due(ping_sent, last_rx);
+                    match armed {
+                        Some(d) if d > now => {
+                            timer.as_mut().reset(d);
+                            continue 'conn;
+                        }
+                        None => continue 'conn,
+                        Some(_) => {}
+                    }
+                    if ping_sent.is_some() {
+                        if conn.ping_outstanding() {
+                            break 'conn "NOP-In ping not answered".to_string();
+                        }
+                        ping_sent = None;
+                        continue;
+                    }
                     ping_ttt = ping_ttt.wrapping_add(1).max(0x8000_0000);
                     if conn.ping(ping_ttt).await.is_err() {
-                        break "connection closed".to_string();
+                        break 'conn "connection closed".to_string();
                     }
                     ping_sent = Some(Instant::now());
                 }
-                continue;
             }
-        };
-        match pdu {
-            Ok(pdu) => {
-                last_rx = Instant::now();
-                if ping_sent.is_some() && !conn.ping_outstanding() {
-                    ping_sent = None;
-                }
-                match conn.receive(pdu).await {
-                    Ok(Flow::Continue) => {}
-                    Ok(Flow::Close) => break "closed after logout or protocol error".to_string(),
-                    Err(e) => break format!("{e}"),
-                }
-            }
-            Err(IscsiError::SegmentTooLong { len, max }) => {
-                let bhs = reader_last_header(&reader);
-                tracing::warn!(%peer, len, max, "data segment longer than MaxRecvDataSegmentLength");
-                let _ = conn.reject(pdu::reject_reason::PROTOCOL_ERROR, &bhs).await;
-                break "oversized data segment".to_string();
-            }
-            Err(IscsiError::Closed) => break "closed by the initiator".to_string(),
-            Err(e) => break format!("{e}"),
         }
     };
     tracing::debug!(tsih = session.tsih, %peer, reason = %why, "iSCSI connection ending");
@@ -712,10 +1023,6 @@ async fn full_feature(
     }
     shared.unregister_conn(conn_id);
     session.end().await;
-}
-
-fn reader_last_header(r: &PduReader) -> [u8; BHS_LEN] {
-    r.bhs
 }
 
 #[cfg(test)]

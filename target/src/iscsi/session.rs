@@ -594,6 +594,9 @@ impl Session {
         }
         self.request_close(CloseReason::Normal);
         let tasks = self.abort_tasks(|_| true);
+        for d in self.devices() {
+            d.abort_task_set(Some(&self.nexus));
+        }
         for t in tasks {
             t.finished().await;
         }
@@ -654,6 +657,9 @@ impl Session {
                     return tmf::TASK_DOES_NOT_EXIST;
                 }
                 task.abort();
+                if let Some(dev) = self.luns.luns.get(&lun) {
+                    dev.abort_task(&self.nexus, u64::from(task.itt));
+                }
                 task.finished().await;
                 tmf::FUNCTION_COMPLETE
             }
@@ -661,7 +667,11 @@ impl Session {
                 if !lun_known {
                     return tmf::LUN_DOES_NOT_EXIST;
                 }
-                for t in self.abort_tasks(|t| t.lun == lun) {
+                let waits = self.abort_tasks(|t| t.lun == lun);
+                if let Some(dev) = self.luns.luns.get(&lun) {
+                    dev.abort_task_set(Some(&self.nexus));
+                }
+                for t in waits {
                     t.finished().await;
                 }
                 tmf::FUNCTION_COMPLETE
@@ -682,6 +692,7 @@ impl Session {
                         .collect();
                     waits.extend(s.abort_tasks(|t| same.contains(&t.lun)));
                 }
+                dev.abort_task_set(None);
                 for t in waits {
                     t.finished().await;
                 }
@@ -694,6 +705,9 @@ impl Session {
                 let mut waits = self.abort_tasks(|_| true);
                 for s in self.other_target_sessions() {
                     waits.extend(s.abort_tasks(|_| true));
+                }
+                for d in self.devices() {
+                    d.abort_task_set(None);
                 }
                 for t in waits {
                     t.finished().await;

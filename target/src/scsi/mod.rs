@@ -29,7 +29,7 @@ mod tests;
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use rtgt_backstore::{Backstore, BufPool, IoBuf};
 
@@ -168,6 +168,17 @@ pub struct DeviceConfig {
     /// Logical block provisioning management: UNMAP, WRITE SAME with UNMAP, GET LBA STATUS
     /// deallocated ranges, SANITIZE BLOCK ERASE.
     pub thin: bool,
+    /// Physical block size in bytes: a power of two, at least the logical block size and at
+    /// most 2^15 logical blocks. READ CAPACITY(16) reports it as LOGICAL BLOCKS PER PHYSICAL
+    /// BLOCK EXPONENT (lowest aligned LBA 0); the Block Limits VPD granularities follow it.
+    /// `None`: the logical block size.
+    pub physical_block_size: Option<u32>,
+    /// Removable medium (SBC-4 4.4): RMB in INQUIRY, START STOP UNIT with LOEJ ejects and
+    /// loads, PREVENT ALLOW MEDIUM REMOVAL keeps the medium in.
+    pub removable: bool,
+    /// Bytes per second a SANITIZE overwrite or zero-fill may write (0: unlimited), so a
+    /// sanitize in the background leaves the backing storage to the other logical units.
+    pub sanitize_rate: u64,
     /// Persistent reservation state (saved while APTPL is set), restored by [`Device::new`].
     pub pr_file: Option<PathBuf>,
     /// Registry through which EXTENDED COPY resolves copy targets; the device registers
@@ -187,6 +198,9 @@ impl Default for DeviceConfig {
             write_cache: true,
             read_only: false,
             thin: false,
+            physical_block_size: None,
+            removable: false,
+            sanitize_rate: DEFAULT_SANITIZE_RATE,
             pr_file: None,
             registry: None,
         }
@@ -195,6 +209,9 @@ impl Default for DeviceConfig {
 
 /// Largest data transfer of one command (Block Limits VPD MAXIMUM TRANSFER LENGTH).
 pub const MAX_TRANSFER_BYTES: u32 = 8 << 20;
+
+/// Default [`DeviceConfig::sanitize_rate`]: 32 MiB/s.
+pub const DEFAULT_SANITIZE_RATE: u64 = 32 << 20;
 
 /// State of one I_T nexus on a logical unit.
 #[derive(Debug)]
@@ -215,11 +232,57 @@ struct DevState {
     spc2: Option<u64>,
     pr: pr::PrState,
     stopped: bool,
-    sanitizing: bool,
+    /// A removable medium is loaded (always true for a fixed medium).
+    loaded: bool,
+    sanitize: sbc::SanitizeState,
     copies: xcopy::HeldResults,
 }
 
 impl DevState {
+    /// Why the logical unit cannot process `desc` now: a sanitize operation in progress
+    /// refuses every command but those allowed during it (SBC-4 4.11); a failed sanitize,
+    /// a missing removable medium and the stopped power condition refuse medium access and
+    /// TEST UNIT READY.
+    fn not_ready(&self, desc: &CmdDesc) -> Option<Sense> {
+        if self.sanitize.running() && !desc.op.allowed_during_sanitize() {
+            return Some(self.sanitize.in_progress_sense());
+        }
+        if !desc.media && desc.op != Op::TestUnitReady {
+            return None;
+        }
+        if self.sanitize.failed() && desc.op != Op::Sanitize {
+            // A new sanitize is the way out of the failure (SBC-4 4.11.2).
+            return Some(sbc::sanitize_failed());
+        }
+        self.medium_state()
+    }
+
+    /// Readiness of the medium as REQUEST SENSE reports it (SPC-4 6.39).
+    fn readiness(&self) -> Option<Sense> {
+        if self.sanitize.running() {
+            return Some(self.sanitize.in_progress_sense());
+        }
+        if self.sanitize.failed() {
+            return Some(sbc::sanitize_failed());
+        }
+        self.medium_state()
+    }
+
+    fn medium_state(&self) -> Option<Sense> {
+        if !self.loaded {
+            Some(Sense::new(key::NOT_READY, asc::MEDIUM_NOT_PRESENT))
+        } else if self.stopped {
+            Some(Sense::new(key::NOT_READY, asc::NOT_READY_INIT_REQUIRED))
+        } else {
+            None
+        }
+    }
+
+    /// Some I_T nexus prevents medium removal (SBC-4 5.13).
+    fn removal_prevented(&self) -> bool {
+        self.nexuses.values().any(|n| n.prevent)
+    }
+
     fn post_all(&mut self, ua: UnitAttention, except: Option<u64>) {
         for (id, n) in self.nexuses.iter_mut() {
             if Some(*id) != except {
@@ -242,11 +305,15 @@ impl DevState {
 
 /// A logical unit: a backstore plus SCSI state (mode pages, reservations, unit attentions).
 pub struct Device {
+    /// This device, for background operations that outlive the command starting them.
+    me: Weak<Device>,
     backstore: Arc<dyn Backstore>,
     pool: Arc<BufPool>,
     config: DeviceConfig,
     naa: [u8; 16],
     block_size: u32,
+    /// LOGICAL BLOCKS PER PHYSICAL BLOCK EXPONENT.
+    lbppb_exp: u8,
     num_blocks: AtomicU64,
     hw_read_only: bool,
     defaults: ModeState,
@@ -319,6 +386,8 @@ pub(crate) struct Ctx<'a> {
     desc: &'static CmdDesc,
     data_out: Option<IoBuf>,
     edtl_in: u32,
+    /// The fabric's task tag ([`Device::abort_task`]).
+    tag: u64,
 }
 
 impl Ctx<'_> {
@@ -366,6 +435,13 @@ impl Device {
         if !bs.is_power_of_two() || !(512..=65536).contains(&bs) {
             return Err(ScsiError::BlockSize(bs));
         }
+        let pbs = config.physical_block_size.unwrap_or(bs);
+        if !pbs.is_power_of_two() || pbs < bs || pbs / bs > 1 << 15 {
+            return Err(ScsiError::InvalidConfig(format!(
+                "physical block size {pbs} must be a power of two of 1 to 2^15 logical blocks of {bs} bytes"
+            )));
+        }
+        let lbppb_exp = (pbs / bs).trailing_zeros() as u8;
         let pr = match &config.pr_file {
             Some(p) => pr::load(p)?,
             None => pr::PrState::default(),
@@ -375,9 +451,11 @@ impl Device {
             d_sense: false,
             swp: false,
         };
-        let dev = Arc::new(Device {
+        let dev = Arc::new_cyclic(|me| Device {
+            me: me.clone(),
             naa: config.wwn.to_be_bytes(),
             block_size: bs,
+            lbppb_exp,
             num_blocks: AtomicU64::new(info.num_blocks),
             hw_read_only: info.read_only || config.read_only,
             defaults,
@@ -387,7 +465,8 @@ impl Device {
                 spc2: None,
                 pr,
                 stopped: false,
-                sanitizing: false,
+                loaded: true,
+                sanitize: sbc::SanitizeState::default(),
                 copies: xcopy::HeldResults::default(),
             }),
             range_lock: range_lock::RangeLock::default(),
@@ -412,6 +491,11 @@ impl Device {
 
     pub fn block_size(&self) -> u32 {
         self.block_size
+    }
+
+    /// Logical blocks per physical block.
+    pub fn lbppb(&self) -> u32 {
+        1 << self.lbppb_exp
     }
 
     pub fn num_blocks(&self) -> u64 {
@@ -460,7 +544,8 @@ impl Device {
 
     /// SAM-5 7.7 LOGICAL UNIT RESET: releases the SPC-2 reservation, clears PREVENT
     /// state and held copy results, and establishes BUS DEVICE RESET FUNCTION OCCURRED
-    /// for every I_T nexus. Persistent reservations survive.
+    /// for every I_T nexus. Persistent reservations, a loaded or ejected medium and a
+    /// sanitize operation in progress (SBC-4 4.11) survive.
     pub fn lun_reset(&self, nexus: &Nexus) {
         let mut st = self.lock();
         st.spc2 = None;
@@ -472,8 +557,9 @@ impl Device {
         tracing::info!(device = %self.config.name, nexus = nexus.id, "logical unit reset");
     }
 
-    /// I_T nexus loss (session ended): releases its SPC-2 reservation and forgets its state;
-    /// a new session gets POWER ON, RESET OR BUS DEVICE RESET OCCURRED.
+    /// I_T nexus loss (session ended): releases its SPC-2 reservation and forgets its state
+    /// (its PREVENT too); a new session gets POWER ON, RESET OR BUS DEVICE RESET OCCURRED. A
+    /// sanitize operation in progress continues.
     pub fn nexus_loss(&self, nexus: &Nexus) {
         let mut st = self.lock();
         if st.spc2 == Some(nexus.id) {
@@ -501,6 +587,26 @@ impl Device {
         if let Some(n) = self.lock().nexuses.get_mut(&nexus.id) {
             n.ua.remove(UnitAttention::ReportedLunsChanged);
         }
+    }
+
+    /// A fabric aborted the command with task tag `tag` of `nexus` (ABORT TASK). Call it
+    /// before waiting for the command to finish: a command that only waits for a background
+    /// operation (SANITIZE with IMMED=0) then returns at once, while the operation itself
+    /// continues (SBC-4 4.11). Other commands finish as usual.
+    pub fn abort_task(&self, nexus: &Nexus, tag: u64) {
+        self.lock()
+            .sanitize
+            .abort_waiters(|n, t| n == nexus.id && t == tag);
+    }
+
+    /// Like [`Device::abort_task`] for every command of `nexus` (ABORT TASK SET, I_T nexus
+    /// loss), or of every I_T nexus when `None` (CLEAR TASK SET, LOGICAL UNIT RESET, target
+    /// reset).
+    pub fn abort_task_set(&self, nexus: Option<&Nexus>) {
+        let id = nexus.map(|n| n.id);
+        self.lock()
+            .sanitize
+            .abort_waiters(|n, _| id.is_none_or(|id| id == n));
     }
 
     /// Executes one command for `nexus`.
@@ -583,19 +689,8 @@ impl Device {
             if let Err(s) = table::check_usage(desc, cdb) {
                 return (Err(s.into()), d_sense);
             }
-            if desc.media || desc.op == Op::TestUnitReady {
-                if st.sanitizing {
-                    return (
-                        Err(Sense::new(key::NOT_READY, asc::SANITIZE_IN_PROGRESS).into()),
-                        d_sense,
-                    );
-                }
-                if st.stopped {
-                    return (
-                        Err(Sense::new(key::NOT_READY, asc::NOT_READY_INIT_REQUIRED).into()),
-                        d_sense,
-                    );
-                }
+            if let Some(s) = st.not_ready(desc) {
+                return (Err(s.into()), d_sense);
             }
             desc
         };
@@ -612,6 +707,7 @@ impl Device {
                 None
             },
             edtl_in: cmd.expected_in_len,
+            tag: cmd.tag,
         };
         tracing::trace!(device = %self.config.name, op = desc.name, tag = cmd.tag, "execute");
         let mut r = self.dispatch(&mut ctx).await;

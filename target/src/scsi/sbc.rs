@@ -2,17 +2,21 @@
 //! VERIFY (5.33-5.35), ORWRITE (5.10), PRE-FETCH (5.11-5.12), SYNCHRONIZE CACHE (5.28-5.29),
 //! UNMAP (5.31), WRITE SAME (5.50-5.51), COMPARE AND WRITE (5.3), WRITE ATOMIC (5.48),
 //! GET LBA STATUS (5.6), READ CAPACITY (5.20-5.21), READ DEFECT DATA (5.18-5.19) and
-//! SANITIZE (5.26).
+//! SANITIZE (5.26), which runs in the background (4.11).
 //!
 //! Data moves in one pool buffer per command: READ hands the backstore's buffer to the
 //! fabric, WRITE hands the fabric's data-out buffer to the backstore.
 
+use std::sync::Arc;
+use std::time::Duration;
+
 use rtgt_backstore::{BackstoreError, IoBuf, IoErrorKind};
+use tokio::sync::{watch, Notify};
 
 use super::cdb::{be, field, put_be32, put_be64, LbaLayout, LbaReq, WriteSameReq};
 use super::range_lock::Mode;
-use super::sense::{asc, key, Sense};
-use super::{CmdResult, Ctx, Device, Done, Status};
+use super::sense::{asc, key, KeySpecific, Sense};
+use super::{CmdResult, Ctx, Device, Done, Nexus, Status};
 
 /// MAXIMUM COMPARE AND WRITE LENGTH (Block Limits VPD).
 pub const MAX_CAW_BLOCKS: u32 = 255;
@@ -24,6 +28,10 @@ pub const MAX_UNMAP_DESCRIPTORS: u32 = 256;
 pub const MAX_WRITE_SAME_BLOCKS: u32 = 0xffff;
 /// Buffer size for commands that sweep ranges larger than one transfer.
 const CHUNK_BYTES: u64 = 1 << 20;
+/// Write size of a sanitize sweep.
+const SANITIZE_CHUNK_BYTES: u64 = 8 << 20;
+/// Deallocation size of a sanitize block erase (one progress step).
+const SANITIZE_UNMAP_BYTES: u64 = 1 << 30;
 
 /// Maps a backstore failure to sense data (SBC-4 4.18).
 pub fn io_error(e: &BackstoreError, write: bool) -> Sense {
@@ -386,7 +394,8 @@ pub fn read_capacity10(ctx: &mut Ctx<'_>) -> CmdResult {
     Ok(Done::data(&b, 8))
 }
 
-/// READ CAPACITY(16), with LBPME/LBPRZ for thin-provisioned units.
+/// READ CAPACITY(16), with the physical block exponent and LBPME/LBPRZ for
+/// thin-provisioned units.
 pub fn read_capacity16(ctx: &mut Ctx<'_>) -> CmdResult {
     let cdb = ctx.cdb();
     let alloc = cdb.be(field::ALLOC16) as u32;
@@ -396,8 +405,11 @@ pub fn read_capacity16(ctx: &mut Ctx<'_>) -> CmdResult {
     let mut b = [0u8; 32];
     put_be64(&mut b[0..8], ctx.dev.num_blocks().saturating_sub(1));
     put_be32(&mut b[8..12], ctx.dev.block_size);
+    // LOGICAL BLOCKS PER PHYSICAL BLOCK EXPONENT; the LOWEST ALIGNED LOGICAL BLOCK ADDRESS
+    // (bytes 14-15, bits 13:0) is 0.
+    b[13] = ctx.dev.lbppb_exp & 0x0f;
     if ctx.dev.thin() {
-        b[14] = 0x80 | 0x40;
+        b[14] |= 0x80 | 0x40;
     }
     Ok(Done::data(&b, alloc))
 }
@@ -416,20 +428,32 @@ pub fn read_defect_data(ctx: &mut Ctx<'_>) -> CmdResult {
     }
 }
 
-/// WRITE SAME(10/16) (SBC-4 5.50, 5.51). WSNZ=1 and ANC_SUP=0; with UNMAP set on a
-/// thin-provisioned unit, ranges whose data reads back as zeroes after deallocation
-/// (NDOB, or an all-zero block) are unmapped.
+/// WRITE SAME(10/16) (SBC-4 5.50, 5.51). WSNZ=0: NUMBER OF LOGICAL BLOCKS 0 writes from
+/// the LBA to the end of the medium, within MAXIMUM WRITE SAME LENGTH like any other
+/// length. ANC_SUP=0. With UNMAP set on a thin-provisioned unit the range is deallocated
+/// whatever the data-out block holds, as SBC-3 allows and LIO and tgt do (LBPRZ: it then
+/// reads back as zeroes).
 pub async fn write_same(ctx: &mut Ctx<'_>) -> CmdResult {
     let sixteen = ctx.desc.cdb_len() == 16;
-    let w = WriteSameReq::parse(&ctx.cdb(), sixteen);
+    let mut w = WriteSameReq::parse(&ctx.cdb(), sixteen);
+    let dev = ctx.dev;
+    if w.req.blocks == 0 {
+        let nb = dev.num_blocks();
+        if w.req.lba >= nb {
+            return Err(Sense::lba_out_of_range().into());
+        }
+        match u32::try_from(nb - w.req.lba) {
+            Ok(n) if n <= MAX_WRITE_SAME_BLOCKS => w.req.blocks = n,
+            _ => return Err(w.req.bad_len().into()),
+        }
+    }
     let r = &w.req;
-    if r.blocks == 0 || r.blocks > MAX_WRITE_SAME_BLOCKS {
+    if r.blocks > MAX_WRITE_SAME_BLOCKS {
         return Err(r.bad_len().into());
     }
     if w.anchor {
         return Err(Sense::invalid_cdb(1, Some(4)).into());
     }
-    let dev = ctx.dev;
     dev.check_writable()?;
     if w.unmap && !dev.thin() {
         return Err(Sense::invalid_cdb(1, Some(3)).into());
@@ -448,7 +472,7 @@ pub async fn write_same(ctx: &mut Ctx<'_>) -> CmdResult {
     };
     let blocks = u64::from(r.blocks);
     let _g = dev.range_lock.lock(r.lba, blocks, Mode::Shared).await;
-    if w.unmap && pattern.iter().all(|&b| b == 0) {
+    if w.unmap {
         dev.unmap_range(r.lba, blocks).await?;
     } else {
         let fua = dev.write_fua(false);
@@ -610,67 +634,356 @@ pub fn parse_overwrite(
     })
 }
 
-/// Clears the sanitize-in-progress state, also if the command is cancelled.
-struct SanitizeGuard<'a>(&'a Device);
+/// How a sanitize operation changes the medium.
+#[derive(Debug, Clone)]
+enum SanitizeMethod {
+    Overwrite(OverwriteParams),
+    /// BLOCK ERASE and CRYPTOGRAPHIC ERASE: deallocation on a thin-provisioned unit,
+    /// zeroes otherwise.
+    Erase,
+}
 
-impl Drop for SanitizeGuard<'_> {
-    fn drop(&mut self) {
-        self.0.lock().sanitizing = false;
+impl SanitizeMethod {
+    fn name(&self) -> &'static str {
+        match self {
+            SanitizeMethod::Overwrite(_) => "overwrite",
+            SanitizeMethod::Erase => "erase",
+        }
     }
 }
 
-/// SANITIZE (SBC-4 5.26), performed synchronously; other commands see SANITIZE IN
-/// PROGRESS meanwhile.
+/// A SANITIZE command with IMMED=0 waiting for its operation.
+#[derive(Debug)]
+struct Waiter {
+    id: u64,
+    nexus: u64,
+    tag: u64,
+    abort: Arc<Notify>,
+}
+
+/// Sanitize state of a logical unit (SBC-4 4.11): at most one operation in progress, in
+/// the background, and whether the last one failed.
+#[derive(Debug, Default)]
+pub(crate) struct SanitizeState {
+    /// The operation in progress: (work done, total work), in logical blocks.
+    progress: Option<(u64, u64)>,
+    /// The last operation failed: `Some(AUSE of its command)`.
+    failed: Option<bool>,
+    waiters: Vec<Waiter>,
+    next_waiter: u64,
+}
+
+impl SanitizeState {
+    pub(crate) fn running(&self) -> bool {
+        self.progress.is_some()
+    }
+
+    pub(crate) fn failed(&self) -> bool {
+        self.failed.is_some()
+    }
+
+    /// PROGRESS INDICATION: the fraction done in units of 1/65536.
+    fn progress_indication(&self) -> u16 {
+        match self.progress {
+            Some((done, total)) if total > 0 => {
+                let p = u128::from(done.min(total)) * 65536 / u128::from(total);
+                p.min(0xffff) as u16
+            }
+            _ => 0,
+        }
+    }
+
+    /// NOT READY, SANITIZE IN PROGRESS with the progress indication.
+    pub(crate) fn in_progress_sense(&self) -> Sense {
+        Sense::new(key::NOT_READY, asc::SANITIZE_IN_PROGRESS)
+            .with_key_specific(KeySpecific::Progress(self.progress_indication()))
+    }
+
+    /// SANITIZE commands waiting for the operation.
+    #[cfg(test)]
+    pub(crate) fn waiting(&self) -> usize {
+        self.waiters.len()
+    }
+
+    /// Ends the waits of the commands `pred(nexus id, tag)` selects.
+    pub(crate) fn abort_waiters(&mut self, pred: impl Fn(u64, u64) -> bool) {
+        for w in self.waiters.iter().filter(|w| pred(w.nexus, w.tag)) {
+            w.abort.notify_one();
+        }
+    }
+}
+
+/// The sense a failed sanitize operation leaves behind (SBC-4 4.11.2).
+pub(crate) fn sanitize_failed() -> Sense {
+    Sense::new(key::MEDIUM_ERROR, asc::SANITIZE_COMMAND_FAILED)
+}
+
+/// Outcome of a sanitize operation, published when it ends.
+type Outcome = Option<Result<(), Sense>>;
+
+/// The running operation: publishes its outcome and leaves the in-progress state when it
+/// ends, also if its task is dropped.
+struct SanitizeRun {
+    dev: Arc<Device>,
+    ause: bool,
+    tx: watch::Sender<Outcome>,
+    finished: bool,
+}
+
+impl SanitizeRun {
+    async fn run(mut self, method: SanitizeMethod) {
+        let r = self.dev.sanitize_medium(&method).await;
+        self.finish(r);
+    }
+
+    fn finish(&mut self, r: Result<(), Sense>) {
+        self.finished = true;
+        let dev = &self.dev;
+        {
+            let mut st = dev.lock();
+            st.sanitize.progress = None;
+            st.sanitize.failed = r.is_err().then_some(self.ause);
+        }
+        match &r {
+            Ok(()) => tracing::info!(device = %dev.config.name, "sanitize completed"),
+            Err(s) => tracing::error!(device = %dev.config.name, key = s.key, asc = s.asc,
+                ascq = s.ascq, "sanitize failed"),
+        }
+        self.tx.send_replace(Some(r.map_err(|_| sanitize_failed())));
+    }
+}
+
+impl Drop for SanitizeRun {
+    fn drop(&mut self) {
+        if !self.finished {
+            self.finish(Err(Sense::internal_failure()));
+        }
+    }
+}
+
+/// Keeps a sanitize operation to a byte rate.
+struct Pacer {
+    start: tokio::time::Instant,
+    rate: u64,
+    bytes: u64,
+}
+
+impl Pacer {
+    fn new(rate: u64) -> Pacer {
+        Pacer {
+            start: tokio::time::Instant::now(),
+            rate,
+            bytes: 0,
+        }
+    }
+
+    /// Accounts `n` bytes written; waits until they are within the rate.
+    async fn account(&mut self, n: u64) {
+        if self.rate == 0 {
+            return;
+        }
+        self.bytes += n;
+        let due = Duration::from_secs_f64(self.bytes as f64 / self.rate as f64);
+        tokio::time::sleep_until(self.start + due).await;
+    }
+}
+
+/// Removes a waiter when its command ends.
+struct WaiterGuard<'a> {
+    dev: &'a Device,
+    id: u64,
+}
+
+impl Drop for WaiterGuard<'_> {
+    fn drop(&mut self) {
+        self.dev.lock().sanitize.waiters.retain(|w| w.id != self.id);
+    }
+}
+
+impl Device {
+    /// Starts a sanitize operation in the background; the receiver sees its outcome.
+    fn start_sanitize(
+        &self,
+        method: SanitizeMethod,
+        ause: bool,
+    ) -> Result<watch::Receiver<Outcome>, Sense> {
+        let dev = self.me.upgrade().ok_or_else(Sense::internal_failure)?;
+        let nb = self.num_blocks();
+        let total = match &method {
+            SanitizeMethod::Overwrite(p) => nb * u64::from(p.count),
+            SanitizeMethod::Erase => nb,
+        };
+        {
+            let mut st = self.lock();
+            if st.sanitize.running() {
+                return Err(st.sanitize.in_progress_sense());
+            }
+            // Restricted completion mode: after a failure with AUSE=0 only a sanitize with
+            // AUSE=0 may follow.
+            if st.sanitize.failed == Some(false) && ause {
+                return Err(Sense::invalid_cdb(1, Some(5)));
+            }
+            st.sanitize.progress = Some((0, total.max(1)));
+        }
+        tracing::info!(device = %self.config.name, method = method.name(), "sanitize started");
+        let (tx, rx) = watch::channel(None);
+        let run = SanitizeRun {
+            dev,
+            ause,
+            tx,
+            finished: false,
+        };
+        tokio::spawn(run.run(method));
+        Ok(rx)
+    }
+
+    /// Waits for the outcome of a sanitize operation for a command with IMMED=0, or until the
+    /// fabric aborts the command ([`Device::abort_task`]).
+    async fn wait_sanitize(
+        &self,
+        nexus: &Nexus,
+        tag: u64,
+        mut rx: watch::Receiver<Outcome>,
+    ) -> Result<(), Sense> {
+        let abort = Arc::new(Notify::new());
+        let id = {
+            let mut st = self.lock();
+            let id = st.sanitize.next_waiter;
+            st.sanitize.next_waiter += 1;
+            st.sanitize.waiters.push(Waiter {
+                id,
+                nexus: nexus.id,
+                tag,
+                abort: abort.clone(),
+            });
+            id
+        };
+        let _guard = WaiterGuard { dev: self, id };
+        tokio::select! {
+            r = rx.wait_for(Option::is_some) => match r {
+                Ok(outcome) => (*outcome).unwrap_or_else(|| Err(Sense::internal_failure())),
+                Err(_) => Err(Sense::internal_failure()),
+            },
+            _ = abort.notified() => Err(Sense::new(key::ABORTED_COMMAND, asc::NO_ADDITIONAL)),
+        }
+    }
+
+    fn sanitize_progress(&self, done: u64, total: u64) {
+        self.lock().sanitize.progress = Some((done, total));
+    }
+
+    /// The sanitize operation proper: every block, excluding all other access to the
+    /// medium, then a cache flush.
+    async fn sanitize_medium(&self, method: &SanitizeMethod) -> Result<(), Sense> {
+        let nb = self.num_blocks();
+        let _g = self.range_lock.lock(0, nb, Mode::Exclusive).await;
+        let bs = self.block_size as usize;
+        let mut pacer = Pacer::new(self.config.sanitize_rate);
+        match method {
+            SanitizeMethod::Overwrite(p) => {
+                let count = u64::from(p.count);
+                let mut block = vec![0u8; bs];
+                for (i, b) in block.iter_mut().enumerate() {
+                    *b = p.pattern[i % p.pattern.len()];
+                }
+                for pass in 0..count {
+                    // With INVERT the passes alternate so that the last one writes the
+                    // pattern itself (SBC-4 5.26.2).
+                    let invert = p.invert && (count - pass) % 2 == 0;
+                    let pat: Vec<u8> = if invert {
+                        block.iter().map(|b| !b).collect()
+                    } else {
+                        block.clone()
+                    };
+                    self.sanitize_sweep(&pat, pass * nb, nb * count, &mut pacer)
+                        .await?;
+                }
+            }
+            SanitizeMethod::Erase if self.thin() => {
+                let step = (SANITIZE_UNMAP_BYTES / self.block_size as u64).max(1);
+                let mut lba = 0;
+                while lba < nb {
+                    let n = step.min(nb - lba);
+                    self.unmap_range(lba, n).await?;
+                    lba += n;
+                    self.sanitize_progress(lba, nb);
+                }
+            }
+            SanitizeMethod::Erase => {
+                self.sanitize_sweep(&vec![0u8; bs], 0, nb, &mut pacer)
+                    .await?;
+            }
+        }
+        self.backstore.flush().await.map_err(|e| io_error(&e, true))
+    }
+
+    /// Writes `block` to every logical block in large chunks at the sanitize rate;
+    /// `done` and `total` place the sweep in the operation's progress.
+    async fn sanitize_sweep(
+        &self,
+        block: &[u8],
+        done: u64,
+        total: u64,
+        pacer: &mut Pacer,
+    ) -> Result<(), Sense> {
+        let nb = self.num_blocks();
+        let bs = u64::from(self.block_size);
+        let chunk = (SANITIZE_CHUNK_BYTES / bs).clamp(1, nb.max(1));
+        // Not from the pool: the buffer is held for as long as the operation runs.
+        let mut buf = IoBuf::zeroed((chunk * bs) as usize);
+        for b in buf.as_mut_slice().chunks_mut(bs as usize) {
+            b.copy_from_slice(&block[..b.len()]);
+        }
+        let mut lba = 0;
+        while lba < nb {
+            let n = chunk.min(nb - lba);
+            if ((n * bs) as usize) < buf.len() {
+                buf.truncate((n * bs) as usize);
+            }
+            buf = self.write_buf(lba, buf, false).await?;
+            lba += n;
+            self.sanitize_progress(done + lba, total);
+            pacer.account(n * bs).await;
+        }
+        Ok(())
+    }
+}
+
+/// SANITIZE (SBC-4 5.26). The operation runs in the background (4.11): the command returns
+/// once it completes (IMMED=0) or once the CDB and parameter list are validated (IMMED=1);
+/// meanwhile other commands get SANITIZE IN PROGRESS with a progress indication, and the
+/// operation survives task management functions and I_T nexus loss.
 pub async fn sanitize(ctx: &mut Ctx<'_>) -> CmdResult {
     let cdb = ctx.cdb();
     let sa = cdb.byte(1) & 0x1f;
+    let immed = cdb.bit(1, 0x80);
+    let ause = cdb.bit(1, 0x20);
     let plen = cdb.be(field::PARAM_LEN10) as usize;
     let dev = ctx.dev;
     let bs = dev.block_size as usize;
-    let overwrite = if sa == 0x01 {
-        Some(parse_overwrite(ctx.data_out(), plen, bs)?)
+    let method = if sa == 0x01 {
+        SanitizeMethod::Overwrite(parse_overwrite(ctx.data_out(), plen, bs)?)
     } else {
         if plen != 0 {
             return Err(Sense::invalid_cdb(7, None).into());
         }
-        None
+        SanitizeMethod::Erase
     };
     if sa == 0x1f {
-        // EXIT FAILURE MODE: no failed sanitize is ever left behind.
+        // EXIT FAILURE MODE: leaves the failure of a sanitize whose command set AUSE; in
+        // the restricted completion mode only a successful sanitize does.
+        let mut st = dev.lock();
+        if st.sanitize.failed == Some(false) {
+            return Err(Sense::invalid_cdb(1, Some(4)).into());
+        }
+        st.sanitize.failed = None;
         return Ok(Done::good());
     }
     dev.check_writable()?;
-    {
-        let mut st = dev.lock();
-        if st.sanitizing {
-            return Err(Sense::new(key::NOT_READY, asc::SANITIZE_IN_PROGRESS).into());
-        }
-        st.sanitizing = true;
+    let rx = dev.start_sanitize(method, ause)?;
+    if !immed {
+        dev.wait_sanitize(ctx.nexus, ctx.tag, rx).await?;
     }
-    let _guard = SanitizeGuard(dev);
-    let nb = dev.num_blocks();
-    let _g = dev.range_lock.lock(0, nb, Mode::Exclusive).await;
-    match overwrite {
-        Some(p) => {
-            let mut block = vec![0u8; bs];
-            for (i, b) in block.iter_mut().enumerate() {
-                *b = p.pattern[i % p.pattern.len()];
-            }
-            for pass in 0..p.count {
-                let mut pat = block.clone();
-                if p.invert && pass % 2 == 1 {
-                    pat.iter_mut().for_each(|b| *b = !*b);
-                }
-                dev.write_pattern(0, nb, &pat, true).await?;
-            }
-        }
-        None if dev.thin() => dev.unmap_range(0, nb).await?,
-        None => dev.write_pattern(0, nb, &vec![0u8; bs], true).await?,
-    }
-    dev.backstore
-        .flush()
-        .await
-        .map_err(|e| io_error(&e, true))?;
     Ok(Done::good())
 }
 

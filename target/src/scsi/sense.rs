@@ -24,6 +24,9 @@ pub mod asc {
     pub const NO_ADDITIONAL: Code = (0x00, 0x00);
     pub const NOT_READY_INIT_REQUIRED: Code = (0x04, 0x02);
     pub const SANITIZE_IN_PROGRESS: Code = (0x04, 0x1B);
+    pub const NOT_READY_TO_READY_CHANGE: Code = (0x28, 0x00);
+    pub const SANITIZE_COMMAND_FAILED: Code = (0x31, 0x03);
+    pub const MEDIUM_NOT_PRESENT: Code = (0x3A, 0x00);
     pub const UNREACHABLE_COPY_TARGET: Code = (0x08, 0x04);
     pub const WRITE_ERROR: Code = (0x0C, 0x00);
     pub const COPY_TARGET_NOT_REACHABLE: Code = (0x0D, 0x02);
@@ -72,6 +75,9 @@ pub enum KeySpecific {
     /// Segment pointer for COPY ABORTED (SPC-4 4.5.2.4.5): byte offset of the segment
     /// descriptor in the parameter list.
     Segment { byte: u16 },
+    /// Progress indication (SPC-4 4.5.2.4.4) for NOT READY / NO SENSE: the fraction of the
+    /// operation completed, in units of 1/65536.
+    Progress(u16),
 }
 
 impl KeySpecific {
@@ -92,6 +98,10 @@ impl KeySpecific {
                 // SD = 1: the pointer is to a segment descriptor.
                 let [hi, lo] = byte.to_be_bytes();
                 [0x80 | 0x20, hi, lo]
+            }
+            KeySpecific::Progress(p) => {
+                let [hi, lo] = p.to_be_bytes();
+                [0x80, hi, lo]
             }
         }
     }
@@ -348,5 +358,14 @@ mod tests {
             .with_key_specific(KeySpecific::Segment { byte: 48 })
             .emit(false);
         assert_eq!(&b[15..18], &[0xa0, 0, 48]);
+    }
+
+    #[test]
+    fn progress_indication() {
+        let s = Sense::new(key::NOT_READY, asc::SANITIZE_IN_PROGRESS)
+            .with_key_specific(KeySpecific::Progress(0x8000));
+        assert_eq!(&s.emit(false)[15..18], &[0x80, 0x80, 0x00]);
+        let d = s.emit(true);
+        assert_eq!(&d[8..16], &[0x02, 0x06, 0, 0, 0x80, 0x80, 0x00, 0]);
     }
 }

@@ -31,6 +31,9 @@ fn pad_ascii(dst: &mut [u8], s: &str) {
 pub fn standard_inquiry(dev: &Device, peripheral: u8) -> Vec<u8> {
     let mut b = vec![0u8; STD_INQUIRY_LEN];
     b[0] = peripheral;
+    if dev.config.removable {
+        b[1] = 0x80; // RMB
+    }
     b[2] = 0x06; // SPC-4
     b[3] = 0x12; // HISUP, RESPONSE DATA FORMAT 2
     b[4] = (STD_INQUIRY_LEN - 5) as u8;
@@ -95,19 +98,22 @@ fn device_identification(dev: &Device, nexus: &Nexus) -> Vec<u8> {
     d
 }
 
-/// Block Limits VPD page body (SBC-4 6.6.4).
+/// Block Limits VPD page body (SBC-4 6.6.4). The granularities are the physical block;
+/// WSNZ=0 (WRITE SAME with zero blocks writes to the end of the medium).
 fn block_limits(dev: &Device) -> Vec<u8> {
     let mut b = vec![0u8; 0x3c];
     let max = dev.max_transfer_blocks();
-    b[0] = 0x01; // WSNZ: WRITE SAME with zero blocks is refused
+    let lbppb = dev.lbppb();
     b[1] = sbc::MAX_CAW_BLOCKS as u8;
-    put_be16(&mut b[2..], 1);
+    put_be16(&mut b[2..], u16::try_from(lbppb).unwrap_or(u16::MAX));
     put_be32(&mut b[4..], max);
-    put_be32(&mut b[8..], (1 << 20) / dev.block_size);
+    put_be32(&mut b[8..], ((1 << 20) / dev.block_size).max(lbppb));
     if dev.thin() {
         put_be32(&mut b[16..], sbc::MAX_UNMAP_BLOCKS);
         put_be32(&mut b[20..], sbc::MAX_UNMAP_DESCRIPTORS);
-        put_be32(&mut b[24..], 1);
+        put_be32(&mut b[24..], lbppb);
+        // UGAVALID, UNMAP GRANULARITY ALIGNMENT = LOWEST ALIGNED LOGICAL BLOCK ADDRESS (0).
+        b[28] = 0x80;
     }
     put_be64(&mut b[32..], u64::from(sbc::MAX_WRITE_SAME_BLOCKS));
     put_be32(&mut b[40..], max);
@@ -173,14 +179,11 @@ pub fn request_sense(ctx: &mut Ctx<'_>) -> CmdResult {
     let alloc = cdb.be(field::ALLOC6) as u32;
     let mut st = ctx.dev.lock();
     let ua = st.nexuses.get_mut(&ctx.nexus.id).and_then(|n| n.ua.pop());
-    let s = if let Some(ua) = ua {
-        ua.sense()
-    } else if st.sanitizing {
-        Sense::new(key::NOT_READY, asc::SANITIZE_IN_PROGRESS)
-    } else if st.stopped {
-        Sense::new(key::NOT_READY, asc::NOT_READY_INIT_REQUIRED)
-    } else {
-        Sense::new(key::NO_SENSE, asc::NO_ADDITIONAL)
+    let s = match ua {
+        Some(ua) => ua.sense(),
+        None => st
+            .readiness()
+            .unwrap_or(Sense::new(key::NO_SENSE, asc::NO_ADDITIONAL)),
     };
     drop(st);
     Ok(Done::data(&s.emit(desc), alloc))
@@ -264,18 +267,54 @@ pub fn release(ctx: &mut Ctx<'_>) -> CmdResult {
     Ok(Done::good())
 }
 
-/// START STOP UNIT (SBC-4 5.27). The medium is not removable, so LOEJ is ignored.
+/// START STOP UNIT (SBC-4 5.27).
+///
+/// The logical unit has no power conditions: a POWER CONDITION other than START_VALID is
+/// accepted without effect, and LOEJ and START are then ignored (as tgt does, reserved
+/// values included). On a removable medium LOEJ ejects (START=0) or loads (START=1) it,
+/// refused with MEDIUM REMOVAL PREVENTED while an I_T nexus prevents removal, and START
+/// alone has no effect (the virtual medium has no motor to stop); on a fixed medium LOEJ
+/// is ignored and START=0 enters the stopped power condition until START=1.
 pub async fn start_stop_unit(ctx: &mut Ctx<'_>) -> CmdResult {
     let b4 = ctx.cdb[4];
     let pc = b4 >> 4;
     let no_flush = b4 & 0x04 != 0;
+    let loej = b4 & 0x02 != 0;
     let start = b4 & 0x01 != 0;
-    match pc {
-        0 => {}
-        // ACTIVE, IDLE, STANDBY, LU_CONTROL, FORCE_IDLE_0, FORCE_STANDBY_0: accepted, the
-        // logical unit has no power states.
-        1 | 2 | 3 | 7 | 0x0a | 0x0b => return Ok(Done::good()),
-        _ => return Err(Sense::invalid_cdb(4, Some(7)).into()),
+    if pc != 0 {
+        return Ok(Done::good());
+    }
+    let dev = ctx.dev;
+    if dev.config.removable {
+        if !loej {
+            return Ok(Done::good());
+        }
+        if start {
+            let mut st = dev.lock();
+            if st.removal_prevented() {
+                return Err(Sense::illegal(asc::MEDIUM_REMOVAL_PREVENTED).into());
+            }
+            if !st.loaded {
+                st.loaded = true;
+                st.post_all(UnitAttention::MediumChanged, Some(ctx.nexus.id));
+            }
+        } else {
+            if dev.lock().removal_prevented() {
+                return Err(Sense::illegal(asc::MEDIUM_REMOVAL_PREVENTED).into());
+            }
+            if !no_flush {
+                dev.backstore
+                    .flush()
+                    .await
+                    .map_err(|e| sbc::io_error(&e, true))?;
+            }
+            let mut st = dev.lock();
+            if st.removal_prevented() {
+                return Err(Sense::illegal(asc::MEDIUM_REMOVAL_PREVENTED).into());
+            }
+            st.loaded = false;
+        }
+        return Ok(Done::good());
     }
     if start {
         ctx.dev.lock().stopped = false;
@@ -292,7 +331,9 @@ pub async fn start_stop_unit(ctx: &mut Ctx<'_>) -> CmdResult {
     Ok(Done::good())
 }
 
-/// PREVENT ALLOW MEDIUM REMOVAL (SBC-4 5.13): recorded per I_T nexus.
+/// PREVENT ALLOW MEDIUM REMOVAL (SBC-4 5.13): recorded per I_T nexus; a removable medium
+/// stays in while any I_T nexus prevents its removal. I_T nexus loss and logical unit
+/// reset end the prevention of the nexuses they affect.
 pub fn prevent_allow(ctx: &mut Ctx<'_>) -> CmdResult {
     let prevent = ctx.cdb[4] & 0x03;
     if prevent > 1 {

@@ -47,6 +47,21 @@ pub enum Op {
     Sanitize,
 }
 
+impl Op {
+    /// Processed while a sanitize operation is in progress (SBC-4 4.11); every other command
+    /// gets NOT READY, SANITIZE IN PROGRESS.
+    pub fn allowed_during_sanitize(self) -> bool {
+        matches!(
+            self,
+            Op::Inquiry
+                | Op::RequestSense
+                | Op::ReportLuns
+                | Op::ReportSupportedOpcodes
+                | Op::ReportSupportedTmf
+        )
+    }
+}
+
 /// Data transfer direction of the command.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Dir {

@@ -20,6 +20,7 @@ fn cfg() -> DeviceConfig {
         serial: "SERIAL0001".into(),
         wwn: 0x6001_4050_0000_0000_0000_0000_0000_0001,
         thin: true,
+        sanitize_rate: 0,
         ..Default::default()
     }
 }
@@ -447,12 +448,15 @@ async fn inquiry_vpd_pages() {
     let d = data(&run(&dev, &n, &[0x12, 1, 0x83, 0, 255, 0], None, 255).await);
     assert_eq!(&d[4..8], &[0x01, 0x03, 0, 16]);
     assert_eq!(&d[8..24], dev.naa());
-    // Block limits: SBC-3 length, WSNZ, limits.
+    // Block limits: SBC-3 length, WSNZ=0, limits, granularities of one logical block.
     let d = data(&run(&dev, &n, &[0x12, 1, 0xb0, 0, 255, 0], None, 255).await);
     assert_eq!(d.len(), 64);
     assert_eq!(d[3], 0x3c);
-    assert_eq!(d[4], 1);
+    assert_eq!(d[4], 0);
     assert_eq!(d[5], 255);
+    assert_eq!(&d[6..8], &[0, 1]);
+    assert_eq!(u32::from_be_bytes(d[28..32].try_into().unwrap()), 1);
+    assert_eq!(&d[32..36], &[0x80, 0, 0, 0]);
     assert_eq!(
         u32::from_be_bytes(d[8..12].try_into().unwrap()),
         MAX_TRANSFER_BYTES / BS
@@ -962,8 +966,7 @@ async fn write_same() {
     good(&run(&dev, &n, &ws10(10, 5, 0), Some(&blk), 0).await);
     assert!(read_blocks(&dev, &n, 10, 5).await.iter().all(|&x| x == 7));
     good(&run(&dev, &n, &rw16(0x93, NB - 256, 256, 0), Some(&blk), 0).await);
-    // WSNZ: zero blocks refused; too many blocks refused.
-    invalid_cdb(&run(&dev, &n, &ws10(0, 0, 0), Some(&blk), 0).await);
+    // Too many blocks refused.
     invalid_cdb(&run(&dev, &n, &rw16(0x93, 0, 0x10000, 0), Some(&blk), 0).await);
     // ANCHOR without UNMAP, ANCHOR with UNMAP (ANC_SUP=0), obsolete LBDATA.
     invalid_cdb(&run(&dev, &n, &ws10(0, 1, 0x10), Some(&blk), 0).await);
@@ -982,9 +985,11 @@ async fn write_same() {
     let (lba, len, st) = lba_status(&dev, &n, 100).await;
     assert_eq!((lba, st), (100, 1));
     assert!(len >= 8);
-    // UNMAP with a non-zero block writes the data.
+    // UNMAP deallocates whatever the block holds.
+    write_blocks(&dev, &n, 100, &vec![0xff; 2 * 512]).await;
     good(&run(&dev, &n, &ws10(100, 2, 0x08), Some(&blk), 0).await);
-    assert!(read_blocks(&dev, &n, 100, 2).await.iter().all(|&x| x == 7));
+    assert!(read_blocks(&dev, &n, 100, 2).await.iter().all(|&x| x == 0));
+    assert_eq!(lba_status(&dev, &n, 100).await.2, 1);
     // NDOB: zeroes without a data-out buffer.
     good(&run(&dev, &n, &rw16(0x93, 100, 2, 0x09), None, 0).await);
     assert!(read_blocks(&dev, &n, 100, 2).await.iter().all(|&x| x == 0));
@@ -1312,8 +1317,19 @@ async fn start_stop_unit() {
     good(&run(&dev, &n, &[0x12, 0, 0, 0, 36, 0], None, 36).await);
     good(&run(&dev, &n, &[0x1b, 0, 0, 0, 1, 0], None, 0).await);
     good(&run(&dev, &n, &rw10(0x28, 0, 1, 0), None, 512).await);
-    good(&run(&dev, &n, &[0x1b, 1, 0, 0, 0x20, 0], None, 0).await);
-    invalid_cdb(&run(&dev, &n, &[0x1b, 0, 0, 0, 0x40, 0], None, 0).await);
+    // Power conditions, reserved ones too, are accepted without effect; START and LOEJ are
+    // then ignored.
+    for pc in 1..16u8 {
+        good(&run(&dev, &n, &[0x1b, 1, 0, 0, pc << 4, 0], None, 0).await);
+        good(&run(&dev, &n, &[0; 6], None, 0).await);
+    }
+    // LOEJ on a fixed medium is ignored.
+    good(&run(&dev, &n, &[0x1b, 0, 0, 0, 0x02, 0], None, 0).await);
+    good(&run(&dev, &n, &[0x1b, 0, 0, 0, 0x03, 0], None, 0).await);
+    good(&run(&dev, &n, &[0; 6], None, 0).await);
+    // Not removable: RMB=0.
+    let d = data(&run(&dev, &n, &[0x12, 0, 0, 0, 36, 0], None, 36).await);
+    assert_eq!(d[1] & 0x80, 0);
     good(&run(&dev, &n, &[0x1e, 0, 0, 0, 1, 0], None, 0).await);
     good(&run(&dev, &n, &[0x1e, 0, 0, 0, 0, 0], None, 0).await);
     invalid_cdb(&run(&dev, &n, &[0x1e, 0, 0, 0, 2, 0], None, 0).await);
@@ -2058,6 +2074,489 @@ async fn lun_map_report_luns_and_unmapped() {
         key::UNIT_ATTENTION,
         asc::POWER_ON_RESET,
     );
+}
+
+// ---- physical block size ---------------------------------------------------------------------
+
+#[tokio::test]
+async fn physical_block_size_exponent_and_granularity() {
+    let dev = make(DeviceConfig {
+        physical_block_size: Some(4096),
+        ..cfg()
+    });
+    let n = nx(1);
+    ready(&dev, &n).await;
+    assert_eq!(dev.lbppb(), 8);
+    let d = data(&run(&dev, &n, &rw16(0x9e, 0, 32, 0x10), None, 32).await);
+    // LBPPBE 3, LBPME and LBPRZ, LOWEST ALIGNED LBA 0.
+    assert_eq!(&d[13..16], &[0x03, 0xc0, 0x00]);
+    let d = data(&run(&dev, &n, &[0x12, 1, 0xb0, 0, 255, 0], None, 255).await);
+    assert_eq!(&d[6..8], &[0, 8]);
+    assert_eq!(u32::from_be_bytes(d[12..16].try_into().unwrap()) % 8, 0);
+    assert_eq!(u32::from_be_bytes(d[28..32].try_into().unwrap()), 8);
+    assert_eq!(&d[32..36], &[0x80, 0, 0, 0]);
+    // Unaligned deallocation works (LBPRZ: the blocks read back as zeroes).
+    write_blocks(&dev, &n, 0, &vec![0xa6; 16 * 512]).await;
+    for i in 1..8u32 {
+        good(&run(&dev, &n, &ws10(i, 8 - i as u16, 0x08), Some(&[0; 512]), 0).await);
+        good(&run(&dev, &n, &rw16(0x93, u64::from(i), 8 - i, 0x09), None, 0).await);
+    }
+    let d = read_blocks(&dev, &n, 0, 16).await;
+    assert!(d[..512].iter().all(|&x| x == 0xa6));
+    assert!(d[512..8 * 512].iter().all(|&x| x == 0));
+    assert!(d[8 * 512..].iter().all(|&x| x == 0xa6));
+    // A fully provisioned unit reports the exponent without LBPME.
+    let dev = make(DeviceConfig {
+        physical_block_size: Some(4096),
+        thin: false,
+        ..cfg()
+    });
+    ready(&dev, &n).await;
+    let d = data(&run(&dev, &n, &rw16(0x9e, 0, 32, 0x10), None, 32).await);
+    assert_eq!(&d[13..16], &[0x03, 0, 0]);
+}
+
+#[test]
+fn bad_physical_block_size() {
+    for pbs in [256, 768, 3000, 512 << 16] {
+        let r = Device::new(
+            ram(),
+            BufPool::new(1 << 20),
+            DeviceConfig {
+                physical_block_size: Some(pbs),
+                ..cfg()
+            },
+        );
+        assert!(
+            matches!(r, Err(ScsiError::InvalidConfig(_))),
+            "{pbs} accepted"
+        );
+    }
+}
+
+// ---- WRITE SAME with zero blocks -------------------------------------------------------------
+
+#[tokio::test]
+async fn write_same_zero_blocks_writes_to_the_end() {
+    let (dev, n) = setup().await;
+    let blk = vec![9u8; 512];
+    // NUMBER OF LOGICAL BLOCKS 0: from the LBA to the last block.
+    good(&run(&dev, &n, &ws10(NB as u32 - 96, 0, 0), Some(&blk), 0).await);
+    assert!(read_blocks(&dev, &n, NB - 96, 96)
+        .await
+        .iter()
+        .all(|&x| x == 9));
+    assert!(read_blocks(&dev, &n, NB - 97, 1)
+        .await
+        .iter()
+        .all(|&x| x == 0));
+    good(&run(&dev, &n, &rw16(0x93, 0, 0, 0), Some(&[3u8; 512]), 0).await);
+    assert!(read_blocks(&dev, &n, 0, 256).await.iter().all(|&x| x == 3));
+    // At or past the end: LBA OUT OF RANGE.
+    lba_oob(&run(&dev, &n, &ws10(NB as u32, 0, 0), Some(&blk), 0).await);
+    lba_oob(&run(&dev, &n, &ws10(NB as u32 + 1, 0, 0), Some(&blk), 0).await);
+    lba_oob(&run(&dev, &n, &rw16(0x93, u64::MAX, 0, 0), Some(&blk), 0).await);
+    // Block limits advertise WSNZ=0.
+    let d = data(&run(&dev, &n, &[0x12, 1, 0xb0, 0, 255, 0], None, 255).await);
+    assert_eq!(d[4] & 1, 0);
+}
+
+#[tokio::test]
+async fn write_same_zero_blocks_within_maximum_length() {
+    let big = 0x2_0000u64;
+    let dev = make_with(Arc::new(RamBackstore::new(big * u64::from(BS), BS)), cfg());
+    let n = nx(1);
+    ready(&dev, &n).await;
+    let max = u64::from(sbc::MAX_WRITE_SAME_BLOCKS);
+    let zero = [0u8; 512];
+    // The range to the end exceeds MAXIMUM WRITE SAME LENGTH: INVALID FIELD IN CDB.
+    invalid_cdb(&run(&dev, &n, &rw16(0x93, 0, 0, 0x08), Some(&zero), 0).await);
+    invalid_cdb(
+        &run(
+            &dev,
+            &n,
+            &rw16(0x93, big - max - 1, 0, 0x08),
+            Some(&zero),
+            0,
+        )
+        .await,
+    );
+    invalid_cdb(
+        &run(
+            &dev,
+            &n,
+            &ws10((big - max - 1) as u32, 0, 0x08),
+            Some(&zero),
+            0,
+        )
+        .await,
+    );
+    good(&run(&dev, &n, &rw16(0x93, big - max, 0, 0x08), Some(&zero), 0).await);
+    good(
+        &run(
+            &dev,
+            &n,
+            &ws10((big - max + 1) as u32, 0, 0x08),
+            Some(&zero),
+            0,
+        )
+        .await,
+    );
+}
+
+// ---- removable medium ------------------------------------------------------------------------
+
+fn removable() -> DeviceConfig {
+    DeviceConfig {
+        removable: true,
+        ..cfg()
+    }
+}
+
+const EJECT: [u8; 6] = [0x1b, 0, 0, 0, 0x02, 0];
+const LOAD: [u8; 6] = [0x1b, 0, 0, 0, 0x03, 0];
+const PREVENT: [u8; 6] = [0x1e, 0, 0, 0, 1, 0];
+const ALLOW: [u8; 6] = [0x1e, 0, 0, 0, 0, 0];
+
+#[track_caller]
+fn no_medium(r: &Response) {
+    check(r, key::NOT_READY, asc::MEDIUM_NOT_PRESENT);
+}
+
+#[track_caller]
+fn removal_prevented(r: &Response) {
+    check(r, key::ILLEGAL_REQUEST, asc::MEDIUM_REMOVAL_PREVENTED);
+}
+
+#[tokio::test]
+async fn removable_medium_eject_and_load() {
+    let dev = make(removable());
+    let n = nx(1);
+    let n2 = nx(2);
+    ready(&dev, &n).await;
+    ready(&dev, &n2).await;
+    let d = data(&run(&dev, &n, &[0x12, 0, 0, 0, 36, 0], None, 36).await);
+    assert_eq!(d[1] & 0x80, 0x80);
+    // START without LOEJ leaves the medium alone.
+    for cdb in [
+        [0x1b, 0, 0, 0, 0, 0],
+        [0x1b, 1, 0, 0, 0x01, 0],
+        [0x1b, 0, 0, 0, 0x04, 0],
+    ] {
+        good(&run(&dev, &n, &cdb, None, 0).await);
+        good(&run(&dev, &n, &[0; 6], None, 0).await);
+    }
+    // A power condition ignores LOEJ.
+    good(&run(&dev, &n, &[0x1b, 1, 0, 0, 0x32, 0], None, 0).await);
+    good(&run(&dev, &n, &[0; 6], None, 0).await);
+    // Eject: TEST UNIT READY, medium access and REQUEST SENSE report no medium; INQUIRY,
+    // MODE SENSE and PREVENT ALLOW still work.
+    good(&run(&dev, &n, &EJECT, None, 0).await);
+    no_medium(&run(&dev, &n, &[0; 6], None, 0).await);
+    no_medium(&run(&dev, &n2, &[0; 6], None, 0).await);
+    no_medium(&run(&dev, &n, &rw10(0x28, 0, 1, 0), None, 512).await);
+    no_medium(&run(&dev, &n, &rw10(0x2a, 0, 1, 0), Some(&[0; 512]), 0).await);
+    no_medium(&run(&dev, &n, &[0x25, 0, 0, 0, 0, 0, 0, 0, 0, 0], None, 8).await);
+    no_medium(&run(&dev, &n, &rw16(0x9e, 0, 32, 0x10), None, 32).await);
+    let p = unmap_params(&[(0, 1)]);
+    no_medium(&run(&dev, &n, &unmap_cdb(p.len(), false), Some(&p), 0).await);
+    let d = data(&run(&dev, &n, &[0x03, 0, 0, 0, 18, 0], None, 18).await);
+    assert_eq!((d[2] & 0x0f, d[12], d[13]), (key::NOT_READY, 0x3a, 0x00));
+    good(&run(&dev, &n, &[0x12, 0, 0, 0, 36, 0], None, 36).await);
+    good(&run(&dev, &n, &[0x1a, 0, 0x3f, 0, 255, 0], None, 255).await);
+    // Ejecting again is fine.
+    good(&run(&dev, &n, &EJECT, None, 0).await);
+    // Load: ready again; the other I_T nexus learns that the medium may have changed.
+    good(&run(&dev, &n, &LOAD, None, 0).await);
+    good(&run(&dev, &n, &[0; 6], None, 0).await);
+    check(
+        &run(&dev, &n2, &[0; 6], None, 0).await,
+        key::UNIT_ATTENTION,
+        asc::NOT_READY_TO_READY_CHANGE,
+    );
+    good(&run(&dev, &n2, &rw10(0x28, 0, 1, 0), None, 512).await);
+}
+
+#[tokio::test]
+async fn prevent_allow_medium_removal() {
+    let dev = make(removable());
+    let n = nx(1);
+    let n2 = nx(2);
+    ready(&dev, &n).await;
+    ready(&dev, &n2).await;
+    // Prevention by one nexus holds for every nexus, for eject and load alike.
+    good(&run(&dev, &n, &PREVENT, None, 0).await);
+    removal_prevented(&run(&dev, &n, &EJECT, None, 0).await);
+    removal_prevented(&run(&dev, &n2, &EJECT, None, 0).await);
+    good(&run(&dev, &n, &[0; 6], None, 0).await);
+    good(&run(&dev, &n, &ALLOW, None, 0).await);
+    good(&run(&dev, &n, &EJECT, None, 0).await);
+    no_medium(&run(&dev, &n, &[0; 6], None, 0).await);
+    good(&run(&dev, &n2, &PREVENT, None, 0).await);
+    removal_prevented(&run(&dev, &n, &LOAD, None, 0).await);
+    // Each nexus has its own prevention; ALLOW from another nexus does not end it.
+    good(&run(&dev, &n, &ALLOW, None, 0).await);
+    removal_prevented(&run(&dev, &n, &LOAD, None, 0).await);
+    good(&run(&dev, &n2, &ALLOW, None, 0).await);
+    good(&run(&dev, &n, &LOAD, None, 0).await);
+    good(&run(&dev, &n, &[0; 6], None, 0).await);
+    // I_T nexus loss ends that nexus' prevention.
+    check(
+        &run(&dev, &n2, &PREVENT, None, 0).await,
+        key::UNIT_ATTENTION,
+        asc::NOT_READY_TO_READY_CHANGE,
+    );
+    good(&run(&dev, &n2, &PREVENT, None, 0).await);
+    removal_prevented(&run(&dev, &n, &EJECT, None, 0).await);
+    dev.nexus_loss(&n2);
+    good(&run(&dev, &n, &EJECT, None, 0).await);
+    good(&run(&dev, &n, &LOAD, None, 0).await);
+    // A logical unit reset ends every prevention; the medium stays loaded.
+    good(&run(&dev, &n, &PREVENT, None, 0).await);
+    dev.lun_reset(&n);
+    check(
+        &run(&dev, &n, &[0; 6], None, 0).await,
+        key::UNIT_ATTENTION,
+        asc::BUS_DEVICE_RESET,
+    );
+    good(&run(&dev, &n, &[0; 6], None, 0).await);
+    good(&run(&dev, &n, &EJECT, None, 0).await);
+    dev.lun_reset(&n);
+    check(
+        &run(&dev, &n, &[0; 6], None, 0).await,
+        key::UNIT_ATTENTION,
+        asc::BUS_DEVICE_RESET,
+    );
+    no_medium(&run(&dev, &n, &[0; 6], None, 0).await);
+    good(&run(&dev, &n, &LOAD, None, 0).await);
+    // The obsolete persistent prevention values are refused.
+    invalid_cdb(&run(&dev, &n, &[0x1e, 0, 0, 0, 2, 0], None, 0).await);
+    invalid_cdb(&run(&dev, &n, &[0x1e, 0, 0, 0, 3, 0], None, 0).await);
+}
+
+// ---- SANITIZE in the background -------------------------------------------------------------
+
+/// A backstore whose writes wait until the test opens the gate.
+struct GatedStore {
+    inner: TestStore,
+    open: tokio::sync::watch::Sender<bool>,
+}
+
+impl GatedStore {
+    fn new() -> Arc<GatedStore> {
+        Arc::new(GatedStore {
+            inner: TestStore::new(),
+            open: tokio::sync::watch::channel(false).0,
+        })
+    }
+
+    fn open(&self) {
+        self.open.send_replace(true);
+    }
+}
+
+#[async_trait]
+impl Backstore for GatedStore {
+    fn info(&self) -> DeviceInfo {
+        self.inner.info()
+    }
+    async fn read(&self, offset: u64, buf: IoBuf) -> BufResult<()> {
+        self.inner.read(offset, buf).await
+    }
+    async fn write(&self, offset: u64, buf: IoBuf, fua: bool) -> BufResult<()> {
+        let mut rx = self.open.subscribe();
+        let _ = rx.wait_for(|o| *o).await;
+        self.inner.write(offset, buf, fua).await
+    }
+    async fn flush(&self) -> Result<(), BackstoreError> {
+        self.inner.flush().await
+    }
+    async fn unmap(&self, offset: u64, len: u64) -> Result<(), BackstoreError> {
+        self.inner.unmap(offset, len).await
+    }
+    async fn lba_status(&self, offset: u64, len: u64) -> Result<(bool, u64), BackstoreError> {
+        self.inner.lba_status(offset, len).await
+    }
+    async fn resize(&self, num_blocks: u64) -> Result<(), BackstoreError> {
+        self.inner.resize(num_blocks).await
+    }
+}
+
+fn overwrite_params(count: u8, pattern: &[u8]) -> Vec<u8> {
+    let mut p = vec![count, 0];
+    p.extend_from_slice(&(pattern.len() as u16).to_be_bytes());
+    p.extend_from_slice(pattern);
+    p
+}
+
+#[track_caller]
+fn sanitizing(r: &Response) {
+    check(r, key::NOT_READY, asc::SANITIZE_IN_PROGRESS);
+    // SKSV with a progress indication.
+    assert_eq!(r.sense.as_ref().unwrap()[15] & 0x80, 0x80);
+}
+
+/// Runs TEST UNIT READY until the sanitize operation has ended.
+async fn until_sanitized(dev: &Device, n: &Nexus) -> Response {
+    loop {
+        let r = run(dev, n, &[0; 6], None, 0).await;
+        let busy =
+            r.status == Status::CheckCondition && sense_of(&r) == (key::NOT_READY, 0x04, 0x1b);
+        if !busy {
+            return r;
+        }
+        tokio::task::yield_now().await;
+    }
+}
+
+#[tokio::test]
+async fn sanitize_runs_in_the_background() {
+    let store = GatedStore::new();
+    let dev = make_with(store.clone(), cfg());
+    let n = nx(1);
+    let n2 = nx(2);
+    ready(&dev, &n).await;
+    ready(&dev, &n2).await;
+    // IMMED=1: status once the parameters are validated.
+    let p = overwrite_params(1, &[0x5a]);
+    let mut c = sanitize(1, p.len() as u16);
+    c[1] |= 0x80;
+    good(&run(&dev, &n, &c, Some(&p), 0).await);
+    // Everything but the commands allowed during a sanitize is refused.
+    sanitizing(&run(&dev, &n, &[0; 6], None, 0).await);
+    sanitizing(&run(&dev, &n2, &rw16(0x88, 0, 1, 0), None, 512).await);
+    sanitizing(&run(&dev, &n, &[0x1b, 1, 0, 0, 0x13, 0], None, 0).await);
+    sanitizing(&run(&dev, &n, &[0x1a, 0, 0x3f, 0, 255, 0], None, 255).await);
+    sanitizing(&run(&dev, &n, &sanitize(2, 0), None, 0).await);
+    sanitizing(&run(&dev, &n, &sanitize(0x1f, 0), None, 0).await);
+    good(&run(&dev, &n, &[0x12, 0, 0, 0, 36, 0], None, 36).await);
+    good(&run(&dev, &n, &rsoc(false, 0, 0, 0), None, 4096).await);
+    // REQUEST SENSE reports the progress.
+    let d = data(&run(&dev, &n, &[0x03, 0, 0, 0, 18, 0], None, 18).await);
+    assert_eq!((d[2] & 0x0f, d[12], d[13]), (key::NOT_READY, 0x04, 0x1b));
+    assert_eq!(d[15] & 0x80, 0x80);
+    // Task management and nexus loss leave it running.
+    dev.abort_task_set(None);
+    dev.lun_reset(&n);
+    dev.nexus_loss(&n2);
+    check(
+        &run(&dev, &n, &[0; 6], None, 0).await,
+        key::UNIT_ATTENTION,
+        asc::BUS_DEVICE_RESET,
+    );
+    sanitizing(&run(&dev, &n, &[0; 6], None, 0).await);
+    check(
+        &run(&dev, &n2, &[0; 6], None, 0).await,
+        key::UNIT_ATTENTION,
+        asc::POWER_ON_RESET,
+    );
+    sanitizing(&run(&dev, &n2, &[0; 6], None, 0).await);
+    store.open();
+    good(&until_sanitized(&dev, &n).await);
+    assert!(read_blocks(&dev, &n, 0, 8).await.iter().all(|&x| x == 0x5a));
+    assert!(read_blocks(&dev, &n2, NB - 8, 8)
+        .await
+        .iter()
+        .all(|&x| x == 0x5a));
+}
+
+#[tokio::test]
+async fn sanitize_waits_until_aborted() {
+    let store = GatedStore::new();
+    let dev = make_with(store.clone(), cfg());
+    let n = nx(1);
+    ready(&dev, &n).await;
+    let p = overwrite_params(2, &[0x11, 0x22]);
+    let cmd = {
+        let dev = dev.clone();
+        let n = n.clone();
+        let c = sanitize(1, p.len() as u16);
+        tokio::spawn(async move {
+            dev.execute(
+                &n,
+                Command {
+                    cdb: c,
+                    data_out: Some(IoBuf::from_slice(&p)),
+                    expected_in_len: 0,
+                    attr: TaskAttr::Simple,
+                    tag: 7,
+                },
+            )
+            .await
+        })
+    };
+    while dev.lock().sanitize.waiting() == 0 {
+        tokio::task::yield_now().await;
+    }
+    // Another command's abort does not end the wait; aborting this one does, while the
+    // operation goes on.
+    dev.abort_task(&n, 8);
+    dev.abort_task(&nx(2), 7);
+    assert!(!cmd.is_finished());
+    dev.abort_task(&n, 7);
+    let r = cmd.await.unwrap();
+    check(&r, key::ABORTED_COMMAND, asc::NO_ADDITIONAL);
+    assert_eq!(dev.lock().sanitize.waiting(), 0);
+    sanitizing(&run(&dev, &n, &[0; 6], None, 0).await);
+    store.open();
+    good(&until_sanitized(&dev, &n).await);
+    // Two passes: the last one writes the pattern itself.
+    let d = read_blocks(&dev, &n, 0, 1).await;
+    assert_eq!(&d[..4], &[0x11, 0x22, 0x11, 0x22]);
+}
+
+#[tokio::test]
+async fn sanitize_overwrite_invert_ends_with_the_pattern() {
+    let (dev, n) = setup().await;
+    for count in 1..=4u8 {
+        let mut p = overwrite_params(count, &[0x0f]);
+        p[0] |= 0x80;
+        good(&run(&dev, &n, &sanitize(1, p.len() as u16), Some(&p), 0).await);
+        assert!(read_blocks(&dev, &n, 0, 4).await.iter().all(|&x| x == 0x0f));
+    }
+}
+
+#[tokio::test]
+async fn sanitize_failure_mode() {
+    let store = Arc::new(TestStore::new());
+    let dev = make_with(
+        store.clone(),
+        DeviceConfig {
+            thin: false,
+            ..cfg()
+        },
+    );
+    let n = nx(1);
+    ready(&dev, &n).await;
+    let fail = |errno: i32| {
+        store
+            .fail
+            .store(errno, std::sync::atomic::Ordering::Relaxed)
+    };
+    let failed = |r: &Response| check(r, key::MEDIUM_ERROR, asc::SANITIZE_COMMAND_FAILED);
+    // A failed sanitize (AUSE=0) fails medium access until a sanitize succeeds.
+    fail(libc::EIO);
+    failed(&run(&dev, &n, &sanitize(3, 0), None, 0).await);
+    fail(0);
+    failed(&run(&dev, &n, &[0; 6], None, 0).await);
+    failed(&run(&dev, &n, &rw10(0x28, 0, 1, 0), None, 512).await);
+    let d = data(&run(&dev, &n, &[0x03, 0, 0, 0, 18, 0], None, 18).await);
+    assert_eq!((d[2] & 0x0f, d[12], d[13]), (key::MEDIUM_ERROR, 0x31, 0x03));
+    good(&run(&dev, &n, &[0x12, 0, 0, 0, 36, 0], None, 36).await);
+    // Restricted completion mode: no EXIT FAILURE MODE, no AUSE=1.
+    invalid_cdb(&run(&dev, &n, &sanitize(0x1f, 0), None, 0).await);
+    invalid_cdb(&run(&dev, &n, &sanitize(0x23, 0), None, 0).await);
+    good(&run(&dev, &n, &sanitize(3, 0), None, 0).await);
+    good(&run(&dev, &n, &[0; 6], None, 0).await);
+    // After a failure with AUSE=1, EXIT FAILURE MODE leaves it.
+    fail(libc::EIO);
+    failed(&run(&dev, &n, &sanitize(0x23, 0), None, 0).await);
+    fail(0);
+    failed(&run(&dev, &n, &[0; 6], None, 0).await);
+    good(&run(&dev, &n, &sanitize(0x1f, 0), None, 0).await);
+    good(&run(&dev, &n, &[0; 6], None, 0).await);
+    // Without a failure EXIT FAILURE MODE has nothing to do.
+    good(&run(&dev, &n, &sanitize(0x1f, 0), None, 0).await);
 }
 
 // ---- robustness ------------------------------------------------------------------------------

@@ -11,6 +11,9 @@ pub enum UnitAttention {
     PowerOn,
     /// BUS DEVICE RESET FUNCTION OCCURRED (29h/03h): LOGICAL UNIT RESET (SAM-5 7.7).
     LunReset,
+    /// NOT READY TO READY CHANGE, MEDIUM MAY HAVE CHANGED (28h/00h): a removable medium
+    /// was loaded.
+    MediumChanged,
     /// MODE PARAMETERS CHANGED (2Ah/01h).
     ModeParametersChanged,
     /// RESERVATIONS PREEMPTED (2Ah/03h).
@@ -30,6 +33,7 @@ impl UnitAttention {
         match self {
             UnitAttention::PowerOn => asc::POWER_ON_RESET,
             UnitAttention::LunReset => asc::BUS_DEVICE_RESET,
+            UnitAttention::MediumChanged => asc::NOT_READY_TO_READY_CHANGE,
             UnitAttention::ModeParametersChanged => asc::MODE_PARAMETERS_CHANGED,
             UnitAttention::ReservationsPreempted => asc::RESERVATIONS_PREEMPTED,
             UnitAttention::ReservationsReleased => asc::RESERVATIONS_RELEASED,

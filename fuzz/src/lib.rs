@@ -1,0 +1,32 @@
+//! rtgt's fuzz targets: one function per parser, taking arbitrary bytes.
+//!
+//! Each function is the body of the libFuzzer binary of the same name in `fuzz_targets/`
+//! (built by `cargo fuzz` with the `libfuzzer` feature) and is run by `tests/smoke.rs` over
+//! the seed corpus in `seeds/NAME/` and deterministic mutations of it. A function panics only
+//! when the code under test panics or breaks a property the function checks; rejecting the
+//! input is not a failure.
+
+mod config;
+mod iscsi;
+mod scsi;
+mod transport;
+
+pub use config::config_yaml;
+pub use iscsi::{iscsi_bhs, iscsi_login, iscsi_text};
+pub use scsi::{scsi_cdb, scsi_params};
+pub use transport::{transport_cm, transport_packet};
+
+/// The body of a fuzz target: any bytes are a valid argument.
+pub type Body = fn(&[u8]);
+
+/// Every target by name (the name of its binary and of its seed directory).
+pub const TARGETS: &[(&str, Body)] = &[
+    ("config_yaml", config_yaml),
+    ("iscsi_bhs", iscsi_bhs),
+    ("iscsi_login", iscsi_login),
+    ("iscsi_text", iscsi_text),
+    ("scsi_cdb", scsi_cdb),
+    ("scsi_params", scsi_params),
+    ("transport_cm", transport_cm),
+    ("transport_packet", transport_packet),
+];
