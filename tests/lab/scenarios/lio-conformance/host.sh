@@ -20,5 +20,5 @@ host_run() {
     local line
     line=$(grep -E '^lio-conformance: [0-9]+ passed, [0-9]+ failed, [0-9]+ skipped' "$LAB_WORK/conformance.out") ||
         return 1
-    lab_report "$line"
+    lab_report "kernel target reference score, $line"
 }
