@@ -199,7 +199,9 @@ fn libiscsi_conformance() {
     let _ = writeln!(
         std::io::stderr(),
         "conformance: {} passed, {} failed, {} skipped",
-        total.passed, total.failed, total.skipped
+        total.passed,
+        total.failed,
+        total.skipped
     );
     assert!(
         daemon.is_running(),

@@ -83,6 +83,17 @@ impl UdpNetDev {
                 setsockopt_int(fd, libc::SOL_UDP, libc::UDP_NO_CHECK6_RX, 1)?;
             }
         }
+        // Bursts of a whole message window must not overflow the socket buffers (a UDP socket
+        // drops what does not fit, and the transport then waits for its retransmit timer).
+        // Privileged processes get the size past net.core.[rw]mem_max; others what it allows.
+        for (force, plain) in [
+            (libc::SO_RCVBUFFORCE, libc::SO_RCVBUF),
+            (libc::SO_SNDBUFFORCE, libc::SO_SNDBUF),
+        ] {
+            if setsockopt_int(fd, libc::SOL_SOCKET, force, SOCKET_BUFFER).is_err() {
+                let _ = setsockopt_int(fd, libc::SOL_SOCKET, plain, SOCKET_BUFFER);
+            }
+        }
         let local = std_sock.local_addr()?;
         Ok(UdpNetDev {
             socket: tokio::net::UdpSocket::from_std(std_sock)?,
@@ -268,6 +279,8 @@ impl NetDev for UdpNetDev {
 
 /// Datagrams per `sendmmsg`/`recvmmsg` call.
 const BATCH: usize = 32;
+/// Requested SO_RCVBUF / SO_SNDBUF (the kernel doubles it for its bookkeeping).
+const SOCKET_BUFFER: i32 = 8 << 20;
 /// Receive buffer per datagram: a 4096-byte MTU packet with all headers fits.
 const RX_BUF: usize = 8192;
 
@@ -404,6 +417,22 @@ mod sys {
         };
         if r < 0 {
             return Err(io::Error::last_os_error());
+        }
+        // A peer's burst (a whole message window) must fit, as for the UDP socket.
+        if super::setsockopt_int(
+            owned.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_RCVBUFFORCE,
+            super::SOCKET_BUFFER,
+        )
+        .is_err()
+        {
+            let _ = super::setsockopt_int(
+                owned.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_RCVBUF,
+                super::SOCKET_BUFFER,
+            );
         }
         Ok(owned)
     }

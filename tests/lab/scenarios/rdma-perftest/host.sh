@@ -1,0 +1,50 @@
+# shellcheck shell=bash
+# Host side of rdma-perftest: `rtgt-rdma perftest` (rtgt's software RoCEv2 stack on UDP 4791 of
+# the host address) serves one run of each perftest client the guest starts on rxe0.
+
+PT_TESTS=${PT_TESTS:-"write read send"}
+PT_SIZE=${PT_SIZE:-65536}
+PT_ITERS=${PT_ITERS:-200}
+
+host_setup() {
+    RTGT_RDMA=${RTGT_RDMA:-}
+    if [[ -z $RTGT_RDMA && -n ${RTGTD:-} ]]; then
+        RTGT_RDMA=$(dirname "$RTGTD")/rtgt-rdma
+    fi
+    [[ -x $RTGT_RDMA ]] || lab_skip "no rtgt-rdma binary (set RTGT_RDMA, or RTGTD to a sibling build)"
+    echo "RTGT_RDMA=$RTGT_RDMA" >"$LAB_WORK/rtgt-rdma.env"
+    lab_guest_export PT_TESTS="$PT_TESTS" PT_SIZE="$PT_SIZE" PT_ITERS="$PT_ITERS"
+}
+
+host_run() {
+    # shellcheck source=/dev/null
+    source "$LAB_WORK/rtgt-rdma.env"
+    local t name status
+    for t in $PT_TESTS; do
+        name=rtgt-perftest-$t
+        lab_start_daemon "$name" "$RTGT_RDMA" perftest --test "$t" --local "$LAB_HOST_IP" \
+            -s "$PT_SIZE" --timeout 300
+        lab_signal "host-ready-$t"
+        status=$(lab_daemon_status "$name" 320) || {
+            echo "$name did not finish"
+            return 1
+        }
+        cat "$LAB_RESULTS/$name.log"
+        if ((status != 0)); then
+            echo "$name failed with status $status"
+            return 1
+        fi
+    done
+}
+
+host_check() {
+    if grep -l 'panicked' "$LAB_RESULTS"/rtgt-*.log 2>/dev/null; then
+        echo "rtgt-rdma panicked"
+        return 1
+    fi
+    local f
+    for f in "$LAB_SHARE"/out/ib_*_bw.log; do
+        [[ -f $f ]] || continue
+        lab_report "${f##*/}: $(awk '$1 == '"$PT_SIZE"' { print "BW average " $4 " Gb/s, " $5 " Mpps" }' "$f")"
+    done
+}

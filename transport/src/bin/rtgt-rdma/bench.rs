@@ -1,0 +1,427 @@
+//! `rtgt-rdma bench`: two rtgt devices over UDP on 127.0.0.1 (two ports) in one process: RDMA
+//! WRITE and READ bandwidth, SEND round-trip latency, next to the ceiling of the same UDP path
+//! without the transport engine (the same netdev, `sendmmsg`/`recvmmsg` batches of 32, 4 KiB
+//! datagrams with BTH and ICRC) measured in the same run.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use clap::Args;
+use rtgt_transport::netdev::udp::UdpNetDev;
+use rtgt_transport::netdev::{AsyncNetDev, NetDev};
+use rtgt_transport::verbs::*;
+use rtgt_transport::wire::{datagram, ipv4, IpRepr};
+
+use super::{connect_rc, err, open_hca, Hca, Result};
+
+#[derive(Args, Clone)]
+pub(crate) struct BenchArgs {
+    /// Seconds per bandwidth measurement.
+    #[arg(long, default_value_t = 2.0)]
+    pub seconds: f64,
+    /// Round trips of the latency measurements.
+    #[arg(long, default_value_t = 2000)]
+    pub rtts: u32,
+    /// First of the two UDP ports on 127.0.0.1.
+    #[arg(long, default_value_t = 47910)]
+    pub port: u16,
+    /// Path MTU (the links are loopback; 4096 is what a 9000-byte Ethernet would give).
+    #[arg(short = 'm', long, default_value_t = 4096)]
+    pub mtu: usize,
+    /// RDMA operations kept in flight.
+    #[arg(long, default_value_t = 8)]
+    pub depth: u32,
+}
+
+const LO: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
+const REGION: usize = 16 << 20;
+/// Datagrams the raw sender keeps in flight.
+const RAW_WINDOW: u64 = 512;
+
+struct End {
+    hca: Hca,
+    _pd: Pd,
+    cq: Cq,
+    qp: Qp,
+    mr: Mr,
+}
+
+fn end(rt: &tokio::runtime::Runtime, port: u16, peer: u16) -> Result<End> {
+    let hca = open_hca(rt, SocketAddr::new(LO, port), 9000, None, Some(peer))?;
+    let pd = hca.dev.alloc_pd().map_err(err("alloc PD"))?;
+    let cq = hca.dev.create_cq(1024).map_err(err("create CQ"))?;
+    let mut init = QpInitAttr::new(QpType::Rc, &cq, &cq);
+    init.cap.max_send_wr = 256;
+    init.cap.max_recv_wr = 256;
+    let qp = pd.create_qp(init).map_err(err("create QP"))?;
+    let access = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ;
+    let mr = pd
+        .reg_mr(Arc::new(Region::zeroed(REGION)), access)
+        .map_err(err("register MR"))?;
+    Ok(End {
+        hca,
+        _pd: pd,
+        cq,
+        qp,
+        mr,
+    })
+}
+
+/// Waits for `n` successful completions on `cq`.
+async fn reap(cq: &Cq, n: usize) -> Result<()> {
+    let mut got = 0;
+    let mut wcs = Vec::new();
+    while got < n {
+        cq.wait_nonempty().await;
+        wcs.clear();
+        cq.poll_into(&mut wcs, 64);
+        for wc in &wcs {
+            if wc.status != WcStatus::Success {
+                return Err(format!("completion {:?}", wc.status));
+            }
+        }
+        got += wcs.len();
+    }
+    Ok(())
+}
+
+/// Bytes per second of RDMA WRITE or READ of `size` from `a` to `b`, `depth` in flight.
+fn rdma_bw(
+    rt: &tokio::runtime::Runtime,
+    a: &End,
+    b: &End,
+    size: usize,
+    read: bool,
+    depth: u32,
+    secs: f64,
+) -> Result<f64> {
+    let slots = (REGION / size).max(1);
+    let post = |i: u64| {
+        let off = (i as usize % slots) * size;
+        let remote_addr = b.mr.iova() + off as u64;
+        let op = if read {
+            SendOp::RdmaRead {
+                remote_addr,
+                rkey: b.mr.rkey(),
+            }
+        } else {
+            SendOp::RdmaWrite {
+                remote_addr,
+                rkey: b.mr.rkey(),
+            }
+        };
+        a.qp.post_send(SendWr::new(i, op, vec![a.mr.sge(off, size as u32)]))
+            .map_err(err("post send"))
+    };
+    rt.block_on(async {
+        let mut posted = 0u64;
+        for _ in 0..depth {
+            post(posted)?;
+            posted += 1;
+        }
+        let start = Instant::now();
+        let until = Duration::from_secs_f64(secs);
+        let mut done = 0u64;
+        let mut wcs = Vec::new();
+        while start.elapsed() < until {
+            let w = tokio::time::timeout(Duration::from_secs(10), a.cq.wait_nonempty()).await;
+            if w.is_err() {
+                return Err(format!("stalled after {done} operations"));
+            }
+            wcs.clear();
+            a.cq.poll_into(&mut wcs, 64);
+            for wc in &wcs {
+                if wc.status != WcStatus::Success {
+                    return Err(format!("completion {:?}", wc.status));
+                }
+                done += 1;
+                post(posted)?;
+                posted += 1;
+            }
+        }
+        let elapsed = start.elapsed().as_secs_f64();
+        reap(&a.cq, (posted - done) as usize).await?;
+        Ok(done as f64 * size as f64 / elapsed)
+    })
+}
+
+/// Mean SEND round trip of `size` bytes: `a` sends, `b` answers each receive with a SEND.
+fn send_rtt(rt: &tokio::runtime::Runtime, a: &End, b: &End, size: usize, n: u32) -> Result<f64> {
+    for e in [a, b] {
+        for i in 0..64u64 {
+            e.qp.post_recv(RecvWr {
+                wr_id: i,
+                sg_list: vec![e.mr.sge(REGION / 2 + i as usize * size, size as u32)],
+            })
+            .map_err(err("post receive"))?;
+        }
+    }
+    let send = |e: &End, id: u64| {
+        e.qp.post_send(SendWr::new(
+            1 << 32 | id,
+            SendOp::Send,
+            vec![e.mr.sge(0, size as u32)],
+        ))
+        .map_err(err("post send"))
+    };
+    // One side's step: wait for the receive (and the own send's completion), repost, answer.
+    async fn step(e: &End, want_send: bool) -> Result<u64> {
+        let mut recv = None;
+        let mut sent = !want_send;
+        let mut wcs = Vec::new();
+        while recv.is_none() || !sent {
+            let w = tokio::time::timeout(Duration::from_secs(10), e.cq.wait_nonempty()).await;
+            if w.is_err() {
+                return Err("SEND round trip stalled".into());
+            }
+            wcs.clear();
+            e.cq.poll_into(&mut wcs, 8);
+            for wc in &wcs {
+                if wc.status != WcStatus::Success {
+                    return Err(format!("completion {:?}", wc.status));
+                }
+                if wc.wr_id >> 32 == 1 {
+                    sent = true;
+                } else {
+                    recv = Some(wc.wr_id);
+                }
+            }
+        }
+        recv.ok_or_else(|| "no receive".to_string())
+    }
+    rt.block_on(async {
+        let start = Instant::now();
+        let mut b_pending = false;
+        for i in 0..n as u64 {
+            send(a, i)?;
+            let r = step(b, b_pending).await?;
+            b.qp.post_recv(RecvWr {
+                wr_id: r,
+                sg_list: vec![b.mr.sge(REGION / 2 + r as usize * size, size as u32)],
+            })
+            .map_err(err("post receive"))?;
+            send(b, i)?;
+            b_pending = true;
+            let r = step(a, true).await?;
+            a.qp.post_recv(RecvWr {
+                wr_id: r,
+                sg_list: vec![a.mr.sge(REGION / 2 + r as usize * size, size as u32)],
+            })
+            .map_err(err("post receive"))?;
+        }
+        let rtt = start.elapsed().as_secs_f64() / n as f64;
+        reap(&b.cq, 1).await?;
+        Ok(rtt)
+    })
+}
+
+/// A RoCEv2 datagram (IPv4, UDP, BTH, `payload` bytes, ICRC) from 127.0.0.1 to `dport`.
+fn raw_datagram(dport: u16, payload: usize) -> Result<Vec<u8>> {
+    let roce_len = 12 + payload + 4;
+    let ip = IpRepr::V4(ipv4::Repr {
+        src_addr: Ipv4Addr::LOCALHOST,
+        dst_addr: Ipv4Addr::LOCALHOST,
+        protocol: ipv4::PROTOCOL_UDP,
+        payload_len: 0,
+        ttl: 64,
+        tos: 0,
+        ident: 0,
+        dont_frag: true,
+    });
+    let mut d = vec![0u8; 28 + roce_len];
+    datagram::emit_headers(&ip, 0xc000, dport, roce_len, &mut d).map_err(|e| format!("{e:?}"))?;
+    d[28] = 0x04; // RC SEND_ONLY
+    d[30] = 0xff; // P_Key 0xffff
+    d[31] = 0xff;
+    d[35] = 0x11; // destination QP 0x11 (none exists: this is the bare netdev)
+    Ok(d)
+}
+
+fn raw_pair(rt: &tokio::runtime::Runtime, port: u16) -> Result<(UdpNetDev, UdpNetDev)> {
+    let _g = rt.enter();
+    let mut a = UdpNetDev::bind(SocketAddr::new(LO, port)).map_err(err("bind"))?;
+    let mut b = UdpNetDev::bind(SocketAddr::new(LO, port + 1)).map_err(err("bind"))?;
+    a.peer_port = port + 1;
+    b.peer_port = port;
+    Ok((a, b))
+}
+
+/// Bytes per second of 4 KiB payloads through the bare netdevs (sendmmsg batches of 32).
+fn raw_bw(rt: &tokio::runtime::Runtime, port: u16, secs: f64) -> Result<f64> {
+    let (mut a, mut b) = raw_pair(rt, port)?;
+    let batch: Vec<Vec<u8>> = (0..32)
+        .map(|_| raw_datagram(port + 1, 4096))
+        .collect::<Result<_>>()?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let bytes = Arc::new(AtomicU64::new(0));
+    let count = Arc::new(AtomicU64::new(0));
+    let rx = {
+        let (stop, bytes, count) = (stop.clone(), bytes.clone(), count.clone());
+        rt.spawn(async move {
+            let mut got = Vec::new();
+            while !stop.load(Ordering::Relaxed) {
+                let _ = tokio::time::timeout(Duration::from_millis(50), AsyncNetDev::readable(&b))
+                    .await;
+                got.clear();
+                while b.receive_batch(&mut got, 32).unwrap_or(0) > 0 {
+                    let n: usize = got.iter().map(|d| d.len().saturating_sub(28 + 16)).sum();
+                    bytes.fetch_add(n as u64, Ordering::Relaxed);
+                    count.fetch_add(got.len() as u64, Ordering::Relaxed);
+                    got.clear();
+                }
+            }
+        })
+    };
+    let tx = {
+        let (stop, count) = (stop.clone(), count.clone());
+        rt.spawn(async move {
+            // A window of datagrams in flight, as the transport keeps, so that the receiver's
+            // socket buffer does not overflow; a stalled window (datagrams lost) restarts.
+            let mut sent = 0u64;
+            let mut stalled = Instant::now();
+            while !stop.load(Ordering::Relaxed) {
+                let got = count.load(Ordering::Relaxed);
+                if sent.saturating_sub(got) + batch.len() as u64 > RAW_WINDOW {
+                    if stalled.elapsed() > Duration::from_millis(2) {
+                        sent = got;
+                    }
+                    tokio::task::yield_now().await;
+                    continue;
+                }
+                if a.transmit_batch(&batch).is_err() {
+                    break;
+                }
+                sent += batch.len() as u64;
+                stalled = Instant::now();
+                tokio::task::yield_now().await;
+            }
+        })
+    };
+    std::thread::sleep(Duration::from_millis(200));
+    let b0 = bytes.load(Ordering::Relaxed);
+    let t0 = Instant::now();
+    std::thread::sleep(Duration::from_secs_f64(secs));
+    let b1 = bytes.load(Ordering::Relaxed);
+    let el = t0.elapsed().as_secs_f64();
+    stop.store(true, Ordering::Relaxed);
+    let _ = rt.block_on(async { tokio::join!(rx, tx) });
+    Ok((b1 - b0) as f64 / el)
+}
+
+/// One round trip of `wait` at most; false if the datagram or its echo was lost (a socket whose
+/// writability the runtime has not seen yet drops the first datagrams).
+async fn round(a: &mut UdpNetDev, ping: &[u8], wait: Duration) -> bool {
+    let _ = a.transmit(ping);
+    let until = Instant::now() + wait;
+    let mut got = Vec::new();
+    loop {
+        if a.receive_batch(&mut got, 1).unwrap_or(0) > 0 {
+            return true;
+        }
+        let left = until.saturating_duration_since(Instant::now());
+        if left.is_zero()
+            || tokio::time::timeout(left, AsyncNetDev::readable(a))
+                .await
+                .is_err()
+        {
+            return false;
+        }
+    }
+}
+
+/// Mean round trip of one 4 KiB datagram through the bare netdevs (echoed by the other end).
+fn raw_rtt(rt: &tokio::runtime::Runtime, port: u16, n: u32) -> Result<f64> {
+    let (mut a, mut b) = raw_pair(rt, port)?;
+    let ping = raw_datagram(port + 1, 4096)?;
+    let pong = raw_datagram(port, 4096)?;
+    rt.block_on(async move {
+        let echo = tokio::spawn(async move {
+            let mut got = Vec::new();
+            loop {
+                got.clear();
+                if b.receive_batch(&mut got, 8).unwrap_or(0) > 0 {
+                    let _ = b.transmit_batch(std::slice::from_ref(&pong));
+                } else if AsyncNetDev::readable(&b).await.is_err() {
+                    return;
+                }
+            }
+        });
+        let mut warm = 0;
+        while !round(&mut a, &ping, Duration::from_millis(20)).await {
+            warm += 1;
+            if warm > 100 {
+                echo.abort();
+                return Err("raw UDP round trip: no echo".to_string());
+            }
+        }
+        let start = Instant::now();
+        for i in 0..n {
+            if !round(&mut a, &ping, Duration::from_secs(5)).await {
+                echo.abort();
+                return Err(format!("raw UDP round trip {i} lost"));
+            }
+        }
+        let rtt = start.elapsed().as_secs_f64() / n as f64;
+        echo.abort();
+        Ok(rtt)
+    })
+}
+
+pub(crate) fn run_bench(rt: &tokio::runtime::Runtime, a: &BenchArgs) -> Result<()> {
+    let mtu = Mtu::from_bytes(a.mtu).ok_or_else(|| format!("bad MTU {}", a.mtu))?;
+    let secs = a.seconds.clamp(0.1, 600.0);
+    let rtts = a.rtts.max(10);
+    let p = a.port;
+    let raw = raw_bw(rt, p + 2, secs)?;
+    let raw_rt = raw_rtt(rt, p + 4, rtts)?;
+    let x = end(rt, p, p + 1)?;
+    let y = end(rt, p + 1, p)?;
+    let access = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ;
+    connect_rc(&x.qp, LO, y.qp.qpn(), 100, 200, mtu, access)?;
+    connect_rc(&y.qp, LO, x.qp.qpn(), 200, 100, mtu, access)?;
+    let mut rows = Vec::new();
+    for (name, read) in [("RDMA WRITE", false), ("RDMA READ", true)] {
+        for size in [64 << 10, 1 << 20] {
+            let bw = rdma_bw(rt, &x, &y, size, read, a.depth, secs)?;
+            rows.push((
+                format!("{name} bandwidth"),
+                format!("{} KiB", size >> 10),
+                format!("{:.0} MB/s", bw / 1e6),
+                format!("{:.0} MB/s", raw / 1e6),
+                bw / raw,
+            ));
+        }
+    }
+    let rtt = send_rtt(rt, &x, &y, 4096, rtts)?;
+    rows.push((
+        "SEND round trip".into(),
+        "4 KiB".into(),
+        format!("{:.1} us", rtt * 1e6),
+        format!("{:.1} us", raw_rt * 1e6),
+        raw_rt / rtt,
+    ));
+    let sx = x.hca.dev.stats();
+    let sy = y.hca.dev.stats();
+    println!(
+        "rtgt-rdma bench: 127.0.0.1 UDP ports {p}/{}, path MTU {}, {} in flight, {secs} s each",
+        p + 1,
+        mtu.bytes(),
+        a.depth
+    );
+    println!(
+        "{:<20} {:>8} {:>14} {:>22} {:>7}",
+        "test", "size", "rtgt", "raw UDP (4 KiB, x32)", "ratio"
+    );
+    for (t, s, v, r, q) in &rows {
+        println!("{t:<20} {s:>8} {v:>14} {r:>22} {q:>7.2}");
+    }
+    println!(
+        "retransmits {}, NAKs {}, dropped {}",
+        sx.retransmits + sy.retransmits,
+        sx.naks_sent + sy.naks_sent,
+        sx.rx_dropped + sy.rx_dropped
+    );
+    Ok(())
+}

@@ -1,0 +1,664 @@
+//! `rtgt-rdma`: RDMA test tools on rtgt's software RoCEv2 stack over a UDP socket on port 4791.
+//!
+//! * `rc-pingpong`: wire-compatible with rdma-core's `ibv_rc_pingpong` (server or client);
+//! * `ud-pingpong`: wire-compatible with rdma-core's `ibv_ud_pingpong`;
+//! * `perftest`: the server side of perftest's `ib_write_bw` / `ib_read_bw` / `ib_send_bw`;
+//! * `bench`: two devices over UDP on 127.0.0.1 in one process, next to a raw UDP ceiling.
+//!
+//! The pingpong tools exchange `LLLL:QQQQQQ:PPPPPP:GGGG...` (LID, QPN, PSN, GID as 32 hex digits)
+//! over TCP, as the rdma-core examples do, then bounce SENDs of `--size` bytes `--iters` times.
+//! Every message rtgt sends carries a pattern of its own (one per iteration); the rdma-core tools
+//! send back the buffer they received into, so rtgt checks each message it receives against the
+//! pattern of the message it answers (`--no-check` turns this off, e.g. between two rtgt ends).
+
+use std::io::{Read, Write};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use clap::{Args, Parser, Subcommand};
+use rtgt_transport::netdev::udp::{run, UdpNetDev};
+use rtgt_transport::verbs::*;
+
+mod bench;
+mod perftest;
+
+#[derive(Parser)]
+#[command(
+    name = "rtgt-rdma",
+    about = "RDMA test tools on rtgt's software RoCEv2 stack"
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// RC SEND ping-pong, compatible with ibv_rc_pingpong.
+    RcPingpong(PpArgs),
+    /// UD SEND ping-pong, compatible with ibv_ud_pingpong.
+    UdPingpong(PpArgs),
+    /// Server for perftest's ib_write_bw, ib_read_bw and ib_send_bw (RC, one client run).
+    Perftest(perftest::PerftestArgs),
+    /// Loopback benchmark: two rtgt devices over UDP on 127.0.0.1 and a raw UDP ceiling.
+    Bench(bench::BenchArgs),
+}
+
+#[derive(Args, Clone)]
+struct PpArgs {
+    /// Wait for a client (the default without a server name).
+    #[arg(long)]
+    server: bool,
+    /// The server to connect to (client mode).
+    servername: Option<String>,
+    /// Local IPv4/IPv6 address for RoCEv2 (UDP 4791); the client defaults to the address
+    /// its TCP connection to the server uses.
+    #[arg(long)]
+    local: Option<IpAddr>,
+    /// TCP port of the address exchange.
+    #[arg(short = 'p', long, default_value_t = 18515)]
+    port: u16,
+    /// Message size in bytes.
+    #[arg(short = 's', long, default_value_t = 4096)]
+    size: u32,
+    /// Number of exchanges.
+    #[arg(short = 'n', long, default_value_t = 1000)]
+    iters: u32,
+    /// Path MTU (256, 512, 1024, 2048, 4096).
+    #[arg(short = 'm', long, default_value_t = 1024)]
+    mtu: usize,
+    /// Receives kept posted.
+    #[arg(short = 'r', long, default_value_t = 8)]
+    rx_depth: u32,
+    /// Accepted for compatibility with the rdma-core tools (rtgt has one GID per address).
+    #[arg(short = 'g', long)]
+    gid_idx: Option<u32>,
+    /// Accepted for compatibility (rtgt has one device).
+    #[arg(short = 'd', long)]
+    ib_dev: Option<String>,
+    /// Ethernet MTU of the link (the port MTU follows as in rxe: 1500 gives 1024).
+    #[arg(long, default_value_t = 1500)]
+    eth_mtu: usize,
+    /// Receive through an AF_PACKET socket on this interface so that ICRCs are verified.
+    #[arg(long)]
+    packet_rx: Option<String>,
+    /// Do not check the payload of received messages.
+    #[arg(long)]
+    no_check: bool,
+    /// Give up after this many seconds.
+    #[arg(long, default_value_t = 120)]
+    timeout: u64,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    // The bench runs two devices (and a raw sender and receiver): one worker each.
+    let workers = if matches!(cli.cmd, Cmd::Bench(_)) {
+        2
+    } else {
+        1
+    };
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(workers)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("rtgt-rdma: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let r = match cli.cmd {
+        Cmd::RcPingpong(a) => pingpong(&rt, &a, QpType::Rc),
+        Cmd::UdPingpong(a) => pingpong(&rt, &a, QpType::Ud),
+        Cmd::Perftest(a) => perftest::run_perftest(&rt, &a),
+        Cmd::Bench(a) => bench::run_bench(&rt, &a),
+    };
+    match r {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("rtgt-rdma: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+pub(crate) type Result<T> = std::result::Result<T, String>;
+
+pub(crate) fn err<E: std::fmt::Display>(what: &str) -> impl FnOnce(E) -> String + '_ {
+    move |e| format!("{what}: {e}")
+}
+
+/// The address of a pingpong end as the rdma-core examples exchange it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Dest {
+    lid: u32,
+    qpn: u32,
+    psn: u32,
+    gid: Gid,
+}
+
+/// `sizeof "0000:000000:000000:00000000000000000000000000000000"`, NUL included.
+const MSG_LEN: usize = 52;
+
+impl Dest {
+    /// `%04x:%06x:%06x:%s` with the GID as 32 hex digits (byte order as on the wire), NUL
+    /// padded to [`MSG_LEN`].
+    fn encode(&self) -> [u8; MSG_LEN] {
+        let mut s = format!("{:04x}:{:06x}:{:06x}:", self.lid, self.qpn, self.psn);
+        for b in self.gid.0 {
+            s.push_str(&format!("{b:02x}"));
+        }
+        let mut out = [0u8; MSG_LEN];
+        let n = s.len().min(MSG_LEN - 1);
+        out[..n].copy_from_slice(&s.as_bytes()[..n]);
+        out
+    }
+
+    fn decode(msg: &[u8]) -> Option<Dest> {
+        let end = msg.iter().position(|&b| b == 0).unwrap_or(msg.len());
+        let s = std::str::from_utf8(&msg[..end]).ok()?;
+        let mut it = s.splitn(4, ':');
+        let lid = u32::from_str_radix(it.next()?, 16).ok()?;
+        let qpn = u32::from_str_radix(it.next()?, 16).ok()?;
+        let psn = u32::from_str_radix(it.next()?, 16).ok()?;
+        let g = it.next()?.trim();
+        if g.len() != 32 || !g.is_ascii() {
+            return None;
+        }
+        let mut gid = [0u8; 16];
+        for (i, b) in gid.iter_mut().enumerate() {
+            *b = u8::from_str_radix(&g[2 * i..2 * i + 2], 16).ok()?;
+        }
+        Some(Dest {
+            lid,
+            qpn: qpn & 0xFF_FFFF,
+            psn: psn & 0xFF_FFFF,
+            gid: Gid(gid),
+        })
+    }
+}
+
+/// The pattern of message `iter` sent by an end with `seed`: position-dependent bytes.
+fn pattern(seed: u32, iter: u32, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9) ^ iter.wrapping_mul(0x85EB_CA6B) ^ 0x2545_F491;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            x as u8
+        })
+        .collect()
+}
+
+pub(crate) fn psn_seed() -> u32 {
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    (t.subsec_nanos() ^ (t.as_secs() as u32) ^ std::process::id().rotate_left(16)) & 0xFF_FFFF
+}
+
+fn read_full(s: &mut TcpStream, buf: &mut [u8]) -> Result<()> {
+    s.read_exact(buf).map_err(err("exchange: read"))
+}
+
+/// The TCP side of the exchange, before the QP exists (the client needs its local address).
+enum Conn {
+    Server(TcpListener),
+    Client(TcpStream),
+}
+
+fn open_conn(a: &PpArgs, deadline: Instant) -> Result<Conn> {
+    match (&a.servername, a.server) {
+        (Some(_), true) => Err("--server and a server name exclude each other".into()),
+        (None, _) => {
+            let l = TcpListener::bind((Ipv4Addr::UNSPECIFIED, a.port))
+                .map_err(err("exchange: cannot listen"))?;
+            Ok(Conn::Server(l))
+        }
+        (Some(name), false) => {
+            let addrs: Vec<SocketAddr> = (name.as_str(), a.port)
+                .to_socket_addrs()
+                .map_err(err("exchange: cannot resolve the server"))?
+                .collect();
+            // The server may not listen yet: retry until the deadline.
+            loop {
+                for sa in &addrs {
+                    if let Ok(s) = TcpStream::connect_timeout(sa, Duration::from_secs(2)) {
+                        return Ok(Conn::Client(s));
+                    }
+                }
+                if Instant::now() >= deadline {
+                    return Err(format!("exchange: cannot connect to {name}:{}", a.port));
+                }
+                std::thread::sleep(Duration::from_millis(200));
+            }
+        }
+    }
+}
+
+/// An rtgt device on a UDP socket, run by the runtime until dropped.
+pub(crate) struct Hca {
+    pub dev: Device,
+    task: tokio::task::JoinHandle<std::io::Result<()>>,
+}
+
+impl Drop for Hca {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+pub(crate) fn open_hca(
+    rt: &tokio::runtime::Runtime,
+    local: SocketAddr,
+    eth_mtu: usize,
+    packet_rx: Option<&str>,
+    peer_port: Option<u16>,
+) -> Result<Hca> {
+    let _g = rt.enter();
+    let mut nd = match packet_rx {
+        Some(ifname) => UdpNetDev::bind_with_packet_rx(local, ifname),
+        None => UdpNetDev::bind(local),
+    }
+    .map_err(err(&format!("cannot bind UDP {local}")))?;
+    if let Some(p) = peer_port {
+        nd.peer_port = p;
+    }
+    let mut cfg = DeviceConfig::new("rtgt0", vec![local.ip()]);
+    cfg.eth_mtu = eth_mtu;
+    // A plain UDP socket cannot see the IPv4 ID, so IPv4 ICRCs are checked only with
+    // AF_PACKET receive.
+    cfg.check_icrc = packet_rx.is_some() || local.is_ipv6();
+    let dev = Device::new(cfg).map_err(err("cannot create the device"))?;
+    let task = rt.spawn(run(dev.clone(), nd));
+    Ok(Hca { dev, task })
+}
+
+/// Moves an RC QP from RESET to INIT.
+pub(crate) fn rc_init(qp: &Qp, access: Access) -> Result<()> {
+    use QpAttrMask as M;
+    let a = QpAttr {
+        qp_state: Some(QpState::Init),
+        qp_access_flags: Some(access),
+        port_num: 1,
+        ..Default::default()
+    };
+    qp.modify(&a, M::STATE | M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS)
+        .map_err(err("modify QP to INIT"))
+}
+
+/// Moves an RC QP to RTS towards `remote` (the attributes ibv_rc_pingpong uses).
+pub(crate) fn connect_rc(
+    qp: &Qp,
+    remote: IpAddr,
+    rqpn: u32,
+    rpsn: u32,
+    my_psn: u32,
+    mtu: Mtu,
+    access: Access,
+) -> Result<()> {
+    use QpAttrMask as M;
+    if qp.state() == QpState::Reset {
+        rc_init(qp, access)?;
+    }
+    let mut a = QpAttr {
+        qp_access_flags: Some(access),
+        port_num: 1,
+        ..Default::default()
+    };
+    a.qp_state = Some(QpState::Rtr);
+    a.av = AddressVector::new(remote);
+    a.path_mtu = Some(mtu);
+    a.dest_qp_num = rqpn;
+    a.rq_psn = rpsn;
+    a.max_dest_rd_atomic = 16;
+    a.min_rnr_timer = 12;
+    qp.modify(
+        &a,
+        M::STATE
+            | M::AV
+            | M::PATH_MTU
+            | M::DEST_QPN
+            | M::RQ_PSN
+            | M::MAX_DEST_RD_ATOMIC
+            | M::MIN_RNR_TIMER,
+    )
+    .map_err(err("modify QP to RTR"))?;
+    a.qp_state = Some(QpState::Rts);
+    a.timeout = 14;
+    a.retry_cnt = 7;
+    a.rnr_retry = 7;
+    a.sq_psn = my_psn;
+    a.max_rd_atomic = 16;
+    qp.modify(
+        &a,
+        M::STATE | M::SQ_PSN | M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::MAX_QP_RD_ATOMIC,
+    )
+    .map_err(err("modify QP to RTS"))
+}
+
+const UD_QKEY: u32 = 0x1111_1111;
+const GRH_LEN: usize = 40;
+const SEND_WRID: u64 = 1 << 32;
+
+fn pingpong(rt: &tokio::runtime::Runtime, a: &PpArgs, qp_type: QpType) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(a.timeout);
+    let mtu = Mtu::from_bytes(a.mtu).ok_or_else(|| format!("bad MTU {}", a.mtu))?;
+    let size = a.size as usize;
+    if size == 0 {
+        return Err("--size must be at least 1".into());
+    }
+    if qp_type == QpType::Ud && size > mtu.bytes() {
+        return Err(format!(
+            "UD messages are at most the MTU ({} bytes)",
+            mtu.bytes()
+        ));
+    }
+    let conn = open_conn(a, deadline)?;
+    let local_ip = match (&conn, a.local) {
+        (_, Some(ip)) => ip,
+        (Conn::Client(s), None) => s.local_addr().map_err(err("exchange"))?.ip(),
+        (Conn::Server(_), None) => return Err("the server needs --local ADDRESS".into()),
+    };
+    let hca = open_hca(
+        rt,
+        SocketAddr::new(local_ip, 4791),
+        a.eth_mtu,
+        a.packet_rx.as_deref(),
+        None,
+    )?;
+    let dev = &hca.dev;
+    let pd = dev.alloc_pd().map_err(err("alloc PD"))?;
+    if a.size > dev.attr().max_msg_sz {
+        return Err(format!(
+            "--size {} is larger than the largest message ({})",
+            a.size,
+            dev.attr().max_msg_sz
+        ));
+    }
+    // Receives kept posted, within 64 MiB of buffers.
+    let depth = a
+        .rx_depth
+        .clamp(2, 64)
+        .min(((64 << 20) / size).max(2) as u32);
+    let cq = dev.create_cq(2 * depth + 8).map_err(err("create CQ"))?;
+    let mut init = QpInitAttr::new(qp_type, &cq, &cq);
+    init.cap.max_recv_wr = depth;
+    init.cap.max_send_wr = 4;
+    let qp = pd.create_qp(init).map_err(err("create QP"))?;
+    // UD receives start with 40 bytes of GRH space.
+    let slot = if qp_type == QpType::Ud {
+        size + GRH_LEN
+    } else {
+        size
+    };
+    let region = Arc::new(Region::zeroed(slot * (depth as usize + 1)));
+    let access = Access::LOCAL_WRITE;
+    let mr = pd
+        .reg_mr(region.clone(), access)
+        .map_err(err("register MR"))?;
+    let send_off = slot * depth as usize;
+    let recv_sge = |i: u64| mr.sge(i as usize * slot, slot as u32);
+    if qp_type == QpType::Ud {
+        use QpAttrMask as M;
+        let mut at = QpAttr {
+            qp_state: Some(QpState::Init),
+            port_num: 1,
+            qkey: UD_QKEY,
+            ..Default::default()
+        };
+        qp.modify(&at, M::STATE | M::PKEY_INDEX | M::PORT | M::QKEY)
+            .map_err(err("modify QP to INIT"))?;
+        at.qp_state = Some(QpState::Rtr);
+        qp.modify(&at, M::STATE).map_err(err("modify QP to RTR"))?;
+        at.qp_state = Some(QpState::Rts);
+        at.sq_psn = 0;
+        qp.modify(&at, M::STATE | M::SQ_PSN)
+            .map_err(err("modify QP to RTS"))?;
+    }
+    if qp_type == QpType::Rc {
+        rc_init(&qp, access)?;
+    }
+    for i in 0..depth as u64 {
+        qp.post_recv(RecvWr {
+            wr_id: i,
+            sg_list: vec![recv_sge(i)],
+        })
+        .map_err(err("post receive"))?;
+    }
+    let my = Dest {
+        lid: 0,
+        qpn: qp.qpn(),
+        psn: if qp_type == QpType::Ud { 0 } else { psn_seed() },
+        gid: Gid::from_ip(local_ip),
+    };
+    println!(
+        "  local address:  LID 0x{:04x}, QPN 0x{:06x}, PSN 0x{:06x}, GID {}",
+        my.lid,
+        my.qpn,
+        my.psn,
+        std::net::Ipv6Addr::from(my.gid.0)
+    );
+    let connect = |rem: &Dest, peer: IpAddr| -> Result<IpAddr> {
+        // A zero GID (the peer ran without -g) leaves only the exchange's address.
+        let ip = if rem.gid.0 == [0; 16] {
+            peer
+        } else {
+            rem.gid.to_ip()
+        };
+        if qp_type == QpType::Rc {
+            connect_rc(&qp, ip, rem.qpn, rem.psn, my.psn, mtu, access)?;
+        }
+        Ok(ip)
+    };
+    let is_client = matches!(conn, Conn::Client(_));
+    let (rem, rem_ip) = match conn {
+        Conn::Server(l) => {
+            l.set_nonblocking(true).map_err(err("exchange"))?;
+            let (mut s, peer) = loop {
+                match l.accept() {
+                    Ok(x) => break x,
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                        if Instant::now() >= deadline {
+                            return Err("exchange: no client connected".into());
+                        }
+                        std::thread::sleep(Duration::from_millis(50));
+                    }
+                    Err(e) => return Err(format!("exchange: accept: {e}")),
+                }
+            };
+            s.set_nonblocking(false).map_err(err("exchange"))?;
+            s.set_read_timeout(Some(Duration::from_secs(30)))
+                .map_err(err("exchange"))?;
+            let mut msg = [0u8; MSG_LEN];
+            read_full(&mut s, &mut msg)?;
+            let rem = Dest::decode(&msg).ok_or("exchange: bad address message")?;
+            let ip = connect(&rem, peer.ip())?;
+            s.write_all(&my.encode()).map_err(err("exchange: write"))?;
+            // The client answers "done" (5 bytes with the NUL).
+            let mut done = [0u8; 5];
+            read_full(&mut s, &mut done)?;
+            (rem, ip)
+        }
+        Conn::Client(mut s) => {
+            s.set_read_timeout(Some(Duration::from_secs(30)))
+                .map_err(err("exchange"))?;
+            let peer = s.peer_addr().map_err(err("exchange"))?.ip();
+            s.write_all(&my.encode()).map_err(err("exchange: write"))?;
+            let mut msg = [0u8; MSG_LEN];
+            read_full(&mut s, &mut msg)?;
+            s.write_all(b"done\0").map_err(err("exchange: write"))?;
+            let rem = Dest::decode(&msg).ok_or("exchange: bad address message")?;
+            let ip = connect(&rem, peer)?;
+            (rem, ip)
+        }
+    };
+    println!(
+        "  remote address: LID 0x{:04x}, QPN 0x{:06x}, PSN 0x{:06x}, GID {}",
+        rem.lid,
+        rem.qpn,
+        rem.psn,
+        std::net::Ipv6Addr::from(rem.gid.0)
+    );
+    let ud = if qp_type == QpType::Ud {
+        let ah = dev
+            .create_ah(&pd, AddressVector::new(rem_ip))
+            .map_err(err("create AH"))?;
+        Some(UdDest {
+            ah,
+            remote_qpn: rem.qpn,
+            remote_qkey: UD_QKEY,
+        })
+    } else {
+        None
+    };
+
+    let seed = my.qpn ^ my.psn.rotate_left(8);
+    let check = !a.no_check;
+    let mut scnt = 0u32;
+    let mut rcnt = 0u32;
+    let mut bad = 0u32;
+    let mut pending_send = false;
+    let mut pending_recv = true;
+    let send = |iter: u32| -> Result<()> {
+        region.write(send_off, &pattern(seed, iter, size));
+        let mut wr = SendWr::new(
+            SEND_WRID | iter as u64,
+            SendOp::Send,
+            vec![mr.sge(send_off, size as u32)],
+        );
+        wr.ud = ud.clone();
+        qp.post_send(wr).map_err(err("post send"))
+    };
+    let start = Instant::now();
+    if is_client {
+        send(0)?;
+        pending_send = true;
+    }
+    let mut wcs = Vec::new();
+    let mut got = vec![0u8; size];
+    while rcnt < a.iters || scnt < a.iters {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let ok = rt.block_on(async { tokio::time::timeout(left, cq.wait_nonempty()).await });
+        if ok.is_err() {
+            return Err(format!(
+                "timed out after {scnt} sends and {rcnt} receives (QP {})",
+                qp.debug_state()
+            ));
+        }
+        wcs.clear();
+        cq.poll_into(&mut wcs, 16);
+        for wc in &wcs {
+            if wc.status != WcStatus::Success {
+                return Err(format!(
+                    "completion {:?} for wr_id {:#x} after {scnt} sends and {rcnt} receives",
+                    wc.status, wc.wr_id
+                ));
+            }
+            if wc.wr_id & SEND_WRID != 0 {
+                scnt += 1;
+                pending_send = false;
+            } else {
+                let i = wc.wr_id;
+                let skip = if qp_type == QpType::Ud { GRH_LEN } else { 0 };
+                if wc.byte_len as usize != size + skip {
+                    return Err(format!(
+                        "receive {rcnt}: {} bytes, expected {}",
+                        wc.byte_len,
+                        size + skip
+                    ));
+                }
+                region.read(i as usize * slot + skip, &mut got);
+                // The peer sends back what it received: the client's message `n` answers its
+                // own message `n`, the server's message `n` answers its message `n - 1`.
+                let answered = if is_client {
+                    Some(rcnt)
+                } else {
+                    rcnt.checked_sub(1)
+                };
+                if let (true, Some(n)) = (check, answered) {
+                    if got != pattern(seed, n, size) {
+                        bad += 1;
+                        if bad <= 3 {
+                            let want = pattern(seed, n, size);
+                            let at = got.iter().zip(&want).position(|(x, y)| x != y);
+                            eprintln!("receive {rcnt}: payload differs from message {n} at {at:?}");
+                        }
+                    }
+                }
+                rcnt += 1;
+                pending_recv = false;
+                qp.post_recv(RecvWr {
+                    wr_id: i,
+                    sg_list: vec![recv_sge(i)],
+                })
+                .map_err(err("post receive"))?;
+            }
+            if scnt < a.iters && !pending_send && !pending_recv {
+                send(scnt)?;
+                pending_send = true;
+                pending_recv = true;
+            }
+        }
+    }
+    let secs = start.elapsed().as_secs_f64();
+    let bytes = size as u64 * a.iters as u64 * 2;
+    println!(
+        "{bytes} bytes in {secs:.2} seconds = {:.2} Mbit/sec",
+        bytes as f64 * 8.0 / secs / 1e6
+    );
+    println!(
+        "{} iters in {secs:.2} seconds = {:.2} usec/iter",
+        a.iters,
+        secs * 1e6 / a.iters as f64
+    );
+    let st = dev.stats();
+    eprintln!(
+        "rtgt stats: rx {} (dropped {}, bad ICRC {}), tx {}, retransmits {}, NAKs {}, RNR NAKs {}",
+        st.rx_packets,
+        st.rx_dropped,
+        st.rx_bad_icrc,
+        st.tx_packets,
+        st.retransmits,
+        st.naks_sent,
+        st.rnr_naks_sent
+    );
+    if bad > 0 {
+        return Err(format!(
+            "{bad} of {rcnt} received messages had a wrong payload"
+        ));
+    }
+    if check {
+        println!("payload check: {rcnt} messages intact");
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dest_round_trip() {
+        let d = Dest {
+            lid: 0,
+            qpn: 0x11,
+            psn: 0xabcdef,
+            gid: Gid::from_ip("10.77.1.2".parse().unwrap()),
+        };
+        let m = d.encode();
+        assert_eq!(
+            &m[..MSG_LEN - 1],
+            b"0000:000011:abcdef:00000000000000000000ffff0a4d0102"
+        );
+        assert_eq!(m[MSG_LEN - 1], 0);
+        assert_eq!(Dest::decode(&m), Some(d));
+        assert_eq!(Dest::decode(b"zz"), None);
+        assert_eq!(Dest::decode(b"0000:1:2:abc"), None);
+    }
+}
