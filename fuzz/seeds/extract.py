@@ -3,7 +3,7 @@
 
     fuzz/seeds/extract.py [--sessions PCAP...] [--scenarios PCAP...]
 
-* transport_packet, transport_cm and the iSER login of iscsi_login/iscsi_text come from
+* transport_packet, transport_cm, transport_responder and the iSER login of iscsi_login/iscsi_text come from
   transport/tests/fixtures/lio-iser-srp.pcap (Linux rdma_rxe initiators and LIO).
 * The iSCSI/TCP seeds come from tcpdump captures on lo of initiators talking to rtgtd (see
   fuzz/README.md): every connection of a --sessions capture gives its login (iscsi_login),
@@ -292,6 +292,62 @@ seen_logins = set()
 seen_opcodes = set()
 
 
+def responder_seeds():
+    """transport_responder: capture datagrams re-addressed to the fuzz device (see
+    rtgt_fuzz::transport_responder for the record layout and control bits)."""
+    dgrams = []
+    for n, _, frame in records(LIO_PCAP):
+        got = ipv4(frame)
+        if not got or got[0][9] != 17:
+            continue
+        ip, ihl = got
+        if struct.unpack('>H', ip[ihl + 2:ihl + 4])[0] == 4791:
+            dgrams.append((n, ip, ip[ihl + 8:]))
+
+    def record(ctrl, ip):
+        return bytes([ctrl]) + struct.pack('>H', len(ip)) + ip
+
+    def ctrl_for(roce, psn_pick=0):
+        op, dqp = roce[0], int.from_bytes(roce[5:8], 'big')
+        target = 1 if op < 0x20 else (3 if dqp == 1 else 2)
+        return 1 | target << 1 | 8 | 16 | psn_pick << 6
+
+    seen = set()
+    for i, (n, ip, roce) in enumerate(dgrams):
+        op = roce[0]
+        if op in seen:
+            continue
+        seen.add(op)
+        name = ROCE_OPS[op]
+        seed('transport_responder', f'{name}-frame{n}', record(ctrl_for(roce), ip))
+        if op < 0x0d or op in (0x13, 0x14, 0x16, 0x17):
+            # The whole message, PSNs in sequence, then again as a duplicate.
+            msg, dqp = [], roce[5:8]
+            for m, ip2, roce2 in dgrams[i:i + 64]:
+                if roce2[5:8] != dqp or roce2[0] >= 0x0d and roce2[0] not in (0x16, 0x17):
+                    continue
+                msg.append(record(ctrl_for(roce2), ip2))
+                if ROCE_OPS[roce2[0]].endswith(('last', 'only', 'request', 'invalidate',
+                                                'swap', 'add', 'immediate')):
+                    break
+            seed('transport_responder', f'{name}-message-frame{n}', b''.join(msg))
+            seed('transport_responder', f'{name}-duplicate-frame{n}',
+                 b''.join(msg) + record(ctrl_for(roce, 2), ip))
+            seed('transport_responder', f'{name}-out-of-order-frame{n}',
+                 record(ctrl_for(roce, 3), ip) + b''.join(msg))
+        elif 0x0d <= op <= 0x12:
+            for pick in (1, 2, 3):
+                seed('transport_responder', f'{name}-psn{pick}-frame{n}',
+                     record(ctrl_for(roce, pick), ip) + record(0x20, b''))
+        if op == 100:
+            seed('transport_responder', f'{name}-as-is-frame{n}', record(0, ip))
+    # A stretch of the capture as it came, retargeted to the RC QP, with the timers running.
+    rc = [(ip, roce) for _, ip, roce in dgrams if roce[0] < 0x20][:48]
+    seed('transport_responder', 'rc-stream',
+         b''.join(record(ctrl_for(roce) | (0x20 if k % 16 == 15 else 0), ip)
+                  for k, (ip, roce) in enumerate(rc)))
+
+
 def session_seeds(path):
     scenario = os.path.basename(path).rsplit('.', 1)[0]
     for i, c in enumerate(iscsi_connections(path)):
@@ -392,6 +448,7 @@ def scenario_seeds(path):
 
 def main():
     roce_seeds()
+    responder_seeds()
     mode = None
     for arg in sys.argv[1:]:
         if arg in ('--sessions', '--scenarios'):

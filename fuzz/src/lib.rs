@@ -8,11 +8,13 @@
 
 mod config;
 mod iscsi;
+mod responder;
 mod scsi;
 mod transport;
 
 pub use config::config_yaml;
 pub use iscsi::{iscsi_bhs, iscsi_login, iscsi_text};
+pub use responder::transport_responder;
 pub use scsi::{scsi_cdb, scsi_params};
 pub use transport::{transport_cm, transport_packet};
 
@@ -29,4 +31,5 @@ pub const TARGETS: &[(&str, Body)] = &[
     ("scsi_params", scsi_params),
     ("transport_cm", transport_cm),
     ("transport_packet", transport_packet),
+    ("transport_responder", transport_responder),
 ];

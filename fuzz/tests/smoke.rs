@@ -248,6 +248,7 @@ smoke_tests!(
     scsi_params,
     transport_cm,
     transport_packet,
+    transport_responder,
 );
 
 /// Names of the entries of `dir` (files without `ext` are left out when `ext` is given).

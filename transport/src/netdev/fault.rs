@@ -155,6 +155,10 @@ impl<D: NetDev> NetDev for FaultInjector<D> {
         }
         Ok(got)
     }
+
+    fn tx_ports(&self) -> Option<(u16, u16)> {
+        self.inner.tx_ports()
+    }
 }
 
 impl<D: super::AsyncNetDev> super::AsyncNetDev for FaultInjector<D> {

@@ -30,6 +30,19 @@ pub trait NetDev: Send {
         Ok(())
     }
 
+    /// The UDP source and destination ports this link puts on the wire, when it replaces the
+    /// datagram's own (a UDP socket sends from its bound port). The device then builds its
+    /// datagrams with these ports, so that they go out as built, ICRC included.
+    fn tx_ports(&self) -> Option<(u16, u16)> {
+        None
+    }
+
+    /// Takes back datagrams [`NetDev::receive_batch`] returned, once they are consumed, so a
+    /// netdev can receive into them again; `bufs` is left empty.
+    fn recycle(&mut self, bufs: &mut Vec<Vec<u8>>) {
+        bufs.clear();
+    }
+
     /// Appends up to `max` waiting datagrams to `out`; returns how many.
     fn receive_batch(&mut self, out: &mut Vec<Vec<u8>>, max: usize) -> io::Result<usize> {
         let mut n = 0;

@@ -6,7 +6,11 @@
 //!   IP ID 0 — the IPv4 header is then known in advance and the ICRC (which covers the ID,
 //!   flags, lengths, addresses and UDP ports) is computable. The engine's datagram is rewritten
 //!   to what the kernel will put on the wire (source address and port of the socket, ID 0,
-//!   DF) and its ICRC regenerated before the UDP payload is sent.
+//!   DF) and its ICRC regenerated before the UDP payload is sent. The device learns the
+//!   socket's ports ([`NetDev::tx_ports`]) and builds its datagrams that way, so these go out
+//!   as they are, without a copy or a second ICRC pass.
+//! * Buffers are reused: rewritten datagrams in the netdev, received ones once the device gives
+//!   them back ([`NetDev::recycle`]), so the data path does not allocate per packet.
 //! * Receive: the kernel strips the IP header and does not report the IPv4 ID, so the header
 //!   handed to the engine is a reconstruction (ID 0) and **the ICRC of IPv4 packets cannot be
 //!   verified**: create the device with `check_icrc = false` for IPv4. IPv6 has no ID field,
@@ -38,6 +42,10 @@ pub struct UdpNetDev {
     pub peer_port: u16,
     buf: Vec<u8>,
     batch_bufs: Vec<Vec<u8>>,
+    /// Buffers for received datagrams (given back through `recycle`) and for rewritten
+    /// outgoing ones, reused so the data path allocates nothing per packet.
+    rx_pool: Vec<Vec<u8>>,
+    tx_bufs: Vec<Vec<u8>>,
     packet_rx: Option<tokio::io::unix::AsyncFd<std::os::fd::OwnedFd>>,
 }
 
@@ -101,6 +109,8 @@ impl UdpNetDev {
             peer_port: roce::UDP_PORT,
             buf: vec![0u8; 65536],
             batch_bufs: (0..BATCH).map(|_| vec![0u8; RX_BUF]).collect(),
+            rx_pool: Vec::new(),
+            tx_bufs: Vec::new(),
             packet_rx: None,
         })
     }
@@ -169,6 +179,13 @@ impl UdpNetDev {
 
     /// The datagram as the kernel will send it: our address and port, IPv4 ID 0 with DF.
     fn rewrite(&self, d: &[u8]) -> io::Result<(Vec<u8>, SocketAddr, usize)> {
+        let mut out = Vec::new();
+        let (to, hl) = self.rewrite_into(d, &mut out)?;
+        Ok((out, to, hl))
+    }
+
+    /// [`UdpNetDev::rewrite`] into `out` (resized to the datagram).
+    fn rewrite_into(&self, d: &[u8], out: &mut Vec<u8>) -> io::Result<(SocketAddr, usize)> {
         let bad = || io::Error::new(io::ErrorKind::InvalidInput, "not a RoCEv2 datagram");
         let dg = Datagram::split(d).map_err(|_| bad())?;
         let ip = dg.ip_repr().map_err(|_| bad())?;
@@ -186,18 +203,13 @@ impl UdpNetDev {
             }
             _ => return Err(bad()),
         };
-        let mut out = vec![0u8; ip.header_len() + udp::HEADER_LEN + dg.roce.len()];
-        let hl = datagram::emit_headers(
-            &ip,
-            self.local.port(),
-            self.peer_port,
-            dg.roce.len(),
-            &mut out,
-        )
-        .map_err(|_| bad())?;
+        out.clear();
+        out.resize(ip.header_len() + udp::HEADER_LEN + dg.roce.len(), 0);
+        let hl = datagram::emit_headers(&ip, self.local.port(), self.peer_port, dg.roce.len(), out)
+            .map_err(|_| bad())?;
         out[hl..].copy_from_slice(dg.roce);
-        icrc::generate(&mut out).map_err(|_| bad())?;
-        Ok((out, SocketAddr::new(dst, self.peer_port), hl))
+        icrc::generate(out).map_err(|_| bad())?;
+        Ok((SocketAddr::new(dst, self.peer_port), hl))
     }
 }
 
@@ -227,26 +239,48 @@ impl NetDev for UdpNetDev {
     }
 
     fn transmit_batch(&mut self, datagrams: &[Vec<u8>]) -> io::Result<()> {
-        let mut msgs = Vec::with_capacity(datagrams.len());
-        for d in datagrams {
+        // Datagrams built as the kernel will send them go out as they are; the others are
+        // rewritten (and their ICRC regenerated) into reused buffers.
+        let mut bufs = std::mem::take(&mut self.tx_bufs);
+        // (the datagram, or the buffer it was rewritten into; header length; destination)
+        let mut plan: Vec<(Result<usize, usize>, usize, SocketAddr)> =
+            Vec::with_capacity(datagrams.len());
+        let mut used = 0;
+        for (k, d) in datagrams.iter().enumerate() {
+            if let Some((to, hl)) = self.as_sent(d) {
+                plan.push((Err(k), hl, to));
+                continue;
+            }
+            if bufs.len() <= used {
+                bufs.push(Vec::new());
+            }
             // A datagram the socket cannot send is dropped like any other loss.
-            if let Ok((out, to, hl)) = self.rewrite(d) {
-                msgs.push((out, hl, to));
+            if let Ok((to, hl)) = self.rewrite_into(d, &mut bufs[used]) {
+                plan.push((Ok(used), hl, to));
+                used += 1;
             }
         }
-        for chunk in msgs.chunks(BATCH) {
-            let mut sent = 0;
-            while sent < chunk.len() {
-                match self.socket.try_io(tokio::io::Interest::WRITABLE, || {
-                    sys::sendmmsg(&self.socket, &chunk[sent..])
-                }) {
-                    Ok(n) => sent += n.max(1),
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
-                    Err(e) => return Err(e),
-                }
-            }
-        }
-        Ok(())
+        let msgs: Vec<(&[u8], SocketAddr)> = plan
+            .iter()
+            .map(|&(slot, hl, to)| match slot {
+                Ok(i) => (&bufs[i][hl..], to),
+                Err(k) => (&datagrams[k][hl..], to),
+            })
+            .collect();
+        let r = self.send_all(&msgs);
+        drop(msgs);
+        self.tx_bufs = bufs;
+        r
+    }
+
+    fn tx_ports(&self) -> Option<(u16, u16)> {
+        Some((self.local.port(), self.peer_port))
+    }
+
+    fn recycle(&mut self, bufs: &mut Vec<Vec<u8>>) {
+        let room = RX_POOL.saturating_sub(self.rx_pool.len());
+        self.rx_pool.extend(bufs.drain(..).take(room));
+        bufs.clear();
     }
 
     fn receive_batch(&mut self, out: &mut Vec<Vec<u8>>, max: usize) -> io::Result<usize> {
@@ -268,12 +302,51 @@ impl NetDev for UdpNetDev {
             }
             for (i, len, from) in got {
                 total += 1;
-                if let Some(d) = wrap(from, self.local, &self.batch_bufs[i][..len]) {
+                let mut d = self.rx_pool.pop().unwrap_or_default();
+                if wrap_into(from, self.local, &self.batch_bufs[i][..len], &mut d) {
                     out.push(d);
                 }
             }
         }
         Ok(total)
+    }
+}
+
+impl UdpNetDev {
+    /// Destination and header length of a datagram that is already what the kernel will send
+    /// (our address and port, the peer's port, IPv4 ID 0 with DF), so its ICRC holds as is.
+    fn as_sent(&self, d: &[u8]) -> Option<(SocketAddr, usize)> {
+        let dg = Datagram::split(d).ok()?;
+        let ip = dg.ip_repr().ok()?;
+        let ok = match (ip, self.local.ip()) {
+            (IpRepr::V4(r), IpAddr::V4(src)) => r.src_addr == src && r.ident == 0 && r.dont_frag,
+            (IpRepr::V6(r), IpAddr::V6(src)) => r.src_addr == src,
+            _ => false,
+        };
+        let udp = dg.udp_repr();
+        (ok && udp.src_port == self.local.port() && udp.dst_port == self.peer_port).then(|| {
+            (
+                SocketAddr::new(ip.dst_addr(), self.peer_port),
+                d.len() - dg.roce.len(),
+            )
+        })
+    }
+
+    /// `sendmmsg` of UDP payloads, [`BATCH`] per call; a full socket drops the rest.
+    fn send_all(&self, msgs: &[(&[u8], SocketAddr)]) -> io::Result<()> {
+        for chunk in msgs.chunks(BATCH) {
+            let mut sent = 0;
+            while sent < chunk.len() {
+                match self.socket.try_io(tokio::io::Interest::WRITABLE, || {
+                    sys::sendmmsg(&self.socket, &chunk[sent..])
+                }) {
+                    Ok(n) => sent += n.max(1),
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+        Ok(())
     }
 }
 
@@ -284,8 +357,17 @@ const SOCKET_BUFFER: i32 = 8 << 20;
 /// Receive buffer per datagram: a 4096-byte MTU packet with all headers fits.
 const RX_BUF: usize = 8192;
 
+/// Received datagram buffers kept for reuse.
+const RX_POOL: usize = 1024;
+
 /// Rebuilds the IP and UDP headers the kernel stripped (see the module documentation).
 fn wrap(from: SocketAddr, local: SocketAddr, payload: &[u8]) -> Option<Vec<u8>> {
+    let mut out = Vec::new();
+    wrap_into(from, local, payload, &mut out).then_some(out)
+}
+
+/// [`wrap`] into `out` (resized to the datagram); false if the families differ.
+fn wrap_into(from: SocketAddr, local: SocketAddr, payload: &[u8], out: &mut Vec<u8>) -> bool {
     let ip = match (from.ip(), local.ip()) {
         (IpAddr::V4(s), IpAddr::V4(d)) => IpRepr::V4(ipv4::Repr {
             src_addr: s,
@@ -306,13 +388,16 @@ fn wrap(from: SocketAddr, local: SocketAddr, payload: &[u8]) -> Option<Vec<u8>> 
             traffic_class: 0,
             flow_label: 0,
         }),
-        _ => return None,
+        _ => return false,
     };
     let n = payload.len();
-    let mut out = vec![0u8; ip.header_len() + udp::HEADER_LEN + n];
-    let hl = datagram::emit_headers(&ip, from.port(), local.port(), n, &mut out).ok()?;
+    out.clear();
+    out.resize(ip.header_len() + udp::HEADER_LEN + n, 0);
+    let Ok(hl) = datagram::emit_headers(&ip, from.port(), local.port(), n, out) else {
+        return false;
+    };
     out[hl..].copy_from_slice(payload);
-    Some(out)
+    true
 }
 
 /// `sendmmsg`/`recvmmsg` through libc.
@@ -465,18 +550,15 @@ mod sys {
         Ok(Some(n))
     }
 
-    /// Sends `msgs` (UDP payload at `.0[.1..]` to `.2`); returns how many went out.
-    pub(super) fn sendmmsg(
-        sock: &impl AsRawFd,
-        msgs: &[(Vec<u8>, usize, SocketAddr)],
-    ) -> io::Result<usize> {
+    /// Sends `msgs` (UDP payload `.0` to `.1`); returns how many went out.
+    pub(super) fn sendmmsg(sock: &impl AsRawFd, msgs: &[(&[u8], SocketAddr)]) -> io::Result<usize> {
         let mut names: Vec<(libc::sockaddr_storage, libc::socklen_t)> =
-            msgs.iter().map(|m| to_storage(m.2)).collect();
+            msgs.iter().map(|m| to_storage(m.1)).collect();
         let mut iovs: Vec<libc::iovec> = msgs
             .iter()
             .map(|m| libc::iovec {
-                iov_base: m.0[m.1..].as_ptr() as *mut libc::c_void,
-                iov_len: m.0.len() - m.1,
+                iov_base: m.0.as_ptr() as *mut libc::c_void,
+                iov_len: m.0.len(),
             })
             .collect();
         let mut hdrs: Vec<libc::mmsghdr> = names

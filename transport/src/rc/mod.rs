@@ -89,17 +89,20 @@ pub(crate) fn emit_to(
         _ => return false,
     };
     let roce_len = repr.buffer_len();
-    let mut buf = vec![0u8; ip.header_len() + crate::wire::udp::HEADER_LEN + roce_len];
-    let Ok(hl) = datagram::emit_headers(&ip, sport, roce::UDP_PORT, roce_len, &mut buf) else {
+    let mut buf = tx.buffer(ip.header_len() + crate::wire::udp::HEADER_LEN + roce_len);
+    let (sport, dport) = tx.ports.unwrap_or((sport, roce::UDP_PORT));
+    let Ok(hl) = datagram::emit_headers(&ip, sport, dport, roce_len, &mut buf) else {
         return false;
     };
     {
         let mut pkt = roce::Packet::new_unchecked(&mut buf[hl..]);
         if repr.emit(&mut pkt).is_err() || !fill(pkt.payload_mut()) {
+            tx.free.push(buf);
             return false;
         }
     }
     if icrc::generate(&mut buf).is_err() {
+        tx.free.push(buf);
         return false;
     }
     tx.queue.push_back(buf);

@@ -92,17 +92,39 @@ pub(crate) struct SrqCtx {
     pub depth: u32,
 }
 
-/// Outgoing datagrams, bounded.
+/// Outgoing datagrams, bounded, and spent buffers to build the next ones in (a datagram per
+/// allocation would make the allocator grow and trim its heap at packet rate).
 #[derive(Debug, Default)]
 pub(crate) struct Tx {
     pub queue: VecDeque<Vec<u8>>,
     pub limit: usize,
     pub packets: u64,
+    pub free: Vec<Vec<u8>>,
+    /// UDP source and destination ports of the link ([`crate::netdev::NetDev::tx_ports`]).
+    pub ports: Option<(u16, u16)>,
 }
+
+/// Spent datagram buffers kept for reuse, per direction.
+const POOL: usize = 1024;
 
 impl Tx {
     pub fn has_room(&self) -> bool {
         self.queue.len() < self.limit
+    }
+
+    /// A zeroed buffer of `len` bytes, recycled when one is available.
+    pub fn buffer(&mut self, len: usize) -> Vec<u8> {
+        let mut b = self.free.pop().unwrap_or_default();
+        b.clear();
+        b.resize(len, 0);
+        b
+    }
+
+    /// Keeps `bufs` (emptied) for [`Tx::buffer`].
+    pub fn recycle(&mut self, bufs: &mut Vec<Vec<u8>>) {
+        let room = POOL.saturating_sub(self.free.len());
+        self.free.extend(bufs.drain(..).take(room));
+        bufs.clear();
     }
 }
 
@@ -122,6 +144,9 @@ pub(crate) struct Engine {
     pub cq_count: Arc<std::sync::atomic::AtomicU32>,
     pub events: Arc<EventQueue>,
     pub stats: Stats,
+    /// The vectors [`Device::drive`] moves datagrams in, kept between calls.
+    rx_scratch: Vec<Vec<u8>>,
+    tx_scratch: Vec<Vec<u8>>,
     next_id: u32,
     next_qpn: u32,
 }
@@ -177,7 +202,11 @@ impl Device {
                 queue: VecDeque::new(),
                 limit: 4096,
                 packets: 0,
+                free: Vec::new(),
+                ports: None,
             },
+            rx_scratch: Vec::new(),
+            tx_scratch: Vec::new(),
             check_icrc: config.check_icrc,
             cq_count: Arc::default(),
             events: events.clone(),
@@ -343,20 +372,36 @@ impl Device {
     /// Receive from `netdev`, run the engine and transmit, once. Returns the number of
     /// datagrams moved in either direction.
     pub fn drive(&self, netdev: &mut dyn crate::netdev::NetDev, now: Duration) -> usize {
-        let mut rx = Vec::new();
+        let (mut rx, mut tx) = {
+            let mut eng = self.engine();
+            (
+                std::mem::take(&mut eng.rx_scratch),
+                std::mem::take(&mut eng.tx_scratch),
+            )
+        };
+        rx.clear();
         // Receive errors are transient for a datagram link; the transport retransmits.
         let _ = netdev.receive_batch(&mut rx, 1024);
         let mut eng = self.engine();
+        eng.tx.ports = netdev.tx_ports();
         for d in &rx {
             eng.receive(d, now);
         }
         eng.poll(now);
-        let tx: Vec<Vec<u8>> = eng.tx.queue.drain(..).collect();
+        tx.clear();
+        tx.extend(eng.tx.queue.drain(..));
         drop(eng);
         // A full or failing link drops packets, as a NIC's wire would; the transport recovers
         // by retransmission.
         let _ = netdev.transmit_batch(&tx);
-        rx.len() + tx.len()
+        let moved = rx.len() + tx.len();
+        // Received buffers go back to the netdev, sent ones to the engine, for reuse.
+        netdev.recycle(&mut rx);
+        let mut eng = self.engine();
+        eng.tx.recycle(&mut tx);
+        eng.rx_scratch = rx;
+        eng.tx_scratch = tx;
+        moved
     }
 
     /// Wakes a runner waiting for posted work.

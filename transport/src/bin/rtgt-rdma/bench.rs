@@ -12,7 +12,7 @@ use clap::Args;
 use rtgt_transport::netdev::udp::UdpNetDev;
 use rtgt_transport::netdev::{AsyncNetDev, NetDev};
 use rtgt_transport::verbs::*;
-use rtgt_transport::wire::{datagram, ipv4, IpRepr};
+use rtgt_transport::wire::{datagram, icrc, ipv4, IpRepr};
 
 use super::{connect_rc, err, open_hca, Hca, Result};
 
@@ -217,8 +217,10 @@ fn send_rtt(rt: &tokio::runtime::Runtime, a: &End, b: &End, size: usize, n: u32)
     })
 }
 
-/// A RoCEv2 datagram (IPv4, UDP, BTH, `payload` bytes, ICRC) from 127.0.0.1 to `dport`.
-fn raw_datagram(dport: u16, payload: usize) -> Result<Vec<u8>> {
+/// A RoCEv2 datagram (IPv4, UDP, BTH, `payload` bytes, ICRC) from 127.0.0.1 port `sport` to
+/// `dport`: as the device builds its datagrams for a UDP netdev (the netdev's own ports), so
+/// the netdev sends it as it is.
+fn raw_datagram(sport: u16, dport: u16, payload: usize) -> Result<Vec<u8>> {
     let roce_len = 12 + payload + 4;
     let ip = IpRepr::V4(ipv4::Repr {
         src_addr: Ipv4Addr::LOCALHOST,
@@ -231,11 +233,12 @@ fn raw_datagram(dport: u16, payload: usize) -> Result<Vec<u8>> {
         dont_frag: true,
     });
     let mut d = vec![0u8; 28 + roce_len];
-    datagram::emit_headers(&ip, 0xc000, dport, roce_len, &mut d).map_err(|e| format!("{e:?}"))?;
+    datagram::emit_headers(&ip, sport, dport, roce_len, &mut d).map_err(|e| format!("{e:?}"))?;
     d[28] = 0x04; // RC SEND_ONLY
     d[30] = 0xff; // P_Key 0xffff
     d[31] = 0xff;
     d[35] = 0x11; // destination QP 0x11 (none exists: this is the bare netdev)
+    icrc::generate(&mut d).map_err(|e| format!("{e:?}"))?;
     Ok(d)
 }
 
@@ -252,7 +255,7 @@ fn raw_pair(rt: &tokio::runtime::Runtime, port: u16) -> Result<(UdpNetDev, UdpNe
 fn raw_bw(rt: &tokio::runtime::Runtime, port: u16, secs: f64) -> Result<f64> {
     let (mut a, mut b) = raw_pair(rt, port)?;
     let batch: Vec<Vec<u8>> = (0..32)
-        .map(|_| raw_datagram(port + 1, 4096))
+        .map(|_| raw_datagram(port, port + 1, 4096))
         .collect::<Result<_>>()?;
     let stop = Arc::new(AtomicBool::new(false));
     let bytes = Arc::new(AtomicU64::new(0));
@@ -269,7 +272,8 @@ fn raw_bw(rt: &tokio::runtime::Runtime, port: u16, secs: f64) -> Result<f64> {
                     let n: usize = got.iter().map(|d| d.len().saturating_sub(28 + 16)).sum();
                     bytes.fetch_add(n as u64, Ordering::Relaxed);
                     count.fetch_add(got.len() as u64, Ordering::Relaxed);
-                    got.clear();
+                    // Buffers go back to the netdev, as the device does with what it received.
+                    b.recycle(&mut got);
                 }
             }
         })
@@ -334,8 +338,8 @@ async fn round(a: &mut UdpNetDev, ping: &[u8], wait: Duration) -> bool {
 /// Mean round trip of one 4 KiB datagram through the bare netdevs (echoed by the other end).
 fn raw_rtt(rt: &tokio::runtime::Runtime, port: u16, n: u32) -> Result<f64> {
     let (mut a, mut b) = raw_pair(rt, port)?;
-    let ping = raw_datagram(port + 1, 4096)?;
-    let pong = raw_datagram(port, 4096)?;
+    let ping = raw_datagram(port, port + 1, 4096)?;
+    let pong = raw_datagram(port + 1, port, 4096)?;
     rt.block_on(async move {
         let echo = tokio::spawn(async move {
             let mut got = Vec::new();

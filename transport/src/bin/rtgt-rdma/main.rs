@@ -2,7 +2,8 @@
 //!
 //! * `rc-pingpong`: wire-compatible with rdma-core's `ibv_rc_pingpong` (server or client);
 //! * `ud-pingpong`: wire-compatible with rdma-core's `ibv_ud_pingpong`;
-//! * `perftest`: the server side of perftest's `ib_write_bw` / `ib_read_bw` / `ib_send_bw`;
+//! * `perftest`: the server side of perftest's `ib_write_bw` / `ib_read_bw` / `ib_send_bw` /
+//!   `ib_write_lat`;
 //! * `bench`: two devices over UDP on 127.0.0.1 in one process, next to a raw UDP ceiling.
 //!
 //! The pingpong tools exchange `LLLL:QQQQQQ:PPPPPP:GGGG...` (LID, QPN, PSN, GID as 32 hex digits)
@@ -40,7 +41,8 @@ enum Cmd {
     RcPingpong(PpArgs),
     /// UD SEND ping-pong, compatible with ibv_ud_pingpong.
     UdPingpong(PpArgs),
-    /// Server for perftest's ib_write_bw, ib_read_bw and ib_send_bw (RC, one client run).
+    /// Server for perftest's ib_write_bw, ib_read_bw, ib_send_bw and ib_write_lat (RC, one
+    /// client run).
     Perftest(perftest::PerftestArgs),
     /// Loopback benchmark: two rtgt devices over UDP on 127.0.0.1 and a raw UDP ceiling.
     Bench(bench::BenchArgs),

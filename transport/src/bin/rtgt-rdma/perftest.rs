@@ -1,5 +1,5 @@
-//! `rtgt-rdma perftest`: the server side of perftest's `ib_write_bw`, `ib_read_bw` and
-//! `ib_send_bw` (RC, one QP, no RDMA/CM), for one client run.
+//! `rtgt-rdma perftest`: the server side of perftest's `ib_write_bw`, `ib_read_bw`,
+//! `ib_send_bw` and `ib_write_lat` (RC, one QP, no RDMA/CM), for one client run.
 //!
 //! perftest's TCP exchange (perftest_communication.c, perftest 6.x) is a fixed sequence of
 //! steps in which the server reads what the client wrote and answers with as many bytes:
@@ -11,6 +11,16 @@
 //! WRITE and READ: three hand shakes, the client's run, a hand shake, the bandwidth reports
 //! (5 × 8 bytes) and the closing hand shake followed by `"done"`. SEND: four hand shakes
 //! (receives are posted), the client's run, the closing hand shake and `"done"`.
+//!
+//! `ib_write_lat` (write_lat.c, `run_iter_lat_write`) takes four hand shakes (the first two
+//! before the client connects its QP, one for the remote side, one after RTR), then both sides play ping-pong with RDMA WRITEs of the message size to the
+//! other side's advertised address: each side writes its next count (as a `char`) into the
+//! last byte of its send buffer and posts the WRITE, then waits until the last byte of its own
+//! buffer at the advertised address holds the count of the other side; the server sends first
+//! (its first wait is skipped). The server does not know the iteration count: the run ends when
+//! the client closes the connection, or starts a closing hand shake (older perftest), which the
+//! server answers, followed by `"done"`. The server's last WRITE then finds no peer; errors of
+//! WRITEs completed after the client's last one are not failures.
 
 use std::io::{Read, Write};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream};
@@ -28,11 +38,14 @@ pub(crate) enum Test {
     Write,
     Read,
     Send,
+    /// `ib_write_lat`.
+    #[value(name = "write_lat", alias = "write-lat")]
+    WriteLat,
 }
 
 #[derive(Args, Clone)]
 pub(crate) struct PerftestArgs {
-    /// Which client this serves: ib_write_bw, ib_read_bw or ib_send_bw.
+    /// Which client this serves: ib_write_bw, ib_read_bw, ib_send_bw or ib_write_lat.
     #[arg(long, value_enum)]
     pub test: Test,
     /// Local address for RoCEv2 (UDP 4791).
@@ -241,6 +254,7 @@ pub(crate) fn run_perftest(rt: &tokio::runtime::Runtime, a: &PerftestArgs) -> Re
             Test::Write => "ib_write_bw",
             Test::Read => "ib_read_bw",
             Test::Send => "ib_send_bw",
+            Test::WriteLat => "ib_write_lat",
         },
         my.qpn,
         my.psn,
@@ -294,9 +308,17 @@ pub(crate) fn run_perftest(rt: &tokio::runtime::Runtime, a: &PerftestArgs) -> Re
         rem.qpn, rem.psn, rem.out_reads
     );
     connect_rc(&qp, rem_ip, rem.qpn, rem.psn, my.psn, mtu, access)?;
-    let shakes = if a.test == Test::Send { 3 } else { 2 };
+    let shakes = match a.test {
+        Test::Send | Test::WriteLat => 3,
+        Test::Write | Test::Read => 2,
+    };
     for _ in 0..shakes {
         x.hand_shake(&my)?;
+    }
+    if a.test == Test::WriteLat {
+        return write_lat(
+            &mut x, &my, &rem, &qp, &cq, &mr, size, region_len, deadline, dev,
+        );
     }
     // The client runs now. SEND: keep receives posted and count them meanwhile.
     let stop = Arc::new(AtomicBool::new(false));
@@ -368,6 +390,103 @@ pub(crate) fn run_perftest(rt: &tokio::runtime::Runtime, a: &PerftestArgs) -> Re
         st.naks_sent,
         st.rnr_naks_sent
     );
+    Ok(())
+}
+
+/// The server's half of `ib_write_lat`'s ping-pong (see the module documentation). Our
+/// receive buffer is the MR's start (the address we advertised), the send buffer its second
+/// half.
+#[allow(clippy::too_many_arguments)]
+fn write_lat(
+    x: &mut Exchange,
+    my: &Keys,
+    rem: &Keys,
+    qp: &Qp,
+    cq: &Cq,
+    mr: &Mr,
+    size: usize,
+    region_len: usize,
+    deadline: Instant,
+    dev: &Device,
+) -> Result<()> {
+    let region = mr.region().ok_or("MR without memory")?.clone();
+    let send_off = region_len / 2;
+    let poll_off = size - 1;
+    x.s.set_nonblocking(true).map_err(err("exchange"))?;
+    let start = Instant::now();
+    let (mut rcnt, mut scnt) = (0u64, 0u64);
+    let mut wcs = Vec::new();
+    let mut closing = false;
+    let mut errors = 0u64;
+    'run: loop {
+        scnt += 1;
+        region.write(send_off + size - 1, &[scnt as u8]);
+        let mut wr = SendWr::new(
+            scnt,
+            SendOp::RdmaWrite {
+                remote_addr: rem.vaddr,
+                rkey: rem.rkey,
+            },
+            vec![mr.sge(send_off, size as u32)],
+        );
+        wr.flags = SendFlags::SIGNALED;
+        qp.post_send(wr).map_err(err("post WRITE"))?;
+        // Wait for the client's WRITE number `rcnt`, or for the end of the run.
+        rcnt += 1;
+        let mut spins = 0u32;
+        loop {
+            wcs.clear();
+            cq.poll_into(&mut wcs, 64);
+            errors += wcs
+                .iter()
+                .filter(|wc| wc.status != WcStatus::Success)
+                .count() as u64;
+            let mut b = [0u8; 1];
+            region.read(poll_off, &mut b);
+            if b[0] == rcnt as u8 {
+                break;
+            }
+            spins += 1;
+            if spins.is_multiple_of(256) {
+                match x.s.peek(&mut b) {
+                    Ok(0) => break 'run,
+                    Ok(_) => {
+                        closing = true;
+                        break 'run;
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                    Err(e) => return Err(format!("exchange: {e}")),
+                }
+                if Instant::now() >= deadline {
+                    return Err(format!("ib_write_lat: timed out at iteration {rcnt}"));
+                }
+                std::thread::sleep(Duration::from_micros(20));
+            } else {
+                std::thread::yield_now();
+            }
+        }
+        if errors > 0 {
+            return Err(format!(
+                "ib_write_lat: WRITE {scnt} completed with an error"
+            ));
+        }
+    }
+    // The client's last WRITE arrived as count `rcnt - 1`.
+    let round_trips = rcnt - 1;
+    let secs = start.elapsed().as_secs_f64();
+    x.s.set_nonblocking(false).map_err(err("exchange"))?;
+    if closing {
+        x.hand_shake(my)?;
+        let _ = x.s.write_all(b"done\0");
+    }
+    let st = dev.stats();
+    println!(
+        "ib_write_lat: {round_trips} round trips of {size} bytes in {secs:.2} s; rtgt stats: rx {} (dropped {}, bad ICRC {}), tx {}, retransmits {}",
+        st.rx_packets, st.rx_dropped, st.rx_bad_icrc, st.tx_packets, st.retransmits
+    );
+    if round_trips == 0 {
+        return Err("ib_write_lat: no WRITE arrived".into());
+    }
     Ok(())
 }
 
