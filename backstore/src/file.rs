@@ -6,7 +6,7 @@
 //! The kernel keeps the two coherent: direct writes invalidate cached pages and direct reads
 //! write back dirty ones first.
 //!
-//! Transfers that cannot wait run synchronously in the caller instead of through the ring:
+//! Transfers that need no waiting run synchronously in the caller instead of through the ring:
 //! on a memory file system (tmpfs, ramfs) every transfer is a memory copy, like a
 //! [`crate::RamBackstore`] access, and O_DIRECT is not used there because those file systems
 //! only emulate it; elsewhere a buffered transfer first tries `RWF_NOWAIT`, which succeeds on
@@ -279,6 +279,12 @@ impl FileBackstore {
         self.has_direct
     }
 
+    /// Whether the file lives on a memory file system (tmpfs, ramfs), whose transfers run
+    /// synchronously in the caller instead of through the ring.
+    pub fn is_memory_fs(&self) -> bool {
+        self.memory_fs
+    }
+
     /// Registers `pool`'s slabs with the ring as fixed buffers, so transfers on its buffers skip
     /// per-operation page pinning. At most one pool per backstore; the memory is pinned.
     pub fn register_pool(&self, pool: &Arc<BufPool>) -> Result<(), BackstoreError> {
@@ -367,6 +373,11 @@ impl FileBackstore {
             Ok(n) => n,
             Err(e) => return (Err(fail(e)), buf),
         };
+        if done == len && len > 0 {
+            // Finished without waiting: count it against the task's scheduling budget, so a
+            // caller looping over inline transfers still yields to other tasks now and then.
+            tokio::task::coop::consume_budget().await;
+        }
         let mut retries = 0;
         let mut direct_refused = false;
         while done < len {
@@ -473,7 +484,14 @@ impl FileBackstore {
                         done = len;
                     }
                     Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-                    Ok(n) => done += n,
+                    Ok(n) => {
+                        done += n;
+                        if done < len {
+                            self.counters
+                                .short_transfers
+                                .fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
                     Err(e) if e.raw_os_error() == Some(libc::EINTR) && retries < RETRIES => {
                         retries += 1
                     }
@@ -510,6 +528,11 @@ impl FileBackstore {
             Ok(n) => {
                 if n > 0 {
                     self.counters.inline.fetch_add(1, Ordering::Relaxed);
+                }
+                if n < len {
+                    self.counters
+                        .short_transfers
+                        .fetch_add(1, Ordering::Relaxed);
                 }
                 Ok(n)
             }
@@ -562,7 +585,7 @@ impl Backstore for FileBackstore {
 
     async fn flush(&self) -> Result<(), BackstoreError> {
         if self.memory_fs {
-            // Nothing to write back; the call only orders it with earlier writes.
+            // Memory file systems have nothing to write back: fdatasync returns at once.
             return self.files[BUFFERED as usize]
                 .sync_data()
                 .map_err(|source| BackstoreError::Flush { source });
@@ -669,6 +692,84 @@ mod tests {
             size: Some(8 << 20),
             create: true,
             ..FileOptions::default()
+        }
+    }
+
+    /// A scratch directory on tmpfs, if the machine has one at /dev/shm.
+    fn tmpfs_dir() -> Option<tempfile::TempDir> {
+        let dir = tempfile::tempdir_in("/dev/shm").ok()?;
+        let probe = File::create(dir.path().join("probe")).ok()?;
+        sys::is_memory_fs(&probe).ok()?.then_some(dir)
+    }
+
+    #[tokio::test]
+    async fn memory_file_systems_transfer_inline_without_o_direct() {
+        let Some(dir) = tmpfs_dir() else {
+            eprintln!("SKIP memory_file_systems_transfer_inline_without_o_direct: no tmpfs");
+            return;
+        };
+        let path = dir.path().join("d");
+        let bs = FileBackstore::open(&path, opts()).unwrap();
+        assert!(bs.is_memory_fs());
+        assert!(!bs.is_direct(), "tmpfs only emulates O_DIRECT");
+        for (i, (offset, len)) in [(0u64, 512usize), (4096, 4096), (8192 + 512, 65536 + 512)]
+            .into_iter()
+            .enumerate()
+        {
+            let data: Vec<u8> = (0..len).map(|b| (b * 7 + i) as u8).collect();
+            let (r, _) = bs.write(offset, IoBuf::from_slice(&data), i == 1).await;
+            r.unwrap();
+            let (r, back) = bs.read(offset, IoBuf::zeroed(len)).await;
+            r.unwrap();
+            assert!(back[..] == data[..], "offset {offset} len {len}");
+        }
+        bs.flush().await.unwrap();
+        // Past the end of a file shorter than the capacity: zeroes, as through the ring.
+        File::options()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_len(6000)
+            .unwrap();
+        let (r, back) = bs.read(4096, IoBuf::from_slice(&[0xa5; 8192])).await;
+        r.unwrap();
+        assert!(back[6000 - 4096..].iter().all(|&b| b == 0));
+        let c = bs.counters();
+        assert_eq!(
+            (c.direct, c.buffered),
+            (0, 0),
+            "the ring was not used: {c:?}"
+        );
+        assert_eq!(c.inline, 7, "{c:?}");
+        assert!(c.short_transfers >= 1, "{c:?}");
+    }
+
+    #[tokio::test]
+    async fn page_cache_hits_are_read_without_the_ring() {
+        let dir = tempfile::tempdir().unwrap();
+        let bs = FileBackstore::open(
+            dir.path().join("d"),
+            FileOptions {
+                direct: false,
+                ..opts()
+            },
+        )
+        .unwrap();
+        let data: Vec<u8> = (0..65536u32).map(|b| (b % 251) as u8).collect();
+        let (r, _) = bs.write(4096, IoBuf::from_slice(&data), false).await;
+        r.unwrap();
+        for _ in 0..2 {
+            let (r, back) = bs.read(4096, IoBuf::zeroed(data.len())).await;
+            r.unwrap();
+            assert!(back[..] == data[..]);
+        }
+        let c = bs.counters();
+        // Written through the page cache, so the reads hit it wherever RWF_NOWAIT works; a
+        // file system without it leaves everything to the ring.
+        if bs.nowait_reads.load(Ordering::Relaxed) {
+            assert!(c.inline >= 2, "{c:?}");
+        } else {
+            assert!(c.buffered >= 3, "{c:?}");
         }
     }
 

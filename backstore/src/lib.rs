@@ -7,7 +7,8 @@
 //! later be registered with io_uring (fixed buffers) and with the RDMA stack (memory regions).
 //!
 //! Backends: [`FileBackstore`] (regular files and block devices on one io_uring per backstore,
-//! O_DIRECT for aligned transfers), [`RamBackstore`] (sparse memory) and [`NullBackstore`].
+//! O_DIRECT for aligned transfers; transfers that need no waiting — on tmpfs, page-cache hits —
+//! run inline instead), [`RamBackstore`] (sparse memory) and [`NullBackstore`].
 
 mod buf;
 mod error;

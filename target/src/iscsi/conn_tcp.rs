@@ -16,7 +16,7 @@ use std::collections::VecDeque;
 use std::io::IoSlice;
 use std::net::SocketAddr;
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -43,8 +43,11 @@ use super::IscsiError;
 /// Outgoing PDUs queued per connection before senders wait.
 pub const TX_QUEUE: usize = 256;
 /// While the reader handles a batch of requests, responses collect until this many are
-/// queued, then go out together.
-const BATCH_FLUSH: usize = 64;
+/// queued (or [`BATCH_BYTES`] of data), then go out together. Sending part of a large batch
+/// early lets the initiator work on those responses while the rest are prepared.
+const BATCH_FLUSH: usize = 16;
+/// Data bytes that end a batch early (see [`BATCH_FLUSH`]).
+const BATCH_BYTES: usize = 2 << 20;
 /// Most pieces (headers, data, padding) handed to one writev.
 const MAX_IOV: usize = 128;
 /// Room the reader makes in its buffer before each read.
@@ -292,6 +295,8 @@ struct Outbox {
     writing: AtomicBool,
     /// PDUs were queued since the writing task last looked.
     dirty: AtomicBool,
+    /// Data bytes queued since the last flush.
+    unflushed: AtomicUsize,
     /// The reader is handling a batch and flushes when it is done.
     batching: AtomicBool,
     /// The socket is full; the writer task writes once it has room.
@@ -381,13 +386,15 @@ impl Outbox {
     /// Queues `pdu` (the caller holds a slot for it) and writes unless the reader's batch
     /// will. An error means the connection failed.
     fn push(&self, pdu: TxPdu) -> std::io::Result<()> {
+        let bytes = pdu.data.len();
         let queued = {
             let mut q = lock(&self.queue);
             q.push_back(pdu);
             q.len()
         };
+        let unflushed = self.unflushed.fetch_add(bytes, Ordering::Relaxed) + bytes;
         self.dirty.store(true, Ordering::SeqCst);
-        if self.batching.load(Ordering::SeqCst) && queued < BATCH_FLUSH {
+        if self.batching.load(Ordering::SeqCst) && queued < BATCH_FLUSH && unflushed < BATCH_BYTES {
             return Ok(());
         }
         self.flush()
@@ -402,6 +409,7 @@ impl Outbox {
                 return Ok(());
             }
             self.dirty.store(false, Ordering::SeqCst);
+            self.unflushed.store(0, Ordering::Relaxed);
             let r = self.write_some(&mut lock(&self.tx));
             if let Ok(false) = r {
                 self.blocked.store(true, Ordering::SeqCst);
@@ -417,7 +425,9 @@ impl Outbox {
 
     /// Whether nothing is queued or partly written.
     fn is_idle(&self) -> bool {
-        lock(&self.queue).is_empty() && lock(&self.tx).wires.is_empty()
+        // One lock at a time: writers take `tx` before `queue`.
+        let queued = !lock(&self.queue).is_empty();
+        !queued && lock(&self.tx).wires.is_empty()
     }
 
     /// Writes until everything queued is out (true) or the socket is full (false).
@@ -882,6 +892,7 @@ async fn full_feature(
             sock: wr,
             writing: AtomicBool::new(false),
             dirty: AtomicBool::new(false),
+            unflushed: AtomicUsize::new(0),
             batching: AtomicBool::new(false),
             blocked: AtomicBool::new(false),
             want_room: Notify::new(),

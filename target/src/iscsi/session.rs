@@ -5,7 +5,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
@@ -190,7 +190,12 @@ pub struct Task {
     pub bidi_read_len: Option<u32>,
     pub cdb: Vec<u8>,
     aborted: AtomicBool,
-    done: watch::Sender<bool>,
+    /// The task has finished (response sent or dropped).
+    done: AtomicBool,
+    /// Callers waiting in [`Task::finished`]; `set_done` notifies only when there are any,
+    /// which keeps the common case (nobody waits) to two atomic operations.
+    waiters: AtomicUsize,
+    done_notify: Notify,
     pub xfer: Mutex<Xfer>,
     /// Wakes the task: data arrived, an error, or an abort.
     pub wake: Notify,
@@ -224,7 +229,9 @@ impl Task {
             bidi_read_len,
             cdb,
             aborted: AtomicBool::new(false),
-            done: watch::channel(false).0,
+            done: AtomicBool::new(false),
+            waiters: AtomicUsize::new(0),
+            done_notify: Notify::new(),
             xfer: Mutex::new(Xfer::default()),
             wake: Notify::new(),
         }
@@ -244,17 +251,40 @@ impl Task {
     }
 
     pub fn set_done(&self) {
-        self.done.send_replace(true);
+        self.done.store(true, Ordering::SeqCst);
+        // Pairs with the increment in `finished`: either this sees the waiter, or the waiter
+        // sees `done`.
+        if self.waiters.load(Ordering::SeqCst) > 0 {
+            self.done_notify.notify_waiters();
+        }
     }
 
     pub fn is_done(&self) -> bool {
-        *self.done.borrow()
+        self.done.load(Ordering::Acquire)
     }
 
     /// Waits until the task has finished (response sent or dropped).
     pub async fn finished(&self) {
-        let mut rx = self.done.subscribe();
-        let _ = rx.wait_for(|d| *d).await;
+        if self.is_done() {
+            return;
+        }
+        struct Waiting<'a>(&'a AtomicUsize);
+        impl Drop for Waiting<'_> {
+            fn drop(&mut self) {
+                self.0.fetch_sub(1, Ordering::SeqCst);
+            }
+        }
+        self.waiters.fetch_add(1, Ordering::SeqCst);
+        let _waiting = Waiting(&self.waiters);
+        loop {
+            let notified = self.done_notify.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if self.done.load(Ordering::SeqCst) {
+                return;
+            }
+            notified.await;
+        }
     }
 
     /// Places Data-Out bytes at `offset`: in the buffer, or queued until it exists.
@@ -821,6 +851,38 @@ mod tests {
         assert!(sn_lt(0xffff_fff0, 5));
         assert!(!sn_lt(5, 0xffff_fff0));
         assert!(sn_le(7, 7));
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn finished_wakes_every_waiter() {
+        let t = Arc::new(Task::new(
+            1,
+            1,
+            0,
+            [0; 8],
+            0,
+            false,
+            false,
+            false,
+            TaskAttr::Simple,
+            None,
+            vec![0],
+        ));
+        let waiters: Vec<_> = (0..3)
+            .map(|_| {
+                let t = t.clone();
+                tokio::spawn(async move { t.finished().await })
+            })
+            .collect();
+        tokio::task::yield_now().await;
+        assert!(!t.is_done());
+        t.set_done();
+        for w in waiters {
+            w.await.unwrap();
+        }
+        // Already done: returns at once, and no waiter is left registered.
+        t.finished().await;
+        assert_eq!(t.waiters.load(Ordering::SeqCst), 0);
     }
 
     #[test]
