@@ -16,6 +16,7 @@ use tracing::{error, info, warn};
 use crate::core::{self, Registry};
 use crate::iscsi::IscsiServer;
 use crate::scsi::{Device, DeviceConfig, DeviceRegistry, LunMap};
+use crate::sdnotify::{self, Notifier};
 
 /// Memory for data buffers in flight, shared by every session (back-pressure beyond it).
 const BUFFER_BUDGET: usize = 256 << 20;
@@ -350,13 +351,48 @@ pub fn load_config(opts: &Options) -> Result<Config, DaemonError> {
     }
 }
 
-async fn shutdown_signal() {
+/// Waits for SIGTERM or SIGINT; on each SIGHUP re-reads the configuration file in between.
+async fn serve_signals(opts: &Options, notifier: &Notifier) {
     use tokio::signal::unix::{signal, SignalKind};
     let mut term = signal(SignalKind::terminate()).expect("install the SIGTERM handler");
     let mut int = signal(SignalKind::interrupt()).expect("install the SIGINT handler");
-    tokio::select! {
-        _ = term.recv() => info!("SIGTERM: shutting down"),
-        _ = int.recv() => info!("SIGINT: shutting down"),
+    let mut hup = signal(SignalKind::hangup()).expect("install the SIGHUP handler");
+    loop {
+        tokio::select! {
+            _ = term.recv() => return info!("SIGTERM: shutting down"),
+            _ = int.recv() => return info!("SIGINT: shutting down"),
+            _ = hup.recv() => {
+                notifier.send(&format!("RELOADING=1\nMONOTONIC_USEC={}", monotonic_usec()));
+                reload(opts);
+                notifier.send("READY=1\nSTATUS=serving");
+            }
+        }
+    }
+}
+
+/// CLOCK_MONOTONIC in microseconds, as sd_notify's RELOADING=1 wants it.
+fn monotonic_usec() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec into the valid, owned `ts`.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000 + ts.tv_nsec as u64 / 1_000
+}
+
+/// SIGHUP: re-reads and validates the configuration file.
+fn reload(opts: &Options) {
+    let Some(file) = &opts.config else {
+        return info!("SIGHUP: running on the embedded default, nothing to reload");
+    };
+    match Config::load(file) {
+        Ok(_) => info!(config = %file.display(), "SIGHUP: configuration re-read"),
+        Err(e) => error!(
+            config = %file.display(),
+            error = %error_chain(&e),
+            "SIGHUP: configuration rejected, keeping the running one"
+        ),
     }
 }
 
@@ -395,8 +431,22 @@ pub async fn run(opts: Options) -> Result<(), DaemonError> {
     for t in running.registry.targets() {
         info!(target = %t.name, "target ready");
     }
+    let notifier = Arc::new(Notifier::from_env().unwrap_or_else(|e| {
+        warn!(error = %e, "NOTIFY_SOCKET unusable: not notifying the service manager");
+        Notifier::disabled()
+    }));
+    let watchdog = sdnotify::spawn_watchdog(notifier.clone());
+    notifier.send(&format!(
+        "READY=1\nSTATUS=serving {} targets on {} portals",
+        running.registry.targets().len(),
+        running.portals.len()
+    ));
 
-    shutdown_signal().await;
+    serve_signals(&opts, &notifier).await;
+    notifier.send("STOPPING=1\nSTATUS=stopping");
+    if let Some(w) = watchdog {
+        w.abort();
+    }
     let _ = stop_tx.send(true);
     server.shutdown(SHUTDOWN_GRACE).await;
     for t in tasks {

@@ -7,3 +7,4 @@ pub mod core;
 pub mod daemon;
 pub mod iscsi;
 pub mod scsi;
+pub mod sdnotify;

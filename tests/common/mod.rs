@@ -70,6 +70,17 @@ impl Rtgtd {
     /// Like [`Rtgtd::start`], with sparse files (name, size) created in the state directory
     /// first, for backstores rtgtd does not create (read-only ones).
     pub fn start_with_files(name: &str, config: &str, port: u16, files: &[(&str, u64)]) -> Rtgtd {
+        Rtgtd::start_full(name, config, port, files, &[])
+    }
+
+    /// Like [`Rtgtd::start_with_files`], with extra environment variables for rtgtd.
+    pub fn start_full(
+        name: &str,
+        config: &str,
+        port: u16,
+        files: &[(&str, u64)],
+        env: &[(&str, &str)],
+    ) -> Rtgtd {
         let dir = std::env::temp_dir().join(format!("rtgt-test-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("create the test state directory");
@@ -80,10 +91,10 @@ impl Rtgtd {
         }
         let cfg = dir.join("rtgt.yaml");
         std::fs::write(&cfg, config).expect("write the test configuration");
-        Rtgtd::spawn(&dir, &cfg, port)
+        Rtgtd::spawn(&dir, &cfg, port, env)
     }
 
-    fn spawn(dir: &Path, cfg: &Path, port: u16) -> Rtgtd {
+    fn spawn(dir: &Path, cfg: &Path, port: u16, env: &[(&str, &str)]) -> Rtgtd {
         let log = dir.join("rtgtd.log");
         let logf = std::fs::OpenOptions::new()
             .create(true)
@@ -99,6 +110,7 @@ impl Rtgtd {
                 "RUST_LOG",
                 std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()),
             )
+            .envs(env.iter().copied())
             .stdout(logf.try_clone().expect("clone the log handle"))
             .stderr(logf)
             .spawn()
