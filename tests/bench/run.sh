@@ -3,20 +3,35 @@
 # tmpfs-backed file in turn; libiscsi's iscsi-perf drives reads, rtgt's own initiator drives
 # writes; fio (io_uring) on the file and iperf3 over loopback give the ceilings.
 #
-# Usage: tests/bench/run.sh [--seconds N] [--size MiB]
+# Usage: tests/bench/run.sh [--seconds N] [--size MiB] [--cpus TARGET,INITIATOR | --no-pin]
+# By default (two or more CPUs) every target-side process (tgtd, rtgtd, the iperf3 server) runs
+# on CPU 1 and every initiator-side one on CPU 0, the same for both targets, so that where the
+# scheduler happens to place them does not decide the comparison.
 # Needs: tgt, libiscsi-bin, fio, iperf3 (Debian packages) and a release build of rtgtd and
 # rtgt-iscsi (built here, into $CARGO_TARGET_DIR or build/).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-secs=10 size_mib=1024
+secs=10 size_mib=1024 cpus=1,0
+(($(nproc) >= 2)) || cpus=""
 while (($#)); do
     case $1 in
     --seconds) secs=$2; shift ;;
     --size) size_mib=$2; shift ;;
-    *) echo "usage: $0 [--seconds N] [--size MiB]" >&2; exit 2 ;;
+    --cpus) cpus=$2; shift ;;
+    --no-pin) cpus="" ;;
+    *) echo "usage: $0 [--seconds N] [--size MiB] [--cpus TARGET,INITIATOR | --no-pin]" >&2; exit 2 ;;
     esac
     shift
 done
+# Command prefixes that pin to the target's or the initiator's CPU (arrays, so that a
+# background target's $! is the target itself).
+on_target=() on_initiator=()
+if [[ -n $cpus ]]; then
+    on_target=(taskset -c "${cpus%,*}") on_initiator=(taskset -c "${cpus#*,}")
+    echo "bench: targets on CPU ${cpus%,*}, initiators on CPU ${cpus#*,}"
+else
+    echo "bench: not pinned"
+fi
 for tool in tgtd tgtadm iscsi-perf fio iperf3; do
     command -v "$tool" >/dev/null || { echo "bench: $tool is not installed" >&2; exit 2; }
 done
@@ -42,7 +57,7 @@ free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1
 port_tgt=$(free_port) port_rtgt=$(free_port) port_iperf=$(free_port) ctl=$$
 iqn_tgt=iqn.2025-01.io.rtgt:bench-tgt iqn_rtgt=iqn.2025-01.io.rtgt:bench
 
-tgtd -f -C "$ctl" --iscsi "portal=127.0.0.1:$port_tgt" >"$work/tgtd.log" 2>&1 &
+"${on_target[@]}" tgtd -f -C "$ctl" --iscsi "portal=127.0.0.1:$port_tgt" >"$work/tgtd.log" 2>&1 &
 pids+=($!)
 sleep 1
 tgtadm -C "$ctl" --lld iscsi --op new --mode target --tid 1 -T "$iqn_tgt"
@@ -60,7 +75,7 @@ targets:
         allow_any_initiator: true
         luns: [{lun: 1, backstore: bench}]
 YAML
-RUST_LOG=warn "$bin/rtgtd" --config "$work/rtgt.yaml" --state-dir "$work/state" >"$work/rtgtd.log" 2>&1 &
+RUST_LOG=warn "${on_target[@]}" "$bin/rtgtd" --config "$work/rtgt.yaml" --state-dir "$work/state" >"$work/rtgtd.log" 2>&1 &
 pids+=($!)
 for _ in $(seq 100); do (exec 3<>/dev/tcp/127.0.0.1/$port_rtgt) 2>/dev/null && break; sleep 0.1; done
 
@@ -71,12 +86,12 @@ url_rtgt=iscsi://127.0.0.1:$port_rtgt/$iqn_rtgt/1
 perf() {
     local r=()
     (($4)) && r=(-r)
-    timeout $((secs + 20)) iscsi-perf -m "$2" -b "$3" "${r[@]}" -t "$secs" "$1" 2>&1 | tr '\r' '\n' |
+    "${on_initiator[@]}" timeout $((secs + 20)) iscsi-perf -m "$2" -b "$3" "${r[@]}" -t "$secs" "$1" 2>&1 | tr '\r' '\n' |
         sed -n 's/^iops average \([0-9]*\).*/\1/p' | tail -1
 }
 # rtgt-iscsi bench URL RW BS QD -> IOPS
 ibench() {
-    "$bin/rtgt-iscsi" bench --url "$1" --rw "$2" --bs "$3" --iodepth "$4" --seconds "$secs" 2>&1 |
+    "${on_initiator[@]}" "$bin/rtgt-iscsi" bench --url "$1" --rw "$2" --bs "$3" --iodepth "$4" --seconds "$secs" 2>&1 |
         sed -n 's/.* IOPS=\([0-9]*\).*/\1/p' | tail -1
 }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2fx", a / b; else print "n/a" }'; }
@@ -97,13 +112,13 @@ row "4K random write QD32 (rtgt-iscsi)" "$(ibench "$url_tgt" randwrite 4096 32)"
 row "128K sequential write QD8 (rtgt-iscsi)" "$(ibench "$url_tgt" write 131072 8)" "$(ibench "$url_rtgt" write 131072 8)" 131072
 
 echo
-fio_iops=$(fio --name=ceiling --filename="$lun" --ioengine=io_uring --rw=randread --bs=4k --iodepth=32 \
+fio_iops=$("${on_initiator[@]}" fio --name=ceiling --filename="$lun" --ioengine=io_uring --rw=randread --bs=4k --iodepth=32 \
     --runtime="$secs" --time_based --output-format=terse --terse-version=3 2>/dev/null | awk -F';' '{print $8}')
 echo "local io_uring (fio, 4K random read QD32 on the file): $fio_iops IOPS;" \
     "rtgtd reaches $(ratio "$(perf "$url_rtgt" 32 8 1)" "$fio_iops") of it"
-iperf3 -s -1 -p "$port_iperf" >/dev/null 2>&1 &
+"${on_target[@]}" iperf3 -s -1 -p "$port_iperf" >/dev/null 2>&1 &
 sleep 0.5
-tcp_bps=$(iperf3 -c 127.0.0.1 -p "$port_iperf" -t "$secs" -J 2>/dev/null |
+tcp_bps=$("${on_initiator[@]}" iperf3 -c 127.0.0.1 -p "$port_iperf" -t "$secs" -J 2>/dev/null |
     python3 -c 'import json,sys; print(int(json.load(sys.stdin)["end"]["sum_received"]["bits_per_second"]))')
 tcp_mbs=$((tcp_bps / 8 / 1000000))
 seq_mbs=$((seq_r * 131072 / 1000000))
