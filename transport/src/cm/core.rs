@@ -1089,28 +1089,7 @@ impl Core {
     }
 
     fn init_qp(&self, qpn: u32) -> Result<(), VerbsError> {
-        match self.dev.qp_state(qpn) {
-            Some(QpState::Reset) => {}
-            Some(s) => return Err(VerbsError::InvalidState(s)),
-            None => return Err(VerbsError::InvalidArgument("qp")),
-        }
-        let a = QpAttr {
-            qp_state: Some(QpState::Init),
-            qp_access_flags: Some(
-                Access::LOCAL_WRITE
-                    | Access::REMOTE_WRITE
-                    | Access::REMOTE_READ
-                    | Access::REMOTE_ATOMIC,
-            ),
-            port_num: 1,
-            ..Default::default()
-        };
-        use QpAttrMask as M;
-        self.dev.modify_qp(
-            qpn,
-            &a,
-            M::STATE | M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS,
-        )
+        init_qp(&self.dev, qpn)
     }
 
     /// Passive reject (REJ reason 28 with the consumer's private data).
@@ -1291,4 +1270,32 @@ impl Core {
             State::DreqSent | State::TimeWait => {}
         }
     }
+}
+
+/// Moves QP `qpn` from RESET to INIT with the access rights a connection gets (local write,
+/// remote read, write and atomic); a QP already in INIT is left as it is.
+pub(crate) fn init_qp(dev: &Device, qpn: u32) -> Result<(), VerbsError> {
+    match dev.qp_state(qpn) {
+        Some(QpState::Reset) => {}
+        Some(QpState::Init) => return Ok(()),
+        Some(s) => return Err(VerbsError::InvalidState(s)),
+        None => return Err(VerbsError::InvalidArgument("qp")),
+    }
+    let a = QpAttr {
+        qp_state: Some(QpState::Init),
+        qp_access_flags: Some(
+            Access::LOCAL_WRITE
+                | Access::REMOTE_WRITE
+                | Access::REMOTE_READ
+                | Access::REMOTE_ATOMIC,
+        ),
+        port_num: 1,
+        ..Default::default()
+    };
+    use QpAttrMask as M;
+    dev.modify_qp(
+        qpn,
+        &a,
+        M::STATE | M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS,
+    )
 }

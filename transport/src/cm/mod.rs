@@ -2,8 +2,9 @@
 //! §4–5), as Linux initiators (ib_iser, ib_srp, rping) expect it of a RoCEv2 peer.
 //!
 //! One [`Cm`] per [`Device`] owns QP1. Consumers own their PD, CQ and RC QP (created in
-//! RESET) and hand the QP to [`ConnectRequest::accept`] or [`Cm::connect`]; the CM drives it
-//! RESET → INIT → RTR → RTS with the negotiated attributes and to ERR on disconnect.
+//! RESET, or moved to INIT with [`prepare_qp`] to post receives first) and hand the QP to
+//! [`ConnectRequest::accept`] or [`Cm::connect`]; the CM drives it to INIT, RTR and RTS with
+//! the negotiated attributes and to ERR on disconnect.
 //!
 //! * Passive: [`Cm::listen`] on an IP address (or a wildcard) and port of the RDMA_PS_TCP
 //!   port space; [`CmListener::accept`] yields each validated REQ as a [`ConnectRequest`]
@@ -257,7 +258,7 @@ impl Cm {
         })
     }
 
-    /// Connects `qp` (RC, in RESET) to the listener at `dst`.
+    /// Connects `qp` (RC, in RESET or INIT) to the listener at `dst`.
     pub async fn connect(
         &self,
         qp: &Qp,
@@ -344,6 +345,16 @@ impl Cm {
         self.shared.flush(&mut core);
         r
     }
+}
+
+/// Moves `qp` (RC, in RESET) to INIT as [`ConnectRequest::accept`] and [`Cm::connect`]
+/// would, so receives can be posted before the connection exists (the peer may send as soon
+/// as it is established). Accept and connect take the QP in RESET or INIT.
+pub fn prepare_qp(qp: &Qp) -> Result<(), CmError> {
+    if qp.qp_type() != QpType::Rc {
+        return Err(CmError::InvalidArgument("not an RC QP"));
+    }
+    core::init_qp(qp.device(), qp.qpn()).map_err(CmError::Verbs)
 }
 
 async fn wait_established(mut phase: watch::Receiver<Phase>) -> Result<(), CmError> {
@@ -479,7 +490,7 @@ impl ConnectRequest {
         &self.req
     }
 
-    /// Accepts with `qp` (RC, in RESET): drives it to RTS, sends the REP and resolves once
+    /// Accepts with `qp` (RC, in RESET or INIT): drives it to RTS, sends the REP and resolves once
     /// the connection is established (RTU or the first packet on the QP).
     pub async fn accept(mut self, qp: &Qp, params: ConnParams) -> Result<CmConn, CmError> {
         self.answered = true;
