@@ -257,3 +257,396 @@ async fn unknown_port_and_consumer_reject() {
         "{r:?}"
     );
 }
+
+// ---- lost and duplicated CM messages ---------------------------------------------------------
+
+use rtgt_transport::netdev::{AsyncNetDev, NetDev};
+use rtgt_transport::wire::cm::{CmMessage, Mad};
+use rtgt_transport::wire::{Datagram, Opcode};
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+/// What a [`CmTap`] does to the MADs it transmits, and what it saw.
+#[derive(Default)]
+struct Rules {
+    /// Attribute ID → how many more to drop / to send twice.
+    drop: HashMap<u16, u32>,
+    dup: HashMap<u16, u32>,
+    /// Every CM MAD transmitted (dropped ones included), in order.
+    seen: Vec<Mad>,
+}
+
+type Shared = Arc<Mutex<Rules>>;
+/// (attribute ID, duplicate rather than drop) of one side's transmissions.
+type Faults = Vec<(u16, bool)>;
+
+/// A netdev that drops or duplicates chosen CM messages on transmit.
+struct CmTap<N> {
+    inner: N,
+    rules: Shared,
+}
+
+fn mad_of(d: &[u8]) -> Option<Mad> {
+    let dg = Datagram::split(d).ok()?;
+    let pkt = dg.roce_packet().ok()?;
+    if pkt.opcode() != Opcode::UdSendOnly || pkt.bth().dest_qp() != 1 {
+        return None;
+    }
+    Mad::parse(pkt.payload()).ok()
+}
+
+impl<N: NetDev> NetDev for CmTap<N> {
+    fn transmit(&mut self, d: &[u8]) -> std::io::Result<()> {
+        if let Some(m) = mad_of(d) {
+            let attr = u16::from(m.message.attr_id());
+            let mut r = self.rules.lock().unwrap();
+            r.seen.push(m);
+            if let Some(n) = r.drop.get_mut(&attr).filter(|n| **n > 0) {
+                *n -= 1;
+                return Ok(());
+            }
+            if let Some(n) = r.dup.get_mut(&attr).filter(|n| **n > 0) {
+                *n -= 1;
+                self.inner.transmit(d)?;
+            }
+        }
+        self.inner.transmit(d)
+    }
+
+    fn receive(&mut self) -> std::io::Result<Option<Vec<u8>>> {
+        self.inner.receive()
+    }
+}
+
+impl<N: AsyncNetDev> AsyncNetDev for CmTap<N> {
+    fn readable(&self) -> impl std::future::Future<Output = std::io::Result<()>> + Send + '_ {
+        self.inner.readable()
+    }
+}
+
+const REQ: u16 = 0x10;
+const MRA: u16 = 0x11;
+const REJ: u16 = 0x12;
+const REP: u16 = 0x13;
+const RTU: u16 = 0x14;
+const DREQ: u16 = 0x15;
+const DREP: u16 = 0x16;
+
+/// Two HCAs whose transmissions go through taps (`a`'s rules, `b`'s rules).
+fn tapped(limits: CmLimits) -> (Hca, Hca, Shared, Shared) {
+    let (la, lb) = loopback::pair(1 << 12);
+    let (ra, rb) = (Shared::default(), Shared::default());
+    let a = Hca::with_netdev(
+        device("a", ip(1)),
+        CmTap {
+            inner: la,
+            rules: ra.clone(),
+        },
+        limits,
+    )
+    .unwrap();
+    let b = Hca::with_netdev(
+        device("b", ip(2)),
+        CmTap {
+            inner: lb,
+            rules: rb.clone(),
+        },
+        limits,
+    )
+    .unwrap();
+    (a, b, ra, rb)
+}
+
+fn count(r: &Shared, attr: u16) -> usize {
+    r.lock()
+        .unwrap()
+        .seen
+        .iter()
+        .filter(|m| u16::from(m.message.attr_id()) == attr)
+        .count()
+}
+
+/// One connection with the given faults on each side, traffic both ways, then a disconnect
+/// from `a` (active) or `b` (passive); returns the rules for inspection.
+async fn faulty_cycle(
+    a_faults: &[(u16, bool)],
+    b_faults: &[(u16, bool)],
+    passive_disconnects: bool,
+) -> (Shared, Shared, Hca, Hca) {
+    let (a, b, ra, rb) = tapped(CmLimits::default());
+    for (rules, faults) in [(&ra, a_faults), (&rb, b_faults)] {
+        let mut r = rules.lock().unwrap();
+        for &(attr, dup) in faults {
+            let m = if dup { &mut r.dup } else { &mut r.drop };
+            *m.entry(attr).or_default() += 1;
+        }
+    }
+    let (ua, ub) = (ulp(a.device()), ulp(b.device()));
+    let (ca, cb) = connect(&a, &b, &ua, &ub, 4000, hello()).await;
+    send_checked(&ua, &ub, 3000, 1).await;
+    send_checked(&ub, &ua, 3000, 2).await;
+    let (first, second) = if passive_disconnects {
+        (&cb, &ca)
+    } else {
+        (&ca, &cb)
+    };
+    first.disconnect();
+    done(second).await;
+    // The disconnecting side finishes once DREP (or its retries) went by.
+    let sides = [(&a, &ra), (&b, &rb)];
+    tokio::time::timeout(LIMIT, async {
+        loop {
+            let dreps: usize = sides.iter().map(|(_, r)| count(r, DREP)).sum();
+            let lost = [&ra, &rb]
+                .iter()
+                .map(|r| r.lock().unwrap().drop.get(&DREP).copied().unwrap_or(0))
+                .sum::<u32>();
+            if dreps > 0 && lost == 0 && a.cm().stats().live_connections == 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("disconnect did not finish");
+    assert_eq!(ua.qp.state(), QpState::Err);
+    assert_eq!(ub.qp.state(), QpState::Err);
+    drop((ca, cb));
+    (ra, rb, a, b)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_req_rep_rtu() {
+    // A lost REQ is sent again.
+    let (ra, _rb, ..) = faulty_cycle(&[(REQ, false)], &[], false).await;
+    assert!(count(&ra, REQ) >= 2);
+    // A lost REP: the REQ is sent again and answered with the same REP.
+    let (ra, rb, ..) = faulty_cycle(&[], &[(REP, false)], false).await;
+    assert!(count(&ra, REQ) >= 2);
+    assert!(count(&rb, REP) >= 2);
+    let reps: Vec<_> = rb
+        .lock()
+        .unwrap()
+        .seen
+        .iter()
+        .filter(|m| matches!(m.message, CmMessage::Rep(_)))
+        .copied()
+        .collect();
+    assert!(
+        reps.iter().all(|r| *r == reps[0]),
+        "the REP was not resent as it was"
+    );
+    // A lost RTU: the passive side resends its REP (or the first packet establishes).
+    let (ra, _rb, ..) = faulty_cycle(&[(RTU, false)], &[], true).await;
+    assert!(count(&ra, RTU) >= 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn duplicated_req_rep_rtu() {
+    let (ra, rb, _a, b) = faulty_cycle(&[(REQ, true), (RTU, true)], &[(REP, true)], false).await;
+    // The duplicate REQ made no second connection, the duplicate REP a second RTU.
+    assert_eq!(b.cm().stats().received.req, 2);
+    assert_eq!(b.cm().stats().connections, 1);
+    assert_eq!(count(&rb, REJ), 0);
+    assert!(count(&ra, RTU) >= 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_and_duplicated_dreq_drep_both_sides() {
+    for passive in [false, true] {
+        // The DREQ comes from a when a disconnects, from b otherwise.
+        let dreq_side = |lost: bool| -> (Faults, Faults) {
+            let f = vec![(DREQ, !lost)];
+            let g = vec![(DREP, !lost)];
+            if passive {
+                (g, f)
+            } else {
+                (f, g)
+            }
+        };
+        for lost in [true, false] {
+            let (fa, fb) = dreq_side(lost);
+            let (ra, rb, ..) = faulty_cycle(&fa, &fb, passive).await;
+            let (dreq, drep) = if passive {
+                (count(&rb, DREQ), count(&ra, DREP))
+            } else {
+                (count(&ra, DREQ), count(&rb, DREP))
+            };
+            if lost {
+                // Lost DREQ and lost DREP both end with the DREQ sent again and answered.
+                assert!(dreq >= 2, "passive {passive}: {dreq} DREQs");
+                assert!(drep >= 1, "passive {passive}: {drep} DREPs");
+            } else {
+                // One DREQ sent twice by the tap, each answered (and each DREP doubled).
+                assert_eq!(dreq, 1, "passive {passive}");
+                assert!(drep >= 2, "passive {passive}: {drep} DREPs");
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_consumer_gets_an_mra_sent() {
+    let (a, b, ra, rb) = tapped(CmLimits::default());
+    let (ua, ub) = (ulp(a.device()), ulp(b.device()));
+    let mut l = b.cm().listen(SocketAddr::new(ip(2), 4100)).unwrap();
+    let (ca, cb) = tokio::join!(
+        a.cm()
+            .connect(&ua.qp, SocketAddr::new(ip(2), 4100), hello()),
+        async {
+            let req = l.accept().await.unwrap();
+            // Hold the request until the CM has asked the peer for more time.
+            tokio::time::timeout(LIMIT, async {
+                while count(&rb, MRA) == 0 {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+            })
+            .await
+            .expect("no MRA");
+            req.accept(&ub.qp, fast()).await
+        }
+    );
+    let (ca, _cb) = (ca.unwrap(), cb.unwrap());
+    assert!(a.cm().stats().received.mra >= 1);
+    assert!(count(&ra, REQ) >= 1);
+    send_checked(&ua, &ub, 10, 3).await;
+    drop(ca);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn full_backlog_and_table_get_rej_no_resources() {
+    let limits = CmLimits {
+        backlog: 1,
+        max_connections: 3,
+        ..CmLimits::default()
+    };
+    let (a, b) = pair(None, limits);
+    let _l = b.cm().listen(SocketAddr::new(ip(2), 4200)).unwrap();
+    let dst = SocketAddr::new(ip(2), 4200);
+    let u1 = ulp(a.device());
+    // The first request waits in the backlog (nobody accepts); the second finds it full.
+    let first = a.cm().connect(&u1.qp, dst, fast());
+    tokio::pin!(first);
+    tokio::select! {
+        _ = &mut first => panic!("connected without an accept"),
+        _ = async {
+            while b.cm().stats().received.req == 0 {
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+        } => {}
+    }
+    let u2 = ulp(a.device());
+    let r = a.cm().connect(&u2.qp, dst, fast()).await;
+    assert!(
+        matches!(
+            r,
+            Err(CmError::Rejected {
+                reason: Reason::NoResources,
+                ..
+            })
+        ),
+        "{r:?}"
+    );
+    assert_eq!(b.cm().stats().rejects_sent, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_reqs_get_the_right_rej() {
+    use rtgt_transport::wire::cm::{req, Mtu as CmMtu, RejReason, TransportServiceType};
+    let (a, b, ra, rb) = tapped(CmLimits::default());
+    let (ua, ub) = (ulp(a.device()), ulp(b.device()));
+    let (ca, cb) = connect(&a, &b, &ua, &ub, 4300, hello()).await;
+    // The REQ a sent, as a template.
+    let template = ra
+        .lock()
+        .unwrap()
+        .seen
+        .iter()
+        .find(|m| matches!(m.message, CmMessage::Req(_)))
+        .copied()
+        .unwrap();
+    let CmMessage::Req(good) = template.message else {
+        unreachable!()
+    };
+    let variant = |n: u32, f: &dyn Fn(&mut req::Repr)| {
+        let mut r = good;
+        r.local_comm_id = n;
+        r.local_qpn = n;
+        f(&mut r);
+        Mad::new(u64::from(n), CmMessage::Req(r))
+    };
+    let stale_qpn = ua.qp.qpn();
+    let cases: Vec<(Mad, RejReason)> = vec![
+        (
+            variant(0x1001, &|r| {
+                r.transport_service_type = TransportServiceType::Uc
+            }),
+            RejReason::InvalidTransportType,
+        ),
+        (
+            variant(0x1002, &|r| r.path_mtu = CmMtu::Mtu4096),
+            RejReason::InvalidMtu,
+        ),
+        (
+            variant(0x1003, &|r| r.service_id = 0x0000_0000_0106_0000 | 9),
+            RejReason::InvalidServiceId,
+        ),
+        (
+            variant(0x1004, &|r| r.service_id = 0x1234),
+            RejReason::InvalidServiceId,
+        ),
+        // A cma header of an unknown version.
+        (
+            variant(0x1005, &|r| r.private_data[0] = 7),
+            RejReason::ConsumerDefined,
+        ),
+        (
+            {
+                let mut m = variant(0x1006, &|_| {});
+                m.header.class_version = 1;
+                m
+            },
+            RejReason::InvalidClassVersion,
+        ),
+        // A REQ from the QP of the established connection: stale.
+        (
+            variant(0x1007, &|r| r.local_qpn = stale_qpn),
+            RejReason::StaleConn,
+        ),
+    ];
+    for (m, want) in cases {
+        let CmMessage::Req(r) = m.message else {
+            unreachable!()
+        };
+        let mut bytes = [0u8; 256];
+        m.emit(&mut bytes);
+        b.cm().receive_mad(ip(1), ip(2), &bytes);
+        let rej = tokio::time::timeout(LIMIT, async {
+            loop {
+                let found = rb
+                    .lock()
+                    .unwrap()
+                    .seen
+                    .iter()
+                    .find_map(|x| match x.message {
+                        CmMessage::Rej(j) if j.remote_comm_id == r.local_comm_id => {
+                            Some((x.header.tid, j))
+                        }
+                        _ => None,
+                    });
+                if let Some(f) = found {
+                    return f;
+                }
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+        })
+        .await
+        .unwrap_or_else(|_| panic!("no REJ for {want:?}"));
+        assert_eq!(rej.1.reason, want);
+        assert_eq!(rej.0, m.header.tid, "the REJ carries the REQ's TID");
+    }
+    // No consumer saw any of them, and the stale REQ ended the established connection.
+    assert_eq!(b.cm().stats().received.req, 8);
+    done(&ca).await;
+    done(&cb).await;
+}

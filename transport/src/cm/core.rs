@@ -42,9 +42,13 @@ const QP_CHECK: Duration = Duration::from_millis(500);
 /// MADs waiting to be sent; beyond it they are dropped (and retransmitted by the timers).
 const OUT_LIMIT: usize = 4096;
 
-/// 4.096 µs × 2^t (IBA 12.7.32), at least a millisecond.
+/// The largest timeout code honoured (4.096 µs × 2^23 ≈ 34 s): a peer cannot make a table
+/// entry wait for hours between retransmissions.
+const MAX_TIMEOUT_CODE: u8 = 23;
+
+/// 4.096 µs × 2^t (IBA 12.7.32), at least a millisecond and at most 2^23 units.
 pub(crate) fn cm_timeout(t: u8) -> Duration {
-    Duration::from_nanos(4096u64 << t.min(31)).max(Duration::from_millis(1))
+    Duration::from_nanos(4096u64 << t.min(MAX_TIMEOUT_CODE)).max(Duration::from_millis(1))
 }
 
 /// Where a connection stands.
@@ -156,8 +160,13 @@ fn mtu_code(m: Mtu) -> cm::Mtu {
 }
 
 impl Core {
-    pub fn new(dev: Device, limits: CmLimits, shared: Weak<Shared>) -> Core {
-        let mut rng = seed() | 1;
+    pub fn new(
+        dev: Device,
+        limits: CmLimits,
+        shared: Weak<Shared>,
+        seed_with: Option<u64>,
+    ) -> Core {
+        let mut rng = seed_with.unwrap_or_else(seed) | 1;
         rng ^= rng << 13;
         Core {
             dev,
@@ -864,6 +873,10 @@ impl Core {
     }
 
     // ---- consumer calls ---------------------------------------------------------------------
+
+    pub fn comm_ids(&self) -> Vec<(u32, u32)> {
+        self.conns.values().map(|c| (c.local_id, c.qpn)).collect()
+    }
 
     pub fn addrs(&self, id: u32) -> Option<(SocketAddr, SocketAddr)> {
         self.conns.get(&id).map(|c| (c.local, c.peer))
