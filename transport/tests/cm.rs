@@ -650,3 +650,127 @@ async fn bad_reqs_get_the_right_rej() {
     done(&ca).await;
     done(&cb).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn qp_error_tears_the_connection_down() {
+    let (a, b) = pair(None, CmLimits::default());
+    let (ua, ub) = (ulp(a.device()), ulp(b.device()));
+    let (ca, cb) = connect(&a, &b, &ua, &ub, 4400, hello()).await;
+    // The consumer's QP fails (as on a fatal error): the CM notices, sends a DREQ and both
+    // owners learn of the end.
+    let err = QpAttr {
+        qp_state: Some(QpState::Err),
+        ..Default::default()
+    };
+    ub.qp.modify(&err, QpAttrMask::STATE).unwrap();
+    done(&cb).await;
+    done(&ca).await;
+    assert_eq!(ua.qp.state(), QpState::Err);
+    assert_eq!(b.cm().stats().sent.dreq, 1);
+    // A destroyed QP ends its connection the same way.
+    let (ua, ub) = (ulp(a.device()), ulp(b.device()));
+    let (ca, _cb) = connect(&a, &b, &ua, &ub, 4401, hello()).await;
+    drop(ub);
+    done(&ca).await;
+    assert_eq!(ua.qp.state(), QpState::Err);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unanswered_req_times_out_and_table_is_bounded() {
+    let limits = CmLimits {
+        max_connections: 2,
+        timewait: Duration::from_millis(50),
+        ..CmLimits::default()
+    };
+    let (a, b, ra, _rb) = tapped(limits);
+    ra.lock().unwrap().drop.insert(REQ, u32::MAX);
+    let ua = ulp(a.device());
+    let p = ConnParams {
+        cm_response_timeout: 8,
+        max_cm_retries: 2,
+        ..fast()
+    };
+    let r = a
+        .cm()
+        .connect(&ua.qp, SocketAddr::new(ip(2), 4500), p.clone())
+        .await;
+    assert_eq!(r.err(), Some(CmError::Timeout));
+    assert_eq!(count(&ra, REQ), 3, "the REQ and its two retries");
+    assert_eq!(a.cm().stats().timeouts, 1);
+    assert_eq!(ua.qp.state(), QpState::Err);
+    // Once timewait is over, two pending connects fill a's table; a third is refused locally.
+    tokio::time::timeout(LIMIT, async {
+        while a.cm().stats().connections > 0 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("timewait did not end");
+    let (u1, u2, u3) = (ulp(a.device()), ulp(a.device()), ulp(a.device()));
+    let slow = ConnParams {
+        cm_response_timeout: 20,
+        ..fast()
+    };
+    let dst = SocketAddr::new(ip(2), 4501);
+    let f1 = a.cm().connect(&u1.qp, dst, slow.clone());
+    let f2 = a.cm().connect(&u2.qp, dst, slow.clone());
+    tokio::pin!(f1, f2);
+    let third = async {
+        // Once the first two REQs are out.
+        while count(&ra, REQ) < 5 {
+            tokio::select! {
+                _ = &mut f1 => panic!("connected"),
+                _ = &mut f2 => panic!("connected"),
+                _ = tokio::time::sleep(Duration::from_millis(2)) => {}
+            }
+        }
+        a.cm().connect(&u3.qp, dst, slow.clone()).await
+    };
+    assert_eq!(third.await.err(), Some(CmError::TooManyConnections));
+    drop(b);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn multi_address_hca_over_udp() {
+    use rtgt_transport::hca::HcaConfig;
+    // Ports of our own, so that parallel tests (and rdma_rxe on 4791) do not collide.
+    let base = 40000 + (std::process::id() % 5000) as u16 * 2;
+    let mut ca = HcaConfig::new(vec![
+        IpAddr::from([127, 0, 0, 1]),
+        IpAddr::from([127, 0, 0, 2]),
+    ]);
+    ca.port = base;
+    ca.peer_port = base + 1;
+    let mut cb = HcaConfig::new(vec![IpAddr::from([127, 0, 0, 3])]);
+    cb.port = base + 1;
+    cb.peer_port = base;
+    let (a, b) = match (Hca::open(&ca), Hca::open(&cb)) {
+        (Ok(a), Ok(b)) => (a, b),
+        (a, b) => {
+            eprintln!(
+                "skipping: cannot bind UDP ports {base}/{}: {a:?} {b:?}",
+                base + 1
+            );
+            return;
+        }
+    };
+    assert_eq!(a.addrs().len(), 2);
+    // b connects to a's second address: the REP and the RC traffic must come from it.
+    let mut l = a
+        .cm()
+        .listen(SocketAddr::new(IpAddr::from([0, 0, 0, 0]), 7174))
+        .unwrap();
+    let (ua, ub) = (ulp(a.device()), ulp(b.device()));
+    let dst = SocketAddr::new(IpAddr::from([127, 0, 0, 2]), 7174);
+    let (cb_, ca_) = tokio::join!(b.cm().connect(&ub.qp, dst, hello()), async {
+        let req = l.accept().await.unwrap();
+        assert_eq!(req.local(), dst);
+        req.accept(&ua.qp, fast()).await
+    });
+    let (cb_, ca_) = (cb_.unwrap(), ca_.unwrap());
+    assert_eq!(ca_.local().ip(), IpAddr::from([127, 0, 0, 2]));
+    send_checked(&ub, &ua, 20000, 7).await;
+    send_checked(&ua, &ub, 20000, 8).await;
+    cb_.disconnect();
+    done(&ca_).await;
+}
