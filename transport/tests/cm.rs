@@ -647,6 +647,43 @@ async fn bad_reqs_get_the_right_rej() {
     }
     // No consumer saw any of them, and the stale REQ ended the established connection.
     assert_eq!(b.cm().stats().received.req, 8);
+    // SIDR (rdma_cm's UDP port space) is answered "unsupported".
+    use rtgt_transport::wire::cm::{sidr_req, SidrStatus};
+    let sidr = Mad::new(
+        77,
+        CmMessage::SidrReq(sidr_req::Repr {
+            request_id: 0x5151,
+            pkey: 0xffff,
+            service_id: 0x0000_0000_0111_1c06,
+            private_data: [0; sidr_req::PRIVATE_DATA_LEN],
+        }),
+    );
+    let mut bytes = [0u8; 256];
+    sidr.emit(&mut bytes);
+    b.cm().receive_mad(ip(1), ip(2), &bytes);
+    let rep = tokio::time::timeout(LIMIT, async {
+        loop {
+            let found = rb
+                .lock()
+                .unwrap()
+                .seen
+                .iter()
+                .find_map(|x| match x.message {
+                    CmMessage::SidrRep(r) => Some(r),
+                    _ => None,
+                });
+            if let Some(r) = found {
+                return r;
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    })
+    .await
+    .expect("no SIDR_REP");
+    assert_eq!(
+        (rep.request_id, rep.status),
+        (0x5151, SidrStatus::Unsupported)
+    );
     done(&ca).await;
     done(&cb).await;
 }

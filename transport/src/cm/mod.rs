@@ -32,7 +32,7 @@ use tokio::sync::{mpsc, watch, Notify};
 use self::core::{Core, Phase};
 use crate::verbs::{Device, Mtu, Qp, QpType, VerbsError};
 use crate::wire::cm::RejReason;
-use crate::wire::{cma, mad};
+use crate::wire::cma;
 
 pub use crate::wire::cm::RejReason as Reason;
 
@@ -604,6 +604,3 @@ impl Drop for CmConn {
         self.disconnect();
     }
 }
-
-/// The MAD size, re-exported for consumers that log raw MADs.
-pub const MAD_LEN: usize = mad::MAD_LEN;
