@@ -1099,7 +1099,8 @@ impl Core {
         }
         .min(31);
         a.retry_cnt = req.retry_count.min(7);
-        a.rnr_retry = req.rnr_retry_count.min(7);
+        // The RNR retry count we announce in the REP is the one our QP uses too.
+        a.rnr_retry = p.rnr_retry_count.min(7);
         a.max_rd_atomic = initiator_depth;
         self.dev.modify_qp(
             qpn,
