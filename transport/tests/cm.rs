@@ -811,3 +811,113 @@ async fn multi_address_hca_over_udp() {
     cb_.disconnect();
     done(&ca_).await;
 }
+
+// ---- a Linux REQ from the capture ---------------------------------------------------------
+
+mod common;
+
+/// The RoCEv2 IP datagram of capture frame `number`.
+fn capture_datagram(pcap: &common::Pcap, number: usize) -> Vec<u8> {
+    let record = pcap
+        .records()
+        .into_iter()
+        .find(|r| r.number == number)
+        .expect("frame");
+    let (_, ip) = pcap.network_layer(record.data).expect("IP");
+    let d = Datagram::split(ip).expect("datagram");
+    let len = d.ip_header.len() + d.udp_header.len() + d.roce.len();
+    ip[..len].to_vec()
+}
+
+/// The CM MAD of a datagram the device sent, with its IP addresses.
+fn sent_mad(d: &[u8]) -> Option<(IpAddr, IpAddr, Mad)> {
+    let ip = Datagram::split(d).ok()?.ip_repr().ok()?;
+    Some((ip.src_addr(), ip.dst_addr(), mad_of(d)?))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn linux_req_from_the_capture() {
+    use rtgt_transport::cm::Cm;
+    use rtgt_transport::wire::icrc;
+    // ib_iser's REQ to LIO (frame 15) arrives at a device with LIO's address, ICRC checked.
+    let pcap = common::load_capture();
+    let lio: IpAddr = "192.168.77.2".parse().unwrap();
+    let ini: IpAddr = "192.168.77.3".parse().unwrap();
+    let mut cfg = DeviceConfig::new("lio", vec![lio]);
+    cfg.eth_mtu = 1500;
+    let dev = Device::new(cfg).unwrap();
+    let cm = Cm::start(&dev).unwrap();
+    let mut l = cm.listen(SocketAddr::new(lio, 3260)).unwrap();
+    dev.receive(&capture_datagram(&pcap, 15), Duration::ZERO);
+    assert_eq!(dev.stats().rx_bad_icrc, 0);
+    let req = tokio::time::timeout(LIMIT, l.accept())
+        .await
+        .expect("no request")
+        .unwrap();
+    assert_eq!(req.peer(), SocketAddr::new(ini, 0x8796));
+    assert_eq!(req.local(), SocketAddr::new(lio, 3260));
+    assert_eq!(req.private_data()[0], 0x80, "iser_cm_hdr flags");
+    assert_eq!(req.responder_resources(), 128);
+    assert_eq!(req.initiator_depth(), 1);
+    assert_eq!(req.path_mtu(), Mtu::Mtu1024);
+
+    let u = ulp(&dev);
+    let qpn = u.qp.qpn();
+    let accept = req.accept(&u.qp, ConnParams::default());
+    tokio::pin!(accept);
+    // The REP leaves from LIO's address to the initiator's QP1.
+    let rep = tokio::time::timeout(LIMIT, async {
+        loop {
+            tokio::select! {
+                r = &mut accept => panic!("established without an RTU: {r:?}"),
+                _ = tokio::time::sleep(Duration::from_millis(2)) => {}
+            }
+            dev.poll(Duration::ZERO);
+            let mut out = Vec::new();
+            dev.take_tx(&mut out);
+            if let Some(found) =
+                out.iter()
+                    .filter_map(|d| sent_mad(d))
+                    .find_map(|(s, d, m)| match m.message {
+                        CmMessage::Rep(r) => Some((s, d, m.header.tid, r)),
+                        _ => None,
+                    })
+            {
+                return found;
+            }
+        }
+    })
+    .await
+    .expect("no REP");
+    let (src, dst, tid, rep) = rep;
+    assert_eq!((src, dst), (lio, ini));
+    assert_eq!(tid, 0x2_f425_03f2, "the REP carries the REQ's TID");
+    assert_eq!(rep.remote_comm_id, 0xf203_25f4);
+    assert_eq!(rep.local_qpn, qpn);
+    // Initiator depth bounded by the REQ's responder resources (128) and ours (16).
+    assert_eq!((rep.initiator_depth, rep.responder_resources), (16, 16));
+    // As between Linux peers: we send from the REQ's starting PSN and expect the REP's.
+    let (state, mtu, dest_qpn, sq_psn, rq_psn) = u.qp.query().unwrap();
+    assert_eq!(
+        (state, mtu, dest_qpn, sq_psn, rq_psn),
+        (
+            QpState::Rts,
+            Mtu::Mtu1024,
+            0x11,
+            0x8b_15d4,
+            rep.starting_psn
+        )
+    );
+    // The initiator's RTU (frame 17), addressed to our communication ID.
+    let mut rtu = capture_datagram(&pcap, 17);
+    let at = rtu.len() - 4 - 256 + 24 + 4;
+    rtu[at..at + 4].copy_from_slice(&rep.local_comm_id.to_be_bytes());
+    icrc::generate(&mut rtu).unwrap();
+    dev.receive(&rtu, Duration::ZERO);
+    let conn = tokio::time::timeout(LIMIT, accept)
+        .await
+        .expect("not established")
+        .unwrap();
+    assert_eq!(conn.peer(), SocketAddr::new(ini, 0x8796));
+    assert_eq!(cm.stats().live_connections, 1);
+}
