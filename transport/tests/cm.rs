@@ -956,3 +956,52 @@ async fn cycles_over_a_faulty_link() {
         assert_eq!(b.device().live_qps(), 1, "seed {seed}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn first_packet_establishes_without_rtu() {
+    let (a, b, ra, rb) = tapped(CmLimits::default());
+    // Every RTU is lost, and the passive side's REP timer is long (4 s): the first SEND from
+    // the active side is what establishes the connection.
+    ra.lock().unwrap().drop.insert(RTU, u32::MAX);
+    let (ua, ub) = (ulp(a.device()), ulp(b.device()));
+    let mut l = b.cm().listen(SocketAddr::new(ip(2), 4600)).unwrap();
+    let p = ConnParams {
+        cm_response_timeout: 20,
+        ..hello()
+    };
+    rtgt_transport::cm::prepare_qp(&ub.qp).unwrap();
+    ub.qp
+        .post_recv(RecvWr {
+            wr_id: 5,
+            sg_list: vec![ub.mr.sge(0, BUF as u32)],
+        })
+        .unwrap();
+    let (ca, cb) = tokio::join!(
+        async {
+            let c = a
+                .cm()
+                .connect(&ua.qp, SocketAddr::new(ip(2), 4600), p.clone())
+                .await
+                .unwrap();
+            ua.region.write(BUF, b"first");
+            ua.qp
+                .post_send(SendWr::new(6, SendOp::Send, vec![ua.mr.sge(BUF, 5)]))
+                .unwrap();
+            c
+        },
+        async {
+            let req = l.accept().await.unwrap();
+            req.accept(&ub.qp, fast()).await.unwrap()
+        }
+    );
+    assert_eq!(
+        count(&rb, REP),
+        1,
+        "established by the REP timer, not the packet"
+    );
+    assert!(count(&ra, RTU) >= 1);
+    let r = wc(&ub.cq).await;
+    assert_eq!((r.wr_id, r.byte_len), (5, 5));
+    assert_eq!(b.cm().stats().live_connections, 1);
+    drop((ca, cb));
+}

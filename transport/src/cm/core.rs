@@ -39,6 +39,8 @@ const TID_HIGH: u64 = 0x5254 << 32;
 const MRA_SERVICE_TIMEOUT: u8 = 22;
 /// How often established connections are checked for a QP that went to the error state.
 const QP_CHECK: Duration = Duration::from_millis(500);
+/// How often QPs whose REP waits for an RTU are looked at for a first received packet.
+const FIRST_PACKET_PROBE: Duration = Duration::from_millis(20);
 /// MADs waiting to be sent; beyond it they are dropped (and retransmitted by the timers).
 const OUT_LIMIT: usize = 4096;
 
@@ -141,6 +143,9 @@ pub(crate) struct Core {
     /// (peer address, remote communication ID) → local ID.
     remote: HashMap<(IpAddr, u32), u32>,
     pub out: VecDeque<Outgoing>,
+    /// While REPs wait for their RTU: when to look whether a QP already received (which
+    /// establishes the connection without the RTU).
+    probe_at: Option<Instant>,
     stats: CmStats,
     next_id: u32,
     rng: u64,
@@ -188,6 +193,7 @@ impl Core {
             conns: HashMap::new(),
             remote: HashMap::new(),
             out: VecDeque::new(),
+            probe_at: None,
             stats: CmStats::default(),
             next_id: (rng as u32) | 1,
             rng,
@@ -238,7 +244,11 @@ impl Core {
 
     /// The earliest timer.
     pub fn next_deadline(&self) -> Option<Instant> {
-        self.conns.values().filter_map(|c| c.deadline).min()
+        self.conns
+            .values()
+            .filter_map(|c| c.deadline)
+            .chain(self.probe_at)
+            .min()
     }
 
     fn send(&mut self, src: IpAddr, dst: IpAddr, m: &Mad) -> Box<[u8; mad::MAD_LEN]> {
@@ -822,6 +832,22 @@ impl Core {
     // ---- timers ----------------------------------------------------------------------------
 
     pub fn tick(&mut self, now: Instant) {
+        if self.probe_at.is_some_and(|t| t <= now) {
+            self.probe_at = None;
+            let waiting: Vec<u32> = self
+                .conns
+                .values()
+                .filter(|c| c.state == State::RepSent)
+                .map(|c| c.local_id)
+                .collect();
+            let mut left = false;
+            for id in waiting {
+                left |= !self.check_first_packet(id, now);
+            }
+            if left {
+                self.probe_at = Some(now + FIRST_PACKET_PROBE);
+            }
+        }
         let due: Vec<u32> = self
             .conns
             .values()
@@ -1037,6 +1063,7 @@ impl Core {
         c.qpn = qpn;
         c.rep_psn = rep_psn;
         c.state = State::RepSent;
+        self.probe_at.get_or_insert(now + FIRST_PACKET_PROBE);
         c.last = Some(bytes);
         // The peer answers within its own "local CM response timeout".
         c.timeout = cm_timeout(req.local_cm_response_timeout);
