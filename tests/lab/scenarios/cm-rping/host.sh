@@ -3,7 +3,7 @@
 # rping -s` serves one guest rping client per size (it checks every buffer it reads against
 # rping's pattern, the guest's -V checks the echo); then the guest runs rping -s and
 # `rtgt-rdma rping -c` connects to it, once per size, checking the echo.
-# shellcheck source=../../lib/cm-host.sh
+# shellcheck source=SCRIPTDIR/../../lib/cm-host.sh
 source "$LAB_DIR/lib/cm-host.sh"
 
 CM_SIZES=${CM_SIZES:-"64 4096 65535"}
