@@ -19,6 +19,32 @@
 //!
 //! Replies leave from the address the peer connected to. Every table is bounded
 //! ([`CmLimits`]).
+//!
+//! A passive consumer (an iSER or SRP target) looks like this:
+//!
+//! ```no_run
+//! # async fn serve(hca: &rtgt_transport::hca::Hca) -> Result<(), Box<dyn std::error::Error>> {
+//! use rtgt_transport::cm::{prepare_qp, ConnParams};
+//! use rtgt_transport::verbs::{QpInitAttr, QpType};
+//!
+//! let dev = hca.device();
+//! let mut listener = hca.cm().listen("0.0.0.0:3260".parse()?)?;
+//! while let Some(req) = listener.accept().await {
+//!     // req.private_data(): the initiator's bytes after the cma header.
+//!     let pd = dev.alloc_pd()?;
+//!     let cq = dev.create_cq(256)?;
+//!     let qp = pd.create_qp(QpInitAttr::new(QpType::Rc, &cq, &cq))?;
+//!     prepare_qp(&qp)?; // INIT: receives can be posted before the peer may send
+//!     let params = ConnParams {
+//!         private_data: vec![0x80, 0, 0, 0],
+//!         ..ConnParams::default()
+//!     };
+//!     let conn = req.accept(&qp, params).await?;
+//!     conn.disconnected().await; // DREQ, QP error or conn.disconnect()
+//! }
+//! # Ok(())
+//! # }
+//! ```
 
 mod core;
 pub(crate) mod gsi;
@@ -32,7 +58,7 @@ use tokio::sync::{mpsc, watch, Notify};
 use self::core::{Core, Phase};
 use crate::verbs::{Device, Mtu, Qp, QpType, VerbsError};
 use crate::wire::cm::RejReason;
-use crate::wire::{cma, mad};
+use crate::wire::cma;
 
 pub use crate::wire::cm::RejReason as Reason;
 
@@ -232,9 +258,14 @@ impl Cm {
     /// A CM without its task: MADs go in through [`Cm::receive_mad`], time through
     /// [`Cm::tick`] (for tests and fuzzing).
     pub fn new(dev: &Device, limits: CmLimits) -> Result<Cm, CmError> {
+        Cm::with_seed(dev, limits, None)
+    }
+
+    /// [`Cm::new`] with communication IDs and PSNs drawn from `seed` (reproducible runs).
+    pub fn with_seed(dev: &Device, limits: CmLimits, seed: Option<u64>) -> Result<Cm, CmError> {
         let gsi = gsi::Gsi::open(dev).map_err(CmError::Verbs)?;
         let shared = Arc::new_cyclic(|weak: &Weak<Shared>| Shared {
-            core: Mutex::new(Core::new(dev.clone(), limits, weak.clone())),
+            core: Mutex::new(Core::new(dev.clone(), limits, weak.clone(), seed)),
             gsi,
             wake: Arc::new(Notify::new()),
         });
@@ -332,6 +363,12 @@ impl Cm {
         self.shared.flush(&mut core);
     }
 
+    /// The local communication IDs in the table with their QP numbers (0 before a QP is
+    /// bound), in no particular order.
+    pub fn comm_ids(&self) -> Vec<(u32, u32)> {
+        self.shared.core().comm_ids()
+    }
+
     /// Runs the timers due at `now`.
     pub fn tick(&self, now: Instant) {
         let mut core = self.shared.core();
@@ -423,6 +460,11 @@ impl CmListener {
     /// The next connect request; `None` once the CM has stopped.
     pub async fn accept(&mut self) -> Option<ConnectRequest> {
         self.rx.recv().await
+    }
+
+    /// A connect request if one is waiting.
+    pub fn try_accept(&mut self) -> Option<ConnectRequest> {
+        self.rx.try_recv().ok()
     }
 
     pub fn local_addr(&self) -> SocketAddr {
@@ -588,6 +630,3 @@ impl Drop for CmConn {
         self.disconnect();
     }
 }
-
-/// The MAD size, re-exported for consumers that log raw MADs.
-pub const MAD_LEN: usize = mad::MAD_LEN;
