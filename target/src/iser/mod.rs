@@ -1,0 +1,11 @@
+//! iSER (RFC 7145): iSCSI over rtgt's RDMA stack. The iSCSI session, login and SCSI layers
+//! are shared with the TCP driver; this module adds the wire formats ([`header`]), memory
+//! registration of the buffer pool ([`mem`]) and the connection driver ([`conn`]).
+
+pub mod conn;
+pub mod header;
+pub mod mem;
+
+pub use conn::{serve, Endpoint, IserStats, Peer, Sizing};
+pub use header::CmHeader;
+pub use mem::PoolMrs;
