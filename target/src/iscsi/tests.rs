@@ -422,6 +422,7 @@ async fn task_management() {
             0,
             SubmitOptions {
                 withhold_data: true,
+                ..SubmitOptions::default()
             },
         )
         .await

@@ -56,7 +56,7 @@ const LOGIN_PDU_TIMEOUT: Duration = Duration::from_secs(15);
 /// Receive completions taken per poll.
 const POLL_BATCH: usize = 64;
 
-const TAG_SLOT: u64 = 1 << 62;
+pub(crate) const TAG_SLOT: u64 = 1 << 62;
 const TAG_OP: u64 = 2 << 62;
 const TAG_MASK: u64 = 3 << 62;
 
@@ -160,6 +160,10 @@ impl Endpoint {
     pub fn sizing(&self) -> Sizing {
         self.sizing
     }
+
+    pub(crate) fn send_cq(&self) -> &Cq {
+        &self.send_cq
+    }
 }
 
 /// What the CM agreed for a connection.
@@ -185,19 +189,19 @@ struct Op {
     read: bool,
 }
 
-enum Hold {
+pub(crate) enum Hold {
     None,
     Buf(#[allow(dead_code)] IoBuf),
     Mr(#[allow(dead_code)] Mr),
 }
 
 /// The send side: QP, slots for target PDUs, queue credits and operations in flight.
-struct Link {
+pub(crate) struct Link {
     qp: Arc<Qp>,
     pd: Pd,
-    send_region: Arc<Region>,
-    send_mr: Mr,
-    slot_len: usize,
+    pub(crate) send_region: Arc<Region>,
+    pub(crate) send_mr: Mr,
+    pub(crate) slot_len: usize,
     free_slots: Mutex<Vec<u32>>,
     slots: Semaphore,
     /// Send queue entries not yet completed.
@@ -217,7 +221,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Link {
-    fn new(ep: &Endpoint, peer: SocketAddr) -> Result<Link, VerbsError> {
+    pub(crate) fn new(ep: &Endpoint, peer: SocketAddr) -> Result<Link, VerbsError> {
         let s = ep.sizing;
         let slot_len = HEADERS_LEN + LOGIN_MAX_DATA;
         let send_region = Arc::new(Region::zeroed(slot_len * s.send_slots() as usize));
@@ -244,11 +248,11 @@ impl Link {
         })
     }
 
-    fn is_closing(&self) -> bool {
+    pub(crate) fn is_closing(&self) -> bool {
         self.closing.load(Ordering::Acquire)
     }
 
-    async fn closed(&self) {
+    pub(crate) async fn closed(&self) {
         loop {
             let n = self.close_notify.notified();
             tokio::pin!(n);
@@ -262,7 +266,7 @@ impl Link {
 
     /// Moves the QP to the error state: everything posted completes (flushed), the poller
     /// returns every resource, and waiters see the failure.
-    fn close(&self) {
+    pub(crate) fn close(&self) {
         if self.closing.swap(true, Ordering::AcqRel) {
             return;
         }
@@ -293,7 +297,7 @@ impl Link {
     }
 
     /// Posts `wr` (its send queue credit already taken).
-    fn post(&self, wr: SendWr) -> Result<(), IscsiError> {
+    pub(crate) fn post(&self, wr: SendWr) -> Result<(), IscsiError> {
         if self.is_closing() {
             self.sq.add_permits(1);
             return Err(IscsiError::Closed);
@@ -310,7 +314,11 @@ impl Link {
     }
 
     /// Takes a send slot and a queue credit for one control PDU.
-    async fn reserve(&self) -> Result<u32, IscsiError> {
+    pub(crate) async fn sq_credit(&self) -> Result<(), IscsiError> {
+        self.credit(&self.sq).await
+    }
+
+    pub(crate) async fn reserve(&self) -> Result<u32, IscsiError> {
         self.credit(&self.slots).await?;
         if let Err(e) = self.credit(&self.sq).await {
             self.slots.add_permits(1);
@@ -322,23 +330,44 @@ impl Link {
     }
 
     /// Writes the headers and data of a PDU into `slot` and posts its SEND.
-    fn post_pdu(
+    pub(crate) fn post_pdu(
         &self,
         slot: u32,
         bhs: &[u8; BHS_LEN],
         data: &[u8],
         invalidate: Option<u32>,
     ) -> Result<(), IscsiError> {
-        let n = HEADERS_LEN + data.len();
+        self.post_message(
+            slot,
+            &Repr::control().to_bytes(),
+            bhs,
+            &[],
+            data,
+            invalidate,
+        )
+    }
+
+    /// Writes an iSER header, BHS, AHS and data segment into `slot` and posts its SEND.
+    pub(crate) fn post_message(
+        &self,
+        slot: u32,
+        iser: &[u8; HEADER_LEN],
+        bhs: &[u8; BHS_LEN],
+        ahs: &[u8],
+        data: &[u8],
+        invalidate: Option<u32>,
+    ) -> Result<(), IscsiError> {
+        let n = HEADERS_LEN + ahs.len() + data.len();
         if n > self.slot_len {
             self.release_slot(slot);
             self.sq.add_permits(1);
             return Err(IscsiError::Protocol("PDU larger than a send slot"));
         }
         let off = slot as usize * self.slot_len;
-        self.send_region.write(off, &Repr::control().to_bytes());
+        self.send_region.write(off, iser);
         self.send_region.write(off + HEADER_LEN, bhs);
-        self.send_region.write(off + HEADERS_LEN, data);
+        self.send_region.write(off + HEADERS_LEN, ahs);
+        self.send_region.write(off + HEADERS_LEN + ahs.len(), data);
         let op = match invalidate {
             Some(k) => SendOp::SendWithInv(k),
             None => SendOp::Send,
@@ -355,7 +384,7 @@ impl Link {
         Ok(())
     }
 
-    fn release_slot(&self, slot: u32) {
+    pub(crate) fn release_slot(&self, slot: u32) {
         lock(&self.free_slots).push(slot);
         self.slots.add_permits(1);
     }
@@ -365,6 +394,18 @@ impl Link {
         &self,
         op: SendOp,
         sge: Sge,
+        hold: Hold,
+        want: bool,
+    ) -> Result<Option<oneshot::Receiver<WcStatus>>, IscsiError> {
+        self.post_op(op, vec![sge], hold, want)
+    }
+
+    /// Posts any work request whose completion someone may wait for (its queue credit, and
+    /// for a READ its read credit, already taken).
+    pub(crate) fn post_op(
+        &self,
+        op: SendOp,
+        sg_list: Vec<Sge>,
         hold: Hold,
         want: bool,
     ) -> Result<Option<oneshot::Receiver<WcStatus>>, IscsiError> {
@@ -384,7 +425,7 @@ impl Link {
                 read,
             },
         );
-        let wr = SendWr::new(TAG_OP | id, op, vec![sge]);
+        let wr = SendWr::new(TAG_OP | id, op, sg_list);
         if let Err(e) = self.post(wr) {
             lock(&self.ops).remove(&id);
             if read {
@@ -396,7 +437,7 @@ impl Link {
     }
 
     /// Handles one send-side completion.
-    fn completed(&self, wc: &WorkCompletion) {
+    pub(crate) fn completed(&self, wc: &WorkCompletion) {
         self.posted.fetch_sub(1, Ordering::AcqRel);
         self.sq.add_permits(1);
         match wc.wr_id & TAG_MASK {
@@ -427,7 +468,7 @@ impl Link {
 
 /// Returns send slots and credits as completions arrive; ends once the link is closed and
 /// everything posted has completed.
-async fn poll_send(link: Arc<Link>, cq: Cq) {
+pub(crate) async fn poll_send(link: Arc<Link>, cq: Cq) {
     let mut wcs = Vec::with_capacity(POLL_BATCH);
     loop {
         wcs.clear();
@@ -775,27 +816,36 @@ impl ConnDriver for IserDriver {
         self.max_xmit.store(len.min(cap), Ordering::Relaxed);
     }
 
+    /// Closes once what is already posted (a Logout Response) has gone out.
     fn close(&self) {
-        self.link.close();
+        let link = self.link.clone();
+        tokio::spawn(async move {
+            wait_sent(&link).await;
+            link.close();
+        });
     }
 }
 
-/// A received SEND, split.
-enum Received {
-    Pdu(Stag2, RxPdu),
+/// A received SEND, split ([`split`]).
+#[derive(Debug)]
+pub enum Received {
+    Pdu(Stags, RxPdu),
+    /// An iSER Hello (answered with a rejecting HelloReply).
     Hello,
+    /// Not a valid iSER message: the connection ends.
     Bad(&'static str),
 }
 
 /// The STags of a received control PDU.
-#[derive(Debug, Clone, Copy, Default)]
-struct Stag2 {
-    read: Option<Stag>,
-    write: Option<Stag>,
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Stags {
+    pub read: Option<Stag>,
+    pub write: Option<Stag>,
 }
 
-/// Splits one received message into the iSER header and the iSCSI PDU.
-fn split(msg: &[u8]) -> Received {
+/// Splits one received message into the iSER header and the iSCSI PDU (header, AHS, data
+/// segment; no padding or digests on iSER).
+pub fn split(msg: &[u8]) -> Received {
     let Ok(p) = Packet::new_checked(msg) else {
         return Received::Bad("message shorter than the iSER header");
     };
@@ -822,7 +872,7 @@ fn split(msg: &[u8]) -> Received {
         return Received::Bad("data segment longer than the message");
     }
     Received::Pdu(
-        Stag2 { read, write },
+        Stags { read, write },
         RxPdu {
             bhs,
             ahs: body[..ahs_len].to_vec(),
@@ -833,21 +883,29 @@ fn split(msg: &[u8]) -> Received {
 }
 
 /// The receiver's view of the ring.
-struct Receiver {
+pub(crate) struct Receiver {
     ep: Endpoint,
     wcs: Vec<WorkCompletion>,
     scratch: Vec<u8>,
 }
 
-enum RxEvent {
+pub(crate) enum RxEvent {
     Msg(Received),
     /// The QP failed or was flushed.
     Failed(WcStatus),
 }
 
 impl Receiver {
+    pub(crate) fn new(ep: Endpoint) -> Receiver {
+        Receiver {
+            ep,
+            wcs: Vec::with_capacity(POLL_BATCH),
+            scratch: Vec::new(),
+        }
+    }
+
     /// Takes waiting receive completions: copies each message out and posts its buffer again.
-    fn take(&mut self, out: &mut Vec<RxEvent>) {
+    pub(crate) fn take(&mut self, out: &mut Vec<RxEvent>) {
         self.wcs.clear();
         self.ep.recv_cq.poll_into(&mut self.wcs, POLL_BATCH);
         let slot_len = self.ep.sizing.recv_slot_len();
@@ -870,7 +928,7 @@ impl Receiver {
         }
     }
 
-    async fn wait(&self) {
+    pub(crate) async fn wait(&self) {
         self.ep.recv_cq.wait_nonempty().await
     }
 }
@@ -895,12 +953,8 @@ pub async fn serve(
             return;
         }
     };
-    let poller = tokio::spawn(poll_send(link.clone(), ep.send_cq.clone()));
-    let mut rx = Receiver {
-        ep,
-        wcs: Vec::with_capacity(POLL_BATCH),
-        scratch: Vec::new(),
-    };
+    let poller = tokio::spawn(poll_send(link.clone(), ep.send_cq().clone()));
+    let mut rx = Receiver::new(ep);
     match login_phase(&shared, &link, &mut rx, &peer).await {
         Ok(Some((session, cid, stat_sn))) => {
             full_feature(
@@ -927,7 +981,7 @@ async fn send_login(link: &Link, r: &LoginResponse, data: &[u8]) -> Result<(), I
     link.post_pdu(slot, &bhs, data, None)
 }
 
-async fn next_event(
+pub(crate) async fn next_event(
     link: &Link,
     rx: &mut Receiver,
     queue: &mut Vec<RxEvent>,
