@@ -295,6 +295,18 @@ pub struct PortalGroup {
     pub acls: Vec<Acl>,
     #[serde(default, skip_serializing_if = "is_default")]
     pub params: IscsiParams,
+    /// Also serve iSER on these portals (the CM listens on the same ip:port over the RDMA
+    /// device, when the `rdma` section brings one up).
+    #[serde(default = "yes", skip_serializing_if = "is_true")]
+    pub iser: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+fn is_true(v: &bool) -> bool {
+    *v
 }
 
 fn is_default<T: Default + PartialEq>(v: &T) -> bool {

@@ -943,6 +943,27 @@ pub async fn serve(
     pool_mrs: Option<Arc<PoolMrs>>,
     stats: Arc<IserStats>,
 ) {
+    serve_until(
+        shared,
+        ep,
+        peer,
+        pool_mrs,
+        stats,
+        Box::pin(std::future::pending()),
+    )
+    .await
+}
+
+/// [`serve`], ending the connection when `gone` resolves (the CM saw a DREQ or the peer
+/// vanished).
+pub async fn serve_until(
+    shared: Arc<ServerShared>,
+    ep: Endpoint,
+    peer: Peer,
+    pool_mrs: Option<Arc<PoolMrs>>,
+    stats: Arc<IserStats>,
+    gone: std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>,
+) {
     stats.connections.fetch_add(1, Ordering::AcqRel);
     stats.accepted.fetch_add(1, Ordering::Relaxed);
     let link = match Link::new(&ep, peer.peer) {
@@ -954,6 +975,12 @@ pub async fn serve(
         }
     };
     let poller = tokio::spawn(poll_send(link.clone(), ep.send_cq().clone()));
+    let l = link.clone();
+    let watcher = tokio::spawn(async move {
+        gone.await;
+        tracing::debug!(peer = %l.peer, "iSER connection gone (CM)");
+        l.close();
+    });
     let mut rx = Receiver::new(ep);
     match login_phase(&shared, &link, &mut rx, &peer).await {
         Ok(Some((session, cid, stat_sn))) => {
@@ -966,6 +993,7 @@ pub async fn serve(
         Err(e) => tracing::debug!(peer = %peer.peer, error = %e, "iSER login ended"),
     }
     link.close();
+    watcher.abort();
     let _ = poller.await;
     stats.connections.fetch_sub(1, Ordering::AcqRel);
 }

@@ -7,12 +7,14 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 
+use rtgt_transport::cm::{prepare_qp, Cm, CmConn, CmError, ConnParams};
 use rtgt_transport::verbs::{Access, FastReg, Mr, Pd, Region, SendOp, SendWr, WcStatus};
 
 use super::conn::{
     next_event, poll_send, Endpoint, Hold, Link, Received, Receiver, RxEvent, Stags,
 };
-use super::header::{Repr, HEADER_LEN};
+use super::header::{CmHeader, Repr, HEADER_LEN};
+use super::Sizing;
 use crate::iscsi::conn::RxPdu;
 use crate::iscsi::pdu::BHS_LEN;
 use crate::iscsi::IscsiError;
@@ -24,6 +26,8 @@ pub struct IserTransport {
     variant: AtomicU8,
     rx: tokio::sync::Mutex<(Receiver, Vec<RxEvent>)>,
     poller: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
+    /// The CM connection, when the CM made it; dropped (disconnected) with the transport.
+    cm: std::sync::Mutex<Option<Arc<CmConn>>>,
 }
 
 impl IserTransport {
@@ -40,7 +44,22 @@ impl IserTransport {
             variant: AtomicU8::new(1),
             rx: tokio::sync::Mutex::new((Receiver::new(ep), Vec::new())),
             poller: std::sync::Mutex::new(Some(poller)),
+            cm: std::sync::Mutex::new(None),
         }))
+    }
+
+    /// Keeps the CM connection with the transport: a DREQ or a vanished peer closes it.
+    pub fn attach(&self, conn: CmConn) {
+        let conn = Arc::new(conn);
+        let c = conn.clone();
+        let link = self.link.clone();
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = c.disconnected() => link.close(),
+                _ = link.closed() => {}
+            }
+        });
+        *self.cm.lock().unwrap_or_else(|e| e.into_inner()) = Some(conn);
     }
 
     /// Sends one PDU behind `iser` (a control header with the command's STags, or a plain one).
@@ -147,6 +166,10 @@ impl IserTransport {
     /// Closes and waits until every posted operation has completed.
     pub async fn shutdown(&self) {
         self.close();
+        let cm = self.cm.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(c) = cm {
+            c.disconnect();
+        }
         let p = self.poller.lock().unwrap_or_else(|e| e.into_inner()).take();
         if let Some(p) = p {
             let _ = p.await;
@@ -157,6 +180,46 @@ impl IserTransport {
 impl Drop for IserTransport {
     fn drop(&mut self) {
         self.link.close();
+    }
+}
+
+/// Connects to an iSER portal through the CM as ib_iser does (REQ private data 0x80: no
+/// zero-based addressing, send with invalidate welcome; one RDMA READ of our own in
+/// flight, up to 16 served). Returns the endpoint, its receive ring posted, and the
+/// connection.
+pub async fn connect(
+    cm: &Cm,
+    pd: &Pd,
+    dst: SocketAddr,
+    sizing: Sizing,
+) -> Result<(Endpoint, CmConn), IscsiError> {
+    let ep = Endpoint::new(pd, sizing).map_err(|_| IscsiError::Protocol("iSER endpoint"))?;
+    prepare_qp(&ep.qp).map_err(|_| IscsiError::Protocol("iSER QP"))?;
+    ep.post_receives()
+        .map_err(|_| IscsiError::Protocol("iSER receives"))?;
+    let hdr = CmHeader {
+        zbva_not_supported: true,
+        send_w_inv_not_supported: false,
+    };
+    let params = ConnParams {
+        private_data: hdr.to_bytes().to_vec(),
+        responder_resources: 16,
+        initiator_depth: 1,
+        retry_count: 7,
+        rnr_retry_count: 6,
+        ..ConnParams::default()
+    };
+    match cm.connect(&ep.qp, dst, params).await {
+        Ok(c) => Ok((ep, c)),
+        Err(CmError::Rejected { reason, .. }) => {
+            tracing::debug!(?reason, %dst, "iSER connect rejected");
+            Err(IscsiError::Closed)
+        }
+        Err(CmError::Timeout) => Err(IscsiError::Timeout),
+        Err(e) => {
+            tracing::debug!(error = %e, %dst, "iSER connect failed");
+            Err(IscsiError::Closed)
+        }
     }
 }
 

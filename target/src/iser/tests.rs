@@ -616,3 +616,121 @@ async fn bad_stag_is_a_remote_access_error() {
     assert_eq!(s.logout().await.unwrap(), 0);
     f.settled().await;
 }
+
+/// Both ends on HCAs with their CMs: the listener accepts as ib_isert does, the initiator
+/// connects as ib_iser does.
+struct CmFab {
+    _target: Arc<rtgt_transport::hca::Hca>,
+    init: rtgt_transport::hca::Hca,
+    init_pd: Pd,
+    server: super::IserServer,
+    shared: Arc<ServerShared>,
+    _stop: tokio::sync::watch::Sender<bool>,
+}
+
+async fn cm_fab(drop_ppm: u32) -> CmFab {
+    use rtgt_transport::cm::CmLimits;
+    use rtgt_transport::hca::Hca as SoftHca;
+    let f = fab(0, Auth::default()).await;
+    let (la, lb) = loopback::pair(1 << 16);
+    let faults = FaultConfig {
+        drop_ppm,
+        ..FaultConfig::default()
+    };
+    let mut tc = HcaConfig::new("tgt-cm", vec![ip(1)]);
+    tc.eth_mtu = 1500;
+    let mut ic = HcaConfig::new("ini-cm", vec![ip(2)]);
+    ic.eth_mtu = 1500;
+    let target = Arc::new(
+        SoftHca::with_netdev(
+            Hca::new(tc).unwrap(),
+            FaultInjector::new(la, faults, 3),
+            CmLimits::default(),
+        )
+        .unwrap(),
+    );
+    let init = SoftHca::with_netdev(
+        Hca::new(ic).unwrap(),
+        FaultInjector::new(lb, faults, 5),
+        CmLimits::default(),
+    )
+    .unwrap();
+    let server = super::IserServer::new(f.shared.clone(), target.clone()).unwrap();
+    let (tx, rx) = tokio::sync::watch::channel(false);
+    let s = server.clone();
+    tokio::spawn(async move {
+        s.serve(SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), PORT), rx)
+            .await
+            .unwrap();
+    });
+    CmFab {
+        init_pd: init.device().alloc_pd().unwrap(),
+        _target: target,
+        init,
+        server,
+        shared: f.shared.clone(),
+        _stop: tx,
+    }
+}
+
+impl CmFab {
+    async fn connect(&self) -> Session {
+        let dst = SocketAddr::new(ip(1), PORT);
+        let mut last = None;
+        // The listener task may not have started yet.
+        for _ in 0..50 {
+            match Session::connect_iser_cm(self.init.cm(), &self.init_pd, dst, cfg()).await {
+                Ok(s) => {
+                    let r = s.command(0, &[0u8; 6], None, 0).await.unwrap();
+                    assert!(r.is_good() || r.sense_key().map(|k| k.0) == Some(0x06));
+                    return s;
+                }
+                Err(e) => last = Some(e),
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        panic!("no iSER connection: {last:?}");
+    }
+
+    async fn settled(&self) {
+        for _ in 0..2000 {
+            if self.server.stats().connections.load(Ordering::Acquire) == 0
+                && self.server.live_qps() == 0
+                && self.shared.sessions.is_empty()
+            {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        panic!(
+            "target kept {} connections, {} QPs, {} sessions",
+            self.server.stats().connections.load(Ordering::Acquire),
+            self.server.live_qps(),
+            self.shared.sessions.len()
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn through_the_cm() {
+    let f = cm_fab(0).await;
+    let s = f.connect().await;
+    command_set(&s).await;
+    assert_eq!(s.logout().await.unwrap(), 0);
+    f.settled().await;
+    // A vanished initiator (DREQ without logout) is cleaned up too.
+    let s = f.connect().await;
+    write(&s, 0, pattern(65536, 4), false).await;
+    s.disconnect().await;
+    f.settled().await;
+    assert!(f.server.stats().accepted.load(Ordering::Relaxed) >= 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn through_the_cm_with_one_percent_loss() {
+    let f = cm_fab(10_000).await;
+    let s = f.connect().await;
+    command_set(&s).await;
+    assert_eq!(s.logout().await.unwrap(), 0);
+    f.settled().await;
+}

@@ -332,10 +332,22 @@ impl Session {
     pub async fn connect_iser(
         ep: Endpoint,
         peer: SocketAddr,
+        cfg: LoginConfig,
+    ) -> Result<Session, IscsiError> {
+        Session::connect_iser_with(ep, peer, cfg, None).await
+    }
+
+    async fn connect_iser_with(
+        ep: Endpoint,
+        peer: SocketAddr,
         mut cfg: LoginConfig,
+        cm: Option<rtgt_transport::cm::CmConn>,
     ) -> Result<Session, IscsiError> {
         cfg.transport = super::params::TransportKind::Iser;
         let t = IserTransport::start(ep, peer)?;
+        if let Some(c) = cm {
+            t.attach(c);
+        }
         let (params, tsih, cmd_sn, stat_sn) = match login_exchange_iser(&t, cfg).await {
             Ok(x) => x,
             Err(e) => {
@@ -365,6 +377,18 @@ impl Session {
         });
         tokio::spawn(iser_reader_task(inner.clone(), t));
         Ok(Session { inner })
+    }
+
+    /// Connects through the CM to the iSER portal `dst` and logs in.
+    pub async fn connect_iser_cm(
+        cm: &rtgt_transport::cm::Cm,
+        pd: &rtgt_transport::verbs::Pd,
+        dst: SocketAddr,
+        cfg: LoginConfig,
+    ) -> Result<Session, IscsiError> {
+        let sizing = crate::iser::Sizing::new(128, LOGIN_MAX_DATA as u32, 16);
+        let (ep, conn) = crate::iser::initiator::connect(cm, pd, dst, sizing).await?;
+        Session::connect_iser_with(ep, dst, cfg, Some(conn)).await
     }
 
     /// Whether the session runs over iSER.
