@@ -7,7 +7,7 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 
-use rtgt_transport::cm::{prepare_qp, Cm, CmConn, CmError, ConnParams};
+use rtgt_transport::cm::{prepare_qp, Cm, CmConn, CmError, ConnParams, Reason};
 use rtgt_transport::verbs::{Access, FastReg, Mr, Pd, Region, SendOp, SendWr, WcStatus};
 
 use super::conn::{
@@ -193,32 +193,45 @@ pub async fn connect(
     dst: SocketAddr,
     sizing: Sizing,
 ) -> Result<(Endpoint, CmConn), IscsiError> {
-    let ep = Endpoint::new(pd, sizing).map_err(|_| IscsiError::Protocol("iSER endpoint"))?;
-    prepare_qp(&ep.qp).map_err(|_| IscsiError::Protocol("iSER QP"))?;
-    ep.post_receives()
-        .map_err(|_| IscsiError::Protocol("iSER receives"))?;
     let hdr = CmHeader {
         zbva_not_supported: true,
         send_w_inv_not_supported: false,
     };
-    let params = ConnParams {
-        private_data: hdr.to_bytes().to_vec(),
-        responder_resources: 16,
-        initiator_depth: 1,
-        retry_count: 7,
-        rnr_retry_count: 6,
-        ..ConnParams::default()
-    };
-    match cm.connect(&ep.qp, dst, params).await {
-        Ok(c) => Ok((ep, c)),
-        Err(CmError::Rejected { reason, .. }) => {
-            tracing::debug!(?reason, %dst, "iSER connect rejected");
-            Err(IscsiError::Closed)
-        }
-        Err(CmError::Timeout) => Err(IscsiError::Timeout),
-        Err(e) => {
-            tracing::debug!(error = %e, %dst, "iSER connect failed");
-            Err(IscsiError::Closed)
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let ep = Endpoint::new(pd, sizing).map_err(|_| IscsiError::Protocol("iSER endpoint"))?;
+        prepare_qp(&ep.qp).map_err(|_| IscsiError::Protocol("iSER QP"))?;
+        ep.post_receives()
+            .map_err(|_| IscsiError::Protocol("iSER receives"))?;
+        let params = ConnParams {
+            private_data: hdr.to_bytes().to_vec(),
+            responder_resources: 16,
+            initiator_depth: 1,
+            retry_count: 7,
+            rnr_retry_count: 6,
+            ..ConnParams::default()
+        };
+        match cm.connect(&ep.qp, dst, params).await {
+            Ok(c) => return Ok((ep, c)),
+            // The target still holds a connection of an earlier process with the same IDs in
+            // its timewait: try again once that has passed.
+            Err(CmError::Rejected {
+                reason: Reason::StaleConn,
+                ..
+            }) if attempt < 4 => {
+                tracing::debug!(%dst, attempt, "iSER connect: stale connection, retrying");
+                tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+            }
+            Err(CmError::Rejected { reason, .. }) => {
+                tracing::debug!(?reason, %dst, "iSER connect rejected");
+                return Err(IscsiError::Closed);
+            }
+            Err(CmError::Timeout) => return Err(IscsiError::Timeout),
+            Err(e) => {
+                tracing::debug!(error = %e, %dst, "iSER connect failed");
+                return Err(IscsiError::Closed);
+            }
         }
     }
 }
