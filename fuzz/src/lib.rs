@@ -6,6 +6,7 @@
 //! when the code under test panics or breaks a property the function checks; rejecting the
 //! input is not a failure.
 
+mod cm_state;
 mod config;
 mod iscsi;
 mod iser;
@@ -13,6 +14,7 @@ mod responder;
 mod scsi;
 mod transport;
 
+pub use cm_state::transport_cm_state;
 pub use config::config_yaml;
 pub use iscsi::{iscsi_bhs, iscsi_login, iscsi_text};
 pub use iser::iser_header;
@@ -33,6 +35,7 @@ pub const TARGETS: &[(&str, Body)] = &[
     ("scsi_cdb", scsi_cdb),
     ("scsi_params", scsi_params),
     ("transport_cm", transport_cm),
+    ("transport_cm_state", transport_cm_state),
     ("transport_packet", transport_packet),
     ("transport_responder", transport_responder),
 ];

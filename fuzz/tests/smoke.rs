@@ -248,6 +248,7 @@ smoke_tests!(
     scsi_cdb,
     scsi_params,
     transport_cm,
+    transport_cm_state,
     transport_packet,
     transport_responder,
 );

@@ -6,8 +6,12 @@
 //! * [`verbs`] is the soft HCA's resource model: device, PD, MR, CQ, QP, SRQ, AH.
 //! * [`rc`] is the transport engine: requester, responder and completer of RC QPs (and the UD
 //!   send/receive path), driven by packets in, packets out and a clock.
-//! * [`netdev`] moves whole IP datagrams: an in-memory loopback, a fault injector and a UDP
-//!   socket on port 4791.
+//! * [`netdev`] moves whole IP datagrams: an in-memory loopback, a fault injector and UDP
+//!   sockets on port 4791.
+//! * [`cm`] is the connection manager: the IB CM over QP1 with rdma_cm addressing (listen,
+//!   accept, reject, connect, disconnect).
+//! * [`hca`] puts them together: a device on the host's addresses, its driver task and its
+//!   CM.
 
 pub mod cm;
 pub mod hca;

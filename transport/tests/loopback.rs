@@ -1211,3 +1211,57 @@ async fn async_runner_over_faulty_loopback() {
     ta.abort();
     tb.abort();
 }
+
+/// An ACK that arrives after the retransmit timer went off completes the SEND once, and
+/// nothing is sent after it. (The case of an ACK landing while the rewound message is still
+/// being sent again is reached by `cycles_over_a_faulty_link` in tests/cm.rs.)
+#[test]
+fn late_ack_after_timeout_completes_the_send() {
+    use std::time::Duration;
+    let (da, _pa, cqa, qpa, _ra, mra) = side("a", ip(1), 1 << 16);
+    let (db, _pb, cqb, qpb, _rb, mrb) = side("b", ip(2), 1 << 16);
+    connect_qp(&qpa, ip(2), qpb.qpn(), Mtu::Mtu1024, 100, 200);
+    connect_qp(&qpb, ip(1), qpa.qpn(), Mtu::Mtu1024, 200, 100);
+    qpb.post_recv(RecvWr {
+        wr_id: 1,
+        sg_list: vec![mrb.sge(0, 8192)],
+    })
+    .unwrap();
+    qpa.post_send(send_wr(7, SendOp::Send, mra.sge(0, 3000)))
+        .unwrap();
+    let mut t = Duration::ZERO;
+    let mut out = Vec::new();
+    da.poll(t);
+    da.take_tx(&mut out);
+    assert_eq!(out.len(), 3, "a 3000-byte SEND at MTU 1024");
+    for d in out.drain(..) {
+        db.receive(&d, t);
+    }
+    db.poll(t);
+    db.take_tx(&mut out);
+    let acks: Vec<Vec<u8>> = std::mem::take(&mut out);
+    assert!(!acks.is_empty());
+    // The ACK is late: the requester's timer (timeout 14, 67 ms) fires first and rewinds.
+    t += Duration::from_millis(100);
+    da.poll(t);
+    da.take_tx(&mut out);
+    assert!(!out.is_empty(), "no retransmission");
+    out.clear();
+    for d in &acks {
+        da.receive(d, t);
+    }
+    da.poll(t);
+    let wc = cqa.poll(4);
+    assert_eq!(wc.len(), 1);
+    assert_eq!((wc[0].wr_id, wc[0].status), (7, WcStatus::Success));
+    // Nothing left to send, and no timer left running.
+    t += Duration::from_secs(1);
+    da.poll(t);
+    da.take_tx(&mut out);
+    assert!(
+        out.is_empty(),
+        "{} packets sent after the completion",
+        out.len()
+    );
+    assert_eq!(cqb.poll(4).len(), 1, "the message arrived once");
+}

@@ -32,7 +32,7 @@ use tokio::sync::{mpsc, watch, Notify};
 use self::core::{Core, Phase};
 use crate::verbs::{Device, Mtu, Qp, QpType, VerbsError};
 use crate::wire::cm::RejReason;
-use crate::wire::{cma, mad};
+use crate::wire::cma;
 
 pub use crate::wire::cm::RejReason as Reason;
 
@@ -232,9 +232,14 @@ impl Cm {
     /// A CM without its task: MADs go in through [`Cm::receive_mad`], time through
     /// [`Cm::tick`] (for tests and fuzzing).
     pub fn new(dev: &Device, limits: CmLimits) -> Result<Cm, CmError> {
+        Cm::with_seed(dev, limits, None)
+    }
+
+    /// [`Cm::new`] with communication IDs and PSNs drawn from `seed` (reproducible runs).
+    pub fn with_seed(dev: &Device, limits: CmLimits, seed: Option<u64>) -> Result<Cm, CmError> {
         let gsi = gsi::Gsi::open(dev).map_err(CmError::Verbs)?;
         let shared = Arc::new_cyclic(|weak: &Weak<Shared>| Shared {
-            core: Mutex::new(Core::new(dev.clone(), limits, weak.clone())),
+            core: Mutex::new(Core::new(dev.clone(), limits, weak.clone(), seed)),
             gsi,
             wake: Arc::new(Notify::new()),
         });
@@ -332,6 +337,12 @@ impl Cm {
         self.shared.flush(&mut core);
     }
 
+    /// The local communication IDs in the table with their QP numbers (0 before a QP is
+    /// bound), in no particular order.
+    pub fn comm_ids(&self) -> Vec<(u32, u32)> {
+        self.shared.core().comm_ids()
+    }
+
     /// Runs the timers due at `now`.
     pub fn tick(&self, now: Instant) {
         let mut core = self.shared.core();
@@ -423,6 +434,11 @@ impl CmListener {
     /// The next connect request; `None` once the CM has stopped.
     pub async fn accept(&mut self) -> Option<ConnectRequest> {
         self.rx.recv().await
+    }
+
+    /// A connect request if one is waiting.
+    pub fn try_accept(&mut self) -> Option<ConnectRequest> {
+        self.rx.try_recv().ok()
     }
 
     pub fn local_addr(&self) -> SocketAddr {
@@ -588,6 +604,3 @@ impl Drop for CmConn {
         self.disconnect();
     }
 }
-
-/// The MAD size, re-exported for consumers that log raw MADs.
-pub const MAD_LEN: usize = mad::MAD_LEN;

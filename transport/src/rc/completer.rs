@@ -118,11 +118,13 @@ fn check_psn(qp: &QpCtx, r: &Resp<'_>) -> CompState {
     };
     if psn_diff(r.psn, wqe.last_psn) > 0 {
         // The response is for a later WQE: this one was acknowledged (coalesced ACK), unless
-        // it still expects data, which the peer evidently skipped (implied NAK).
-        if wqe.state != WqeState::Pending {
-            return CompState::Done;
-        }
+        // it still expects data, which the peer evidently skipped (implied NAK). A SEND or
+        // WRITE being sent again after a rewind counts as acknowledged too: ACKs are
+        // cumulative, so the peer has all of it.
         if wqe.wr.op.is_read_or_atomic() {
+            if wqe.state != WqeState::Pending {
+                return CompState::Done;
+            }
             return CompState::Retry;
         }
         return CompState::CompWqe;
@@ -158,8 +160,13 @@ fn check_ack(qp: &mut QpCtx, r: &Resp<'_>, now: Duration) -> CompState {
                 return CompState::Done;
             }
             advance_psn(qp, psn_add(r.psn, 1), now);
+            // The ACK of the last PSN completes the WQE, also when a rewind is sending it
+            // again (the ACK of the first transmission arrived after the timeout).
             if r.psn == qp.sq.front().map_or(r.psn.wrapping_add(1), |w| w.last_psn)
-                && qp.sq.front().is_some_and(|w| w.state == WqeState::Pending)
+                && qp
+                    .sq
+                    .front()
+                    .is_some_and(|w| matches!(w.state, WqeState::Pending | WqeState::Processing))
             {
                 CompState::CompWqe
             } else {
@@ -350,9 +357,16 @@ pub(crate) fn retry(eng: &mut Engine, qp: &mut QpCtx, now: Duration, counted: bo
     let mut first_unfinished = None;
     while idx != end {
         if let Some(wqe) = qp.sq.get_mut(idx) {
-            if !matches!(wqe.state, WqeState::Done(_)) {
+            let started = !matches!(wqe.state, WqeState::Posted | WqeState::Done(_));
+            let acknowledged =
+                started && psn_diff(comp_psn, wqe.last_psn) > 0 && !wqe.wr.op.is_read_or_atomic();
+            if acknowledged {
+                // A SEND or WRITE whose ACK came after all (the timer fired with it in
+                // flight): done, not sent again, since an ACK older than comp_psn could never
+                // complete it.
+                wqe.state = WqeState::Done(WcStatus::Success);
+            } else if !matches!(wqe.state, WqeState::Done(_)) {
                 first_unfinished.get_or_insert(idx);
-                let started = wqe.state != WqeState::Posted;
                 let inside = started
                     && psn_diff(comp_psn, wqe.first_psn) > 0
                     && psn_diff(comp_psn, wqe.last_psn) <= 0

@@ -319,6 +319,13 @@ fn server(rt: &tokio::runtime::Runtime, a: &RpingArgs, deadline: Instant) -> Res
     )?;
     let hca = Arc::new(hca);
     let served = Arc::new(Served::default());
+    let mut listener = {
+        let _g = rt.enter();
+        hca.cm()
+            .listen(SocketAddr::new(listen_ip, a.port))
+            .map_err(err("listen"))?
+    };
+    // The stats file appears once the listener is up.
     let stats_task = a.stats_file.clone().map(|path| {
         let (hca, served) = (hca.clone(), served.clone());
         rt.spawn(async move {
@@ -328,12 +335,6 @@ fn server(rt: &tokio::runtime::Runtime, a: &RpingArgs, deadline: Instant) -> Res
             }
         })
     });
-    let mut listener = {
-        let _g = rt.enter();
-        hca.cm()
-            .listen(SocketAddr::new(listen_ip, a.port))
-            .map_err(err("listen"))?
-    };
     println!(
         "rping server listening on {} (device addresses {:?})",
         listener.local_addr(),
