@@ -846,7 +846,13 @@ pub struct Stags {
 /// Splits one received message into the iSER header and the iSCSI PDU (header, AHS, data
 /// segment; no padding or digests on iSER).
 pub fn split(msg: &[u8]) -> Received {
-    let Ok(p) = Packet::new_checked(msg) else {
+    split_owned(Bytes::copy_from_slice(msg))
+}
+
+/// [`split`] of a message already copied out of its receive buffer: the data segment is a
+/// slice of it, not another copy.
+fn split_owned(msg: Bytes) -> Received {
+    let Ok(p) = Packet::new_checked(&msg[..]) else {
         return Received::Bad("message shorter than the iSER header");
     };
     let repr = match Repr::parse(&p) {
@@ -871,12 +877,14 @@ pub fn split(msg: &[u8]) -> Received {
     if body.len() < ahs_len + dlen {
         return Received::Bad("data segment longer than the message");
     }
+    let ahs = body[..ahs_len].to_vec();
+    let start = HEADERS_LEN + ahs_len;
     Received::Pdu(
         Stags { read, write },
         RxPdu {
             bhs,
-            ahs: body[..ahs_len].to_vec(),
-            data: Bytes::copy_from_slice(&body[ahs_len..ahs_len + dlen]),
+            ahs,
+            data: msg.slice(start..start + dlen),
             data_digest_ok: true,
         },
     )
@@ -886,7 +894,6 @@ pub fn split(msg: &[u8]) -> Received {
 pub(crate) struct Receiver {
     ep: Endpoint,
     wcs: Vec<WorkCompletion>,
-    scratch: Vec<u8>,
 }
 
 pub(crate) enum RxEvent {
@@ -900,7 +907,6 @@ impl Receiver {
         Receiver {
             ep,
             wcs: Vec::with_capacity(POLL_BATCH),
-            scratch: Vec::new(),
         }
     }
 
@@ -916,11 +922,10 @@ impl Receiver {
             }
             let slot = wc.wr_id as u32;
             let len = (wc.byte_len as usize).min(slot_len);
-            self.scratch.resize(len, 0);
-            self.ep
-                .recv_region
-                .read(slot as usize * slot_len, &mut self.scratch);
-            let msg = split(&self.scratch);
+            // The one copy out of the ring: the buffer is posted again right away.
+            let mut buf = vec![0u8; len];
+            self.ep.recv_region.read(slot as usize * slot_len, &mut buf);
+            let msg = split_owned(Bytes::from(buf));
             if let Err(e) = self.ep.post_recv(slot) {
                 tracing::debug!(error = %e, "reposting an iSER receive");
             }
