@@ -796,6 +796,20 @@ mod tests {
     }
 
     #[test]
+    fn portal_group_iser_switch() {
+        let c = Config::embedded_default();
+        assert!(c.targets[0].portal_groups[0].iser, "iSER is on by default");
+        let y = c.to_yaml();
+        assert!(!y.contains("iser"), "the default is not written out");
+        let mut off = c.clone();
+        off.targets[0].portal_groups[0].iser = false;
+        let y = off.to_yaml();
+        assert!(y.contains("iser: false"));
+        let back = Config::from_yaml(&y, Path::new("t.yaml")).unwrap();
+        assert!(!back.targets[0].portal_groups[0].iser);
+    }
+
+    #[test]
     fn rdma_section() {
         let c = Config::embedded_default();
         assert_eq!(c.rdma, Rdma::default());

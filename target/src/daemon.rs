@@ -322,6 +322,7 @@ pub async fn build(config: &Config, state_dir: &Path) -> Result<Running, DaemonE
                 allow_any_initiator: g.allow_any_initiator,
                 luns,
                 params: params(&g.params),
+                iser: g.iser,
             });
         }
         registry.set_target(core::Target {

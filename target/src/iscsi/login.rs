@@ -771,6 +771,7 @@ mod tests {
                 allow_any_initiator: any,
                 luns: LunMap::default(),
                 params: IscsiParams::default(),
+                iser: true,
             }],
         });
         r
@@ -1145,6 +1146,7 @@ mod tests {
             allow_any_initiator: true,
             luns: LunMap::default(),
             params: IscsiParams::default(),
+            iser: true,
         };
         t.portal_groups = vec![mk(1, "0.0.0.0:3260"), mk(2, "10.0.0.1:3260")];
         assert_eq!(

@@ -104,6 +104,7 @@ async fn fab(drop_ppm: u32, auth: Auth) -> Fab {
             allow_any_initiator: true,
             luns: LunMap { luns },
             params: IscsiParams::default(),
+            iser: true,
         }],
     });
     let server = IscsiServer::new(registry, pool.clone());

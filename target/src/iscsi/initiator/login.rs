@@ -430,6 +430,7 @@ mod tests {
                     header_digest: true,
                     ..IscsiParams::default()
                 },
+                iser: true,
             }],
         });
         r
