@@ -295,6 +295,18 @@ pub struct PortalGroup {
     pub acls: Vec<Acl>,
     #[serde(default, skip_serializing_if = "is_default")]
     pub params: IscsiParams,
+    /// Also serve iSER on these portals (the CM listens on the same ip:port over the RDMA
+    /// device, when the `rdma` section brings one up).
+    #[serde(default = "yes", skip_serializing_if = "is_true")]
+    pub iser: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+fn is_true(v: &bool) -> bool {
+    *v
 }
 
 fn is_default<T: Default + PartialEq>(v: &T) -> bool {
@@ -781,6 +793,20 @@ mod tests {
             Err(ConfigError::Invalid { path, message, .. }) => (path, message),
             other => panic!("expected an invalid-config error, got {other:?}"),
         }
+    }
+
+    #[test]
+    fn portal_group_iser_switch() {
+        let c = Config::embedded_default();
+        assert!(c.targets[0].portal_groups[0].iser, "iSER is on by default");
+        let y = c.to_yaml();
+        assert!(!y.contains("iser"), "the default is not written out");
+        let mut off = c.clone();
+        off.targets[0].portal_groups[0].iser = false;
+        let y = off.to_yaml();
+        assert!(y.contains("iser: false"));
+        let back = Config::from_yaml(&y, Path::new("t.yaml")).unwrap();
+        assert!(!back.targets[0].portal_groups[0].iser);
     }
 
     #[test]

@@ -95,6 +95,7 @@ fn login_registry() -> Arc<Registry> {
                         allow_any_initiator: true,
                         luns: LunMap::default(),
                         params: IscsiParams::default(),
+                        iser: true,
                     }],
                 });
             }

@@ -9,6 +9,7 @@
 mod cm_state;
 mod config;
 mod iscsi;
+mod iser;
 mod responder;
 mod scsi;
 mod transport;
@@ -16,6 +17,7 @@ mod transport;
 pub use cm_state::transport_cm_state;
 pub use config::config_yaml;
 pub use iscsi::{iscsi_bhs, iscsi_login, iscsi_text};
+pub use iser::iser_header;
 pub use responder::transport_responder;
 pub use scsi::{scsi_cdb, scsi_params};
 pub use transport::{transport_cm, transport_packet};
@@ -29,6 +31,7 @@ pub const TARGETS: &[(&str, Body)] = &[
     ("iscsi_bhs", iscsi_bhs),
     ("iscsi_login", iscsi_login),
     ("iscsi_text", iscsi_text),
+    ("iser_header", iser_header),
     ("scsi_cdb", scsi_cdb),
     ("scsi_params", scsi_params),
     ("transport_cm", transport_cm),

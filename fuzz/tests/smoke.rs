@@ -244,6 +244,7 @@ smoke_tests!(
     iscsi_bhs,
     iscsi_login,
     iscsi_text,
+    iser_header,
     scsi_cdb,
     scsi_params,
     transport_cm,

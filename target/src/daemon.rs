@@ -16,6 +16,7 @@ use tracing::{error, info, warn};
 
 use crate::core::{self, Registry};
 use crate::iscsi::IscsiServer;
+use crate::iser::IserServer;
 use crate::scsi::{Device, DeviceConfig, DeviceRegistry, LunMap};
 use crate::sdnotify::{self, Notifier};
 
@@ -72,6 +73,8 @@ pub struct Running {
     pub devices: BTreeMap<String, Arc<Device>>,
     pub backstores: BTreeMap<String, Arc<dyn Backstore>>,
     pub portals: Vec<SocketAddr>,
+    /// Portals of the groups that also serve iSER (`iser: true`).
+    pub iser_portals: Vec<SocketAddr>,
     pub pool: Arc<BufPool>,
     /// The soft-RoCE device (UDP 4791) and its connection manager, when enabled and bound.
     pub rdma: Option<Arc<Hca>>,
@@ -269,6 +272,7 @@ pub async fn build(config: &Config, state_dir: &Path) -> Result<Running, DaemonE
 
     let registry = Registry::new();
     let mut portals = Vec::new();
+    let mut iser_portals = Vec::new();
     for t in &config.targets {
         let mut groups = Vec::new();
         for g in &t.portal_groups {
@@ -307,6 +311,9 @@ pub async fn build(config: &Config, state_dir: &Path) -> Result<Running, DaemonE
                 if !portals.contains(p) {
                     portals.push(*p);
                 }
+                if g.iser && !iser_portals.contains(p) {
+                    iser_portals.push(*p);
+                }
             }
             groups.push(core::PortalGroup {
                 tag: g.tag,
@@ -316,6 +323,7 @@ pub async fn build(config: &Config, state_dir: &Path) -> Result<Running, DaemonE
                 allow_any_initiator: g.allow_any_initiator,
                 luns,
                 params: params(&g.params),
+                iser: g.iser,
             });
         }
         registry.set_target(core::Target {
@@ -331,6 +339,7 @@ pub async fn build(config: &Config, state_dir: &Path) -> Result<Running, DaemonE
         devices,
         backstores,
         portals,
+        iser_portals,
         pool,
         rdma,
     })
@@ -384,6 +393,34 @@ pub fn load_config(opts: &Options) -> Result<Config, DaemonError> {
                  no authentication, any initiator allowed)"
             );
             Ok(Config::embedded_default())
+        }
+    }
+}
+
+/// Logs the live iSER connections, RC QPs and sessions on SIGUSR1 (a leak check the host can
+/// read from the log).
+async fn report_rdma(iser: IserServer, mut stop: tokio::sync::watch::Receiver<bool>) {
+    use tokio::signal::unix::{signal, SignalKind};
+    let Ok(mut usr1) = signal(SignalKind::user_defined1()) else {
+        return;
+    };
+    loop {
+        tokio::select! {
+            _ = usr1.recv() => {
+                let st = iser.stats();
+                info!(
+                    iser_connections = st.connections.load(std::sync::atomic::Ordering::Acquire),
+                    iser_accepted = st.accepted.load(std::sync::atomic::Ordering::Relaxed),
+                    rdma_qps = iser.live_qps(),
+                    sessions = iser.session_count(),
+                    "RDMA state"
+                );
+            }
+            r = stop.changed() => {
+                if r.is_err() || *stop.borrow() {
+                    return;
+                }
+            }
         }
     }
 }
@@ -465,6 +502,32 @@ pub async fn run(opts: Options) -> Result<(), DaemonError> {
             }
         }));
     }
+    let iser = match &running.rdma {
+        Some(hca) if !running.iser_portals.is_empty() => {
+            match IserServer::new(server.shared(), hca.clone()) {
+                Ok(s) => Some(s),
+                Err(e) => {
+                    warn!(error = %e, "iSER unavailable");
+                    None
+                }
+            }
+        }
+        _ => None,
+    };
+    if let Some(iser) = &iser {
+        for addr in &running.iser_portals {
+            info!(portal = %addr, "iSER portal listening");
+            let iser = iser.clone();
+            let stop = stop_rx.clone();
+            let addr = *addr;
+            tasks.push(tokio::spawn(async move {
+                if let Err(e) = iser.serve(addr, stop).await {
+                    error!(portal = %addr, error = %e, "iSER portal failed");
+                }
+            }));
+        }
+        tasks.push(tokio::spawn(report_rdma(iser.clone(), stop_rx.clone())));
+    }
     for t in running.registry.targets() {
         info!(target = %t.name, "target ready");
     }
@@ -486,6 +549,9 @@ pub async fn run(opts: Options) -> Result<(), DaemonError> {
     }
     let _ = stop_tx.send(true);
     server.shutdown(SHUTDOWN_GRACE).await;
+    if let Some(iser) = &iser {
+        iser.drain(Duration::from_secs(5)).await;
+    }
     for t in tasks {
         let _ = t.await;
     }

@@ -1,10 +1,11 @@
 //! rtgt's SCSI target.
 //!
 //! Dependency direction: [`scsi`] (no fabric knowledge) ← [`core`] (targets, portal groups,
-//! LUN maps, ACLs, sessions) ← fabrics ([`iscsi`]) ← the `rtgtd` daemon.
+//! LUN maps, ACLs, sessions) ← fabrics ([`iscsi`], [`iser`]) ← the `rtgtd` daemon.
 
 pub mod core;
 pub mod daemon;
 pub mod iscsi;
+pub mod iser;
 pub mod scsi;
 pub mod sdnotify;

@@ -1,5 +1,7 @@
 //! rtgt-iscsi: a small iSCSI initiator for discovery, block reads and writes, and
 //! benchmarks (`bench` prints IOPS and MB/s, for side-by-side runs against other targets).
+//! With `--iser ADDR` sessions run over iSER instead of TCP, on rtgt's soft-RoCE device bound
+//! to ADDR (UDP 4791), connected through its CM to the URL's host and port.
 
 use std::io::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -12,6 +14,7 @@ use rand::Rng;
 use rtgt_target::core::ChapCredentials;
 use rtgt_target::iscsi::initiator::{self, IscsiUrl, LoginConfig, Session};
 use rtgt_target::iscsi::IscsiError;
+use rtgt_transport::hca::{Hca, HcaConfig};
 
 #[derive(Parser)]
 #[command(
@@ -31,6 +34,12 @@ struct Cli {
     /// Name and secret the target must present (mutual CHAP), as NAME%SECRET.
     #[arg(long, global = true)]
     mutual: Option<String>,
+    /// Connect over iSER from this local address (rtgt's soft-RoCE device on UDP 4791).
+    #[arg(long, global = true)]
+    iser: Option<std::net::IpAddr>,
+    /// Ethernet MTU of the iSER link (the RDMA path MTU follows: 1024 at 1500, 4096 from 4200).
+    #[arg(long, global = true, default_value_t = 1500)]
+    eth_mtu: usize,
     #[command(subcommand)]
     cmd: Cmd,
 }
@@ -129,17 +138,39 @@ fn login_config(cli: &Cli, url: Option<&IscsiUrl>) -> LoginConfig {
     }
 }
 
-async fn open(cli: &Cli, url: &str) -> Result<(Session, IscsiUrl), IscsiError> {
+/// A session and, for iSER, the device it runs on (kept as long as the session).
+struct Opened {
+    s: Session,
+    u: IscsiUrl,
+    _hca: Option<Hca>,
+}
+
+async fn open(cli: &Cli, url: &str) -> Result<Opened, IscsiError> {
     let u: IscsiUrl = url.parse()?;
     let addr = initiator::resolve(&u.host, u.port).await?;
-    let s = Session::connect(addr, login_config(cli, Some(&u))).await?;
+    let cfg = login_config(cli, Some(&u));
+    let (s, hca) = match cli.iser {
+        None => (Session::connect(addr, cfg).await?, None),
+        Some(local) => {
+            let mut hc = HcaConfig::new(vec![local]);
+            hc.eth_mtu = cli.eth_mtu;
+            let hca =
+                Hca::open(&hc).map_err(|e| IscsiError::Address(format!("RDMA device: {e}")))?;
+            let pd = hca
+                .device()
+                .alloc_pd()
+                .map_err(|_| IscsiError::Protocol("RDMA protection domain"))?;
+            let s = Session::connect_iser_cm(hca.cm(), &pd, addr, cfg).await?;
+            (s, Some(hca))
+        }
+    };
     // Clear unit attentions (power on, reset) before real work.
     for _ in 0..4 {
         if s.command(u.lun, &[0u8; 6], None, 0).await?.is_good() {
             break;
         }
     }
-    Ok((s, u))
+    Ok(Opened { s, u, _hca: hca })
 }
 
 /// READ CAPACITY(16): (block size, number of blocks).
@@ -182,8 +213,9 @@ async fn bench(
     iodepth: usize,
     seconds: u64,
 ) -> Result<(), IscsiError> {
-    let (s, u) = open(cli, url).await?;
-    let (block, blocks) = capacity(&s, u.lun).await?;
+    let o = open(cli, url).await?;
+    let (s, u) = (&o.s, &o.u);
+    let (block, blocks) = capacity(s, u.lun).await?;
     if bs == 0 || !bs.is_multiple_of(block as u64) {
         return Err(IscsiError::Address(format!(
             "--bs must be a multiple of the block size {block}"
@@ -292,8 +324,9 @@ async fn run(cli: Cli) -> Result<(), IscsiError> {
             blocks,
             out,
         } => {
-            let (s, u) = open(&cli, url).await?;
-            let (bs, _) = capacity(&s, u.lun).await?;
+            let o = open(&cli, url).await?;
+            let (s, u) = (&o.s, &o.u);
+            let (bs, _) = capacity(s, u.lun).await?;
             let len = bs * blocks;
             let r = s
                 .command(u.lun, &rw16(0x88, *lba, *blocks), None, len)
@@ -312,8 +345,9 @@ async fn run(cli: Cli) -> Result<(), IscsiError> {
             pattern,
             blocks,
         } => {
-            let (s, u) = open(&cli, url).await?;
-            let (bs, _) = capacity(&s, u.lun).await?;
+            let o = open(&cli, url).await?;
+            let (s, u) = (&o.s, &o.u);
+            let (bs, _) = capacity(s, u.lun).await?;
             let data = match file {
                 Some(p) => std::fs::read(p)?,
                 None => vec![*pattern; (bs * blocks) as usize],

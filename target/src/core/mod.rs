@@ -104,6 +104,8 @@ pub struct PortalGroup {
     /// LUNs seen by initiators admitted without an explicit ACL.
     pub luns: LunMap,
     pub params: IscsiParams,
+    /// The portals also serve iSER (SendTargets over iSER lists only such groups).
+    pub iser: bool,
 }
 
 impl PortalGroup {

@@ -976,12 +976,13 @@ impl Conn {
         for (k, v) in keys.iter() {
             match k {
                 "SendTargets" => {
-                    let list = super::discovery::send_targets(
+                    let list = super::discovery::send_targets_over(
                         &s.registry,
                         &s.params.initiator_name,
                         v,
                         s.local,
                         session_target,
+                        s.transport,
                     );
                     for (k, v) in list.iter() {
                         out.push(k, v);

@@ -5,6 +5,7 @@ use std::net::{IpAddr, SocketAddr};
 
 use crate::core::{PortalGroup, Registry, Target};
 
+use super::params::TransportKind;
 use super::text::TextPairs;
 
 /// Formats a portal as `ip:port,tag` (IPv6 in brackets, RFC 7143 §13.8), replacing a
@@ -39,11 +40,18 @@ fn reachable(portal: SocketAddr, local: SocketAddr) -> bool {
 
 /// Appends `TargetName` and its `TargetAddress`es for the portal groups that admit
 /// `initiator`. Returns whether the target was listed.
-fn append_target(out: &mut TextPairs, t: &Target, initiator: &str, local: SocketAddr) -> bool {
+fn append_target(
+    out: &mut TextPairs,
+    t: &Target,
+    initiator: &str,
+    local: SocketAddr,
+    transport: TransportKind,
+) -> bool {
     let groups: Vec<&PortalGroup> = t
         .portal_groups
         .iter()
         .filter(|g| g.admit(initiator).is_some())
+        .filter(|g| transport == TransportKind::Tcp || g.iser)
         .collect();
     if groups.is_empty() {
         return false;
@@ -72,28 +80,48 @@ pub fn send_targets(
     local: SocketAddr,
     session_target: Option<&str>,
 ) -> TextPairs {
+    send_targets_over(
+        registry,
+        initiator,
+        query,
+        local,
+        session_target,
+        TransportKind::Tcp,
+    )
+}
+
+/// [`send_targets`] for a session on `transport`: over iSER only the portal groups that
+/// serve iSER are listed.
+pub fn send_targets_over(
+    registry: &Registry,
+    initiator: &str,
+    query: &str,
+    local: SocketAddr,
+    session_target: Option<&str>,
+    transport: TransportKind,
+) -> TextPairs {
     let mut out = TextPairs::new();
     match query {
         "All" if session_target.is_none() => {
             for t in registry.targets() {
-                append_target(&mut out, &t, initiator, local);
+                append_target(&mut out, &t, initiator, local, transport);
             }
         }
         "All" => {
             // RFC 7143 §13.3: in a normal session "All" is limited to the session's target
             // as far as this target is concerned; list it.
             if let Some(t) = session_target.and_then(|n| registry.target(n)) {
-                append_target(&mut out, &t, initiator, local);
+                append_target(&mut out, &t, initiator, local, transport);
             }
         }
         "" => {
             if let Some(t) = session_target.and_then(|n| registry.target(n)) {
-                append_target(&mut out, &t, initiator, local);
+                append_target(&mut out, &t, initiator, local, transport);
             }
         }
         name => {
             if let Some(t) = registry.target(name) {
-                append_target(&mut out, &t, initiator, local);
+                append_target(&mut out, &t, initiator, local, transport);
             }
         }
     }
@@ -116,6 +144,7 @@ mod tests {
             allow_any_initiator: any,
             luns: LunMap::default(),
             params: IscsiParams::default(),
+            iser: true,
         }
     }
 
@@ -168,6 +197,26 @@ mod tests {
                 ("TargetAddress", "127.0.0.1:3260,1"),
                 ("TargetAddress", "192.0.2.7:3261,2"),
                 ("TargetAddress", "[2001:db8::1]:3260,2"),
+            ]
+        );
+    }
+
+    #[test]
+    fn iser_lists_iser_portal_groups_only() {
+        let r = registry();
+        let mut a = (*r.target("iqn.2025-01.io.rtgt:a").unwrap()).clone();
+        a.portal_groups[1].iser = false;
+        r.set_target(a);
+        let local: SocketAddr = "127.0.0.1:3260".parse().unwrap();
+        let tcp = send_targets_over(&r, "i", "All", local, None, TransportKind::Tcp);
+        assert_eq!(tcp.iter().filter(|(k, _)| *k == "TargetAddress").count(), 3);
+        let iser = send_targets_over(&r, "i", "All", local, None, TransportKind::Iser);
+        let v: Vec<_> = iser.iter().collect();
+        assert_eq!(
+            v,
+            vec![
+                ("TargetName", "iqn.2025-01.io.rtgt:a"),
+                ("TargetAddress", "127.0.0.1:3260,1"),
             ]
         );
     }

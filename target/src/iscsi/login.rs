@@ -626,6 +626,17 @@ impl Login {
         let leading = self.leading.expect("set by the first request");
         let mut n = self.negotiator.take().expect("set by the first request");
         let mut params = n.finish();
+        if self.ctx.transport == TransportKind::Iser
+            && self.session_type == SessionType::Normal
+            && !params.rdma_extensions
+        {
+            // RFC 7145 §5.1.3: an iSER-assisted connection needs RDMAExtensions=Yes.
+            return self.fail(
+                req,
+                status::MISSING_PARAMETER,
+                "RDMAExtensions=Yes required on an iSER connection",
+            );
+        }
         params.initiator_name = self.initiator_name.clone();
         if let Some(t) = &self.target {
             params.target_name = t.name.clone();
@@ -760,6 +771,7 @@ mod tests {
                 allow_any_initiator: any,
                 luns: LunMap::default(),
                 params: IscsiParams::default(),
+                iser: true,
             }],
         });
         r
@@ -840,6 +852,35 @@ mod tests {
         let t = TextPairs::parse(&d).unwrap();
         assert_eq!(t.get("X-foo"), Some("NotUnderstood"));
         assert_eq!(t.get("HeaderDigest"), Some("None"));
+    }
+
+    #[test]
+    fn iser_needs_rdma_extensions() {
+        let run = |keys: &[(&str, &str)]| {
+            let mut l = login(registry(Auth::default(), true));
+            l.ctx.transport = TransportKind::Iser;
+            let d = text(&[("InitiatorName", INIT), ("TargetName", TARGET)]);
+            let _ = responded(l.handle(&req(0, 1, true), &d));
+            l.handle(&req(1, 3, true), &text(keys))
+        };
+        assert_eq!(
+            failed(run(&[("HeaderDigest", "None")])),
+            status::MISSING_PARAMETER
+        );
+        assert_eq!(
+            failed(run(&[("RDMAExtensions", "No")])),
+            status::MISSING_PARAMETER
+        );
+        let LoginStep::Complete(o) = run(&[
+            ("RDMAExtensions", "Yes"),
+            ("InitialR2T", "No"),
+            ("TargetRecvDataSegmentLength", "8192"),
+        ]) else {
+            panic!("iSER login with RDMAExtensions=Yes did not complete")
+        };
+        assert!(o.params.rdma_extensions);
+        assert!(o.params.initial_r2t, "iSER answers InitialR2T=Yes");
+        assert_eq!(o.params.max_recv_data_segment_length, 8192);
     }
 
     #[test]
@@ -1105,6 +1146,7 @@ mod tests {
             allow_any_initiator: true,
             luns: LunMap::default(),
             params: IscsiParams::default(),
+            iser: true,
         };
         t.portal_groups = vec![mk(1, "0.0.0.0:3260"), mk(2, "10.0.0.1:3260")];
         assert_eq!(

@@ -612,7 +612,9 @@ impl TargetNegotiator {
             "DataDigest" => digest(o.data_digest && self.transport == TransportKind::Tcp).into(),
             // One connection per session: MC/S is not implemented (RFC 7143 §13.2).
             "MaxConnections" => "1".into(),
-            "InitialR2T" => yes_no(o.initial_r2t).into(),
+            // iSER: one receive buffer per command is posted, and solicited data moves by
+            // RDMA READ, so unsolicited Data-Out SENDs are not invited (the result is an OR).
+            "InitialR2T" => yes_no(o.initial_r2t || self.transport == TransportKind::Iser).into(),
             "ImmediateData" => yes_no(o.immediate_data).into(),
             "MaxBurstLength" => o.max_burst_length.clamp(512, 16_777_215).to_string(),
             "FirstBurstLength" => o.first_burst_length.clamp(512, 16_777_215).to_string(),

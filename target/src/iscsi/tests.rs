@@ -53,6 +53,7 @@ async fn lab_with(params: IscsiParams, auth: Auth, any: bool, acls: HashMap<Stri
             allow_any_initiator: any,
             luns: LunMap { luns },
             params,
+            iser: true,
         }],
     });
     let server = IscsiServer::new(registry.clone(), pool);
@@ -422,6 +423,7 @@ async fn task_management() {
             0,
             SubmitOptions {
                 withhold_data: true,
+                ..SubmitOptions::default()
             },
         )
         .await

@@ -56,3 +56,44 @@ lab_rxe_add() {
     rdma link add "$name" type rxe netdev "$dev"
     lab_retry 30 bash -c "rdma link show $name/1 | grep -q ACTIVE"
 }
+
+# lab_files_create DEV: ext4 on the first 200 MiB of DEV, files of several sizes with their
+# sha256 in /tmp/lab-sums (for lab_files_verify). The space behind the file system stays free
+# for raw-device tests.
+lab_files_create() {
+    local dev=$1 i
+    mkfs.ext4 -q -F "$dev" 200M
+    mkdir -p /mnt/disk
+    mount "$dev" /mnt/disk
+    for i in 1 2 3 4 5 6; do
+        head -c $((i * 1024 * 1024 + i * 513)) /dev/urandom >"/mnt/disk/file$i"
+    done
+    mkdir /mnt/disk/small
+    for i in $(seq 1 40); do head -c $((i * 97)) /dev/urandom >"/mnt/disk/small/s$i"; done
+    (cd /mnt/disk && find . -type f -print0 | sort -z | xargs -0 sha256sum) >/tmp/lab-sums
+    umount /mnt/disk
+    echo 3 >/proc/sys/vm/drop_caches
+}
+
+# lab_files_verify DEV WHEN: mount DEV and check the files of lab_files_create.
+lab_files_verify() {
+    mkdir -p /mnt/disk
+    mount "$1" /mnt/disk || lab_fail "mount failed ($2)"
+    (cd /mnt/disk && sha256sum --quiet -c /tmp/lab-sums) || lab_fail "checksums differ ($2)"
+    umount /mnt/disk
+}
+
+# lab_fio_verify DEV NAME RW BS IODEPTH OFFSET SIZE: fio with crc32c verification on the raw
+# device (libaio, O_DIRECT); fails the scenario on any error.
+lab_fio_verify() {
+    local dev=$1 name=$2
+    fio --name="$name" --filename="$dev" --rw="$3" --bs="$4" --iodepth="$5" --offset="$6" \
+        --size="$7" --verify=crc32c --verify_fatal=1 --ioengine=libaio --direct=1 --eta=never \
+        --output="$LAB_OUT/fio-$name.txt" || { cat "$LAB_OUT/fio-$name.txt"; lab_fail "fio $name failed"; }
+    grep -q 'err= 0' "$LAB_OUT/fio-$name.txt" || lab_fail "fio $name reported errors"
+}
+
+# lab_iser_node PORTAL IQN: switch a discovered node record to the iser transport.
+lab_iser_node() {
+    iscsiadm -m node -T "$2" -p "$1" --op update -n iface.transport_name -v iser
+}

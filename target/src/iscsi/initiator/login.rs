@@ -181,17 +181,30 @@ impl InitiatorLogin {
             ("DefaultTime2Retain", "0".to_string()),
             ("ErrorRecoveryLevel", "0".to_string()),
         ]);
-        if c.transport == TransportKind::Iser {
+        let iser = c.transport == TransportKind::Iser;
+        if iser {
+            // RFC 7145 §6.3: the iSER lengths replace MaxRecvDataSegmentLength; the target's
+            // limit bounds immediate data, ours the control PDUs it sends.
             offers.push(("RDMAExtensions", "Yes".into()));
+            offers.push((
+                "TargetRecvDataSegmentLength",
+                c.max_recv_data_segment_length.min(8192).to_string(),
+            ));
+            offers.push((
+                "InitiatorRecvDataSegmentLength",
+                c.max_recv_data_segment_length.to_string(),
+            ));
         }
         for (k, v) in offers {
             t.push(k, v.clone());
             self.offered.push((k.to_string(), v));
         }
-        t.push(
-            "MaxRecvDataSegmentLength",
-            c.max_recv_data_segment_length.to_string(),
-        );
+        if !iser {
+            t.push(
+                "MaxRecvDataSegmentLength",
+                c.max_recv_data_segment_length.to_string(),
+            );
+        }
         for (k, v) in &c.extra_keys {
             t.push(k, v.clone());
             self.offered.push((k.clone(), v.clone()));
@@ -417,6 +430,7 @@ mod tests {
                     header_digest: true,
                     ..IscsiParams::default()
                 },
+                iser: true,
             }],
         });
         r

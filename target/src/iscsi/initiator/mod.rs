@@ -3,7 +3,8 @@
 //! commands in flight within the CmdSN window, NOP, task management and logout.
 //!
 //! The login runs through [`login::InitiatorLogin`], which does no I/O; the session below
-//! drives it over a TCP stream.
+//! drives it over a TCP stream or an iSER connection ([`Session::connect_iser`]), where data
+//! moves by RDMA against registered command buffers instead of Data-In / R2T / Data-Out.
 
 pub mod login;
 
@@ -32,6 +33,8 @@ use super::pdu::{
 use super::session::sn_lt;
 use super::text::TextPairs;
 use super::IscsiError;
+use crate::iser::initiator::{CommandMemory, IserTransport};
+use crate::iser::Endpoint;
 
 /// Default time a request waits for its response.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
@@ -90,6 +93,8 @@ struct ScsiPending {
     write: Option<Bytes>,
     lun: [u8; 8],
     answer_r2t: bool,
+    /// iSER: the registered buffers the target moves the data in and out of.
+    iser: Option<Box<CommandMemory>>,
 }
 
 /// Per-command options.
@@ -97,6 +102,8 @@ struct ScsiPending {
 pub struct SubmitOptions {
     /// Send no Data-Out in answer to R2Ts (tests of task management on stalled writes).
     pub withhold_data: bool,
+    /// iSER: advertise STags the target cannot use (tests of remote access errors).
+    pub corrupt_stag: bool,
 }
 
 enum Pending {
@@ -114,7 +121,9 @@ struct State {
 }
 
 struct Inner {
-    writer: tokio::sync::Mutex<BufWriter<OwnedWriteHalf>>,
+    /// The TCP stream (`None` on iSER); its lock also orders PDUs on iSER.
+    writer: tokio::sync::Mutex<Option<BufWriter<OwnedWriteHalf>>>,
+    iser: Option<Arc<IserTransport>>,
     st: Mutex<State>,
     window: Notify,
     params: SessionParams,
@@ -132,8 +141,40 @@ impl Inner {
     }
 
     async fn write(&self, pdus: &[(&[u8; BHS_LEN], &[u8], &[u8])]) -> Result<(), IscsiError> {
-        let mut out = Vec::new();
         let mut w = self.writer.lock().await;
+        self.write_locked(&mut w, pdus).await
+    }
+
+    /// The iSER header of a PDU: a SCSI Command carries its buffers' STags.
+    fn iser_header(&self, bhs: &[u8; BHS_LEN]) -> [u8; crate::iser::header::HEADER_LEN] {
+        let h = Bhs::new_unchecked(&bhs[..]);
+        if h.opcode() == super::pdu::Opcode::ScsiCommand {
+            if let Some(Pending::Scsi(p)) = self.st().pending.get(&h.itt()) {
+                if let Some(m) = &p.iser {
+                    return m.header;
+                }
+            }
+        }
+        crate::iser::header::Repr::control().to_bytes()
+    }
+
+    /// Writes PDUs with the writer lock held.
+    async fn write_locked(
+        &self,
+        w: &mut Option<BufWriter<OwnedWriteHalf>>,
+        pdus: &[(&[u8; BHS_LEN], &[u8], &[u8])],
+    ) -> Result<(), IscsiError> {
+        if let Some(t) = &self.iser {
+            for (bhs, ahs, data) in pdus {
+                let hdr = self.iser_header(bhs);
+                t.send(&hdr, bhs, ahs, data).await?;
+            }
+            return Ok(());
+        }
+        let Some(w) = w.as_mut() else {
+            return Err(IscsiError::Closed);
+        };
+        let mut out = Vec::new();
         for (bhs, ahs, data) in pdus {
             out.clear();
             encode_pdu(
@@ -220,6 +261,34 @@ async fn login_exchange(
     }
 }
 
+async fn login_exchange_iser(
+    t: &IserTransport,
+    cfg: LoginConfig,
+) -> Result<(SessionParams, u16, u32, u32), IscsiError> {
+    let mut login = login::InitiatorLogin::new(cfg, 1);
+    let mut step = login.start();
+    let control = crate::iser::header::Repr::control().to_bytes();
+    loop {
+        let (req, data) = match step {
+            LoginProgress::Send(r, d) => (r, d),
+            LoginProgress::Done {
+                params,
+                tsih,
+                stat_sn,
+            } => return Ok((params, tsih, login.cmd_sn(), stat_sn)),
+        };
+        let bhs = BhsRepr::LoginRequest(req).to_bytes();
+        t.send(&control, &bhs, &[], &data).await?;
+        let (_, pdu) = tokio::time::timeout(DEFAULT_TIMEOUT, t.recv())
+            .await
+            .map_err(|_| IscsiError::Timeout)??;
+        let Ok(BhsRepr::LoginResponse(r)) = BhsRepr::parse(&pdu.header()) else {
+            return Err(IscsiError::Protocol("expected a Login Response"));
+        };
+        step = login.on_response(&r, &pdu.data)?;
+    }
+}
+
 impl Session {
     /// Connects and logs in (a discovery session when `cfg.target_name` is `None`).
     pub async fn connect(addr: SocketAddr, cfg: LoginConfig) -> Result<Session, IscsiError> {
@@ -230,7 +299,8 @@ impl Session {
         let (params, tsih, cmd_sn, stat_sn) = login_exchange(&mut stream, cfg).await?;
         let (rd, wr) = stream.into_split();
         let inner = Arc::new(Inner {
-            writer: tokio::sync::Mutex::new(BufWriter::with_capacity(256 * 1024, wr)),
+            writer: tokio::sync::Mutex::new(Some(BufWriter::with_capacity(256 * 1024, wr))),
+            iser: None,
             st: Mutex::new(State {
                 cmd_sn,
                 exp_cmd_sn: cmd_sn,
@@ -255,6 +325,75 @@ impl Session {
         );
         tokio::spawn(reader_task(inner.clone(), rd, reader));
         Ok(Session { inner })
+    }
+
+    /// Logs in over a connected iSER endpoint (its receive ring posted, the QP in RTS):
+    /// login PDUs as SENDs, then commands whose data the target moves by RDMA.
+    pub async fn connect_iser(
+        ep: Endpoint,
+        peer: SocketAddr,
+        cfg: LoginConfig,
+    ) -> Result<Session, IscsiError> {
+        Session::connect_iser_with(ep, peer, cfg, None).await
+    }
+
+    async fn connect_iser_with(
+        ep: Endpoint,
+        peer: SocketAddr,
+        mut cfg: LoginConfig,
+        cm: Option<rtgt_transport::cm::CmConn>,
+    ) -> Result<Session, IscsiError> {
+        cfg.transport = super::params::TransportKind::Iser;
+        let t = IserTransport::start(ep, peer)?;
+        if let Some(c) = cm {
+            t.attach(c);
+        }
+        let (params, tsih, cmd_sn, stat_sn) = match login_exchange_iser(&t, cfg).await {
+            Ok(x) => x,
+            Err(e) => {
+                t.shutdown().await;
+                return Err(e);
+            }
+        };
+        let inner = Arc::new(Inner {
+            writer: tokio::sync::Mutex::new(None),
+            iser: Some(t.clone()),
+            st: Mutex::new(State {
+                cmd_sn,
+                exp_cmd_sn: cmd_sn,
+                max_cmd_sn: cmd_sn,
+                exp_stat_sn: stat_sn.wrapping_add(1),
+                next_itt: 1,
+                pending: HashMap::new(),
+            }),
+            window: Notify::new(),
+            tsih,
+            closed: AtomicBool::new(false),
+            events: Mutex::new(Vec::new()),
+            rejects: Mutex::new(Vec::new()),
+            timeout: DEFAULT_TIMEOUT,
+            peer,
+            params,
+        });
+        tokio::spawn(iser_reader_task(inner.clone(), t));
+        Ok(Session { inner })
+    }
+
+    /// Connects through the CM to the iSER portal `dst` and logs in.
+    pub async fn connect_iser_cm(
+        cm: &rtgt_transport::cm::Cm,
+        pd: &rtgt_transport::verbs::Pd,
+        dst: SocketAddr,
+        cfg: LoginConfig,
+    ) -> Result<Session, IscsiError> {
+        let sizing = crate::iser::Sizing::new(128, LOGIN_MAX_DATA as u32, 16);
+        let (ep, conn) = crate::iser::initiator::connect(cm, pd, dst, sizing).await?;
+        Session::connect_iser_with(ep, dst, cfg, Some(conn)).await
+    }
+
+    /// Whether the session runs over iSER.
+    pub fn is_iser(&self) -> bool {
+        self.inner.iser.is_some()
     }
 
     pub fn params(&self) -> &SessionParams {
@@ -343,29 +482,11 @@ impl Session {
                     (itt, cmd_sn, st.exp_stat_sn)
                 };
                 let pdus = build(itt, cmd_sn, exp_stat_sn);
-                let mut out = Vec::new();
-                let mut res = Ok(());
-                for (bhs, ahs, data) in &pdus {
-                    out.clear();
-                    encode_pdu(
-                        &mut out,
-                        bhs,
-                        ahs,
-                        data,
-                        inner.params.header_digest,
-                        inner.params.data_digest,
-                    );
-                    if let Err(e) = w.write_all(&out).await {
-                        res = Err(e);
-                        break;
-                    }
-                }
-                if res.is_ok() {
-                    res = w.flush().await;
-                }
-                if let Err(e) = res {
+                let refs: Vec<(&[u8; BHS_LEN], &[u8], &[u8])> =
+                    pdus.iter().map(|(b, a, d)| (b, &a[..], &d[..])).collect();
+                if let Err(e) = inner.write_locked(&mut w, &refs).await {
                     inner.st().pending.remove(&itt);
-                    return Err(e.into());
+                    return Err(e);
                 }
                 return Ok((itt, cmd_sn));
             }
@@ -407,12 +528,37 @@ impl Session {
         } else {
             0
         };
+        let iser = self.inner.iser.clone();
+        // iSER: immediate data up to TargetRecvDataSegmentLength, the rest read by the target
+        // from the Write STag (no Data-Out SENDs).
+        let max_imm = if iser.is_some() {
+            p.target_recv_data_segment_length.max(512) as usize
+        } else {
+            max_xmit
+        };
         let imm_len = if p.immediate_data {
-            first_burst.min(max_xmit)
+            first_burst.min(max_imm)
         } else {
             0
         };
-        let unsol_end = if p.initial_r2t { imm_len } else { first_burst };
+        let unsol_end = if p.initial_r2t || iser.is_some() {
+            imm_len
+        } else {
+            first_burst
+        };
+        let mem = match &iser {
+            Some(t) => Some(Box::new(
+                CommandMemory::new(
+                    t,
+                    in_len,
+                    data_out.as_deref(),
+                    imm_len.min(out_len as usize),
+                    opts.corrupt_stag,
+                )
+                .await?,
+            )),
+            None => None,
+        };
         let mut cdb16 = [0u8; 16];
         let n = cdb.len().min(16);
         cdb16[..n].copy_from_slice(&cdb[..n]);
@@ -434,6 +580,7 @@ impl Session {
                 write: write.clone(),
                 lun: lun_b,
                 answer_r2t: !opts.withhold_data,
+                iser: mem,
             })
         };
         let (itt, cmd_sn) = self
@@ -682,15 +829,18 @@ impl Session {
         let BhsRepr::LogoutResponse(l) = r else {
             return Err(IscsiError::Protocol("unexpected answer to Logout"));
         };
-        self.inner.closed.store(true, Ordering::Release);
-        let mut w = self.inner.writer.lock().await;
-        let _ = w.shutdown().await;
+        self.disconnect().await;
         Ok(l.response)
     }
 
-    /// Writes raw bytes on the connection (tests of malformed input).
+    /// Writes raw bytes on the connection (tests of malformed input); on iSER, `bytes` is
+    /// one whole message (iSER header included).
     pub async fn send_raw(&self, bytes: &[u8]) -> Result<(), IscsiError> {
+        if let Some(t) = &self.inner.iser {
+            return t.send_raw(bytes).await;
+        }
         let mut w = self.inner.writer.lock().await;
+        let w = w.as_mut().ok_or(IscsiError::Closed)?;
         w.write_all(bytes).await?;
         w.flush().await?;
         Ok(())
@@ -704,8 +854,14 @@ impl Session {
     /// Drops the connection without logging out.
     pub async fn disconnect(&self) {
         self.inner.closed.store(true, Ordering::Release);
+        if let Some(t) = &self.inner.iser {
+            t.shutdown().await;
+            return;
+        }
         let mut w = self.inner.writer.lock().await;
-        let _ = w.shutdown().await;
+        if let Some(w) = w.as_mut() {
+            let _ = w.shutdown().await;
+        }
     }
 }
 
@@ -737,6 +893,21 @@ async fn reader_task(
         }
     };
     tracing::debug!(error = %err, "initiator connection ended");
+    inner.fail_all(|| IscsiError::Closed);
+}
+
+async fn iser_reader_task(inner: Arc<Inner>, t: Arc<IserTransport>) {
+    let err = loop {
+        let pdu = match t.recv().await {
+            Ok((_, p)) => p,
+            Err(e) => break e,
+        };
+        if let Err(e) = handle_pdu(&inner, pdu) {
+            break e;
+        }
+    };
+    tracing::debug!(error = %err, "iSER initiator connection ended");
+    t.close();
     inner.fail_all(|| IscsiError::Closed);
 }
 
@@ -940,6 +1111,19 @@ fn scsi_response(inner: &Inner, r: ScsiResponse, data: &[u8]) {
     } else {
         Vec::new()
     };
+    if let Some(m) = &p.iser {
+        // The read data is already in the registered buffer (RDMA WRITE precedes the
+        // response on the QP); the residual says how much of it is valid.
+        let want = p.data_in.len();
+        let n = if r.underflow {
+            want.saturating_sub(r.residual as usize)
+        } else {
+            want
+        };
+        let got = m.read_data(n);
+        p.data_in[..got.len()].copy_from_slice(&got);
+        p.received = got.len();
+    }
     p.data_in.truncate(p.received);
     let _ = p.tx.send(Ok(ScsiResult {
         response: r.response,

@@ -1,0 +1,35 @@
+//! iSER (`rtgt-target::iser`): the iSER header, Hello messages, the CM private-data header and
+//! the split of a received SEND into iSER header and iSCSI PDU.
+
+use rtgt_target::iscsi::pdu::{Bhs, BHS_LEN};
+use rtgt_target::iser::conn::{split, Received};
+use rtgt_target::iser::header::{CmHeader, Packet, Repr, HEADER_LEN};
+
+/// Arbitrary bytes as one received iSER message: nothing panics, a header that parses
+/// re-emits to an equal `Repr`, a split PDU has exactly the lengths its BHS declares, and the
+/// CM header of the first bytes answers with ZBVA not supported and the initiator's
+/// send-with-invalidate choice.
+pub fn iser_header(data: &[u8]) {
+    if let Ok(p) = Packet::new_checked(data) {
+        if let Ok(repr) = Repr::parse(&p) {
+            let bytes = repr.to_bytes();
+            let again =
+                Repr::parse(&Packet::new_unchecked(&bytes[..])).expect("emitted header parses");
+            assert_eq!(again, repr);
+        }
+    }
+    match split(data) {
+        Received::Pdu(_, pdu) => {
+            assert!(data.len() >= HEADER_LEN + BHS_LEN);
+            let h = Bhs::new_unchecked(&pdu.bhs[..]);
+            assert_eq!(pdu.ahs.len(), h.total_ahs_len());
+            assert_eq!(pdu.data.len(), h.data_segment_len() as usize);
+        }
+        Received::Hello | Received::Bad(_) => {}
+    }
+    let cm = CmHeader::parse(data);
+    let answer = CmHeader::answer(&cm);
+    assert!(answer.zbva_not_supported);
+    assert_eq!(answer.send_w_inv_not_supported, cm.send_w_inv_not_supported);
+    assert_eq!(CmHeader::parse(&answer.to_bytes()), answer);
+}
