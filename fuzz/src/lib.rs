@@ -10,12 +10,14 @@ mod config;
 mod iscsi;
 mod responder;
 mod scsi;
+mod srp;
 mod transport;
 
 pub use config::config_yaml;
 pub use iscsi::{iscsi_bhs, iscsi_login, iscsi_text};
 pub use responder::transport_responder;
 pub use scsi::{scsi_cdb, scsi_params};
+pub use srp::{srp_iu, srp_login};
 pub use transport::{transport_cm, transport_packet};
 
 /// The body of a fuzz target: any bytes are a valid argument.
@@ -29,6 +31,8 @@ pub const TARGETS: &[(&str, Body)] = &[
     ("iscsi_text", iscsi_text),
     ("scsi_cdb", scsi_cdb),
     ("scsi_params", scsi_params),
+    ("srp_iu", srp_iu),
+    ("srp_login", srp_login),
     ("transport_cm", transport_cm),
     ("transport_packet", transport_packet),
     ("transport_responder", transport_responder),

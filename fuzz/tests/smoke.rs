@@ -246,6 +246,8 @@ smoke_tests!(
     iscsi_text,
     scsi_cdb,
     scsi_params,
+    srp_iu,
+    srp_login,
     transport_cm,
     transport_packet,
     transport_responder,

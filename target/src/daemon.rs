@@ -289,6 +289,7 @@ pub async fn build(config: &Config, state_dir: &Path) -> Result<Running, DaemonE
         });
     }
     registry.set_discovery_auth(auth(&config.discovery.auth));
+    crate::srp::service::register_ports(config, &devices, &registry);
     Ok(Running {
         registry,
         devices,

@@ -5,7 +5,8 @@
 //! * [`login`]: login validation, LOGIN_RSP and LOGIN_REJ;
 //! * [`port`]: a target port's runtime: logins, sessions (I_T nexuses) and their channels;
 //! * [`channel`]: one RDMA channel: receive ring, commands, data movement, task management;
-//! * [`initiator`]: an SRP initiator for tests and benchmarks.
+//! * [`initiator`]: an SRP initiator for tests and benchmarks;
+//! * [`service`]: target ports from the configuration, RDMA/CM listeners, `add_target` strings.
 
 pub mod channel;
 pub mod initiator;
@@ -13,6 +14,7 @@ pub mod iu;
 pub mod login;
 mod mem;
 pub mod port;
+pub mod service;
 
 #[cfg(test)]
 mod tests;
