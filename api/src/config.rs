@@ -8,7 +8,7 @@
 use std::collections::HashSet;
 use std::fmt;
 use std::io::Write;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
@@ -372,6 +372,69 @@ pub fn valid_srp_port_name(s: &str) -> bool {
         .is_some_and(|h| h.len() == 32 && h.chars().all(|c| c.is_ascii_hexdigit()))
 }
 
+/// The soft-RoCE device that iSER and SRP are served on (UDP 4791).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Rdma {
+    #[serde(default = "Rdma::default_enabled")]
+    pub enabled: bool,
+    /// Addresses served; empty means every address of the host.
+    #[serde(default)]
+    pub addresses: Vec<IpAddr>,
+    /// Ethernet MTU of the links; the RDMA path MTU follows from it (1024 at 1500).
+    #[serde(default = "Rdma::default_eth_mtu")]
+    pub eth_mtu: u32,
+}
+
+impl Rdma {
+    fn default_enabled() -> bool {
+        true
+    }
+
+    fn default_eth_mtu() -> u32 {
+        1500
+    }
+
+    fn validate(&self) -> Result<(), (String, String)> {
+        // The smallest IB MTU (256) plus the RoCEv2 headers rxe reserves (80 bytes).
+        if !(336..=65535).contains(&self.eth_mtu) {
+            return Err((
+                "eth_mtu".into(),
+                format!("{} is outside 336..=65535", self.eth_mtu),
+            ));
+        }
+        let mut seen = HashSet::new();
+        for (i, a) in self.addresses.iter().enumerate() {
+            if a.is_multicast() {
+                return Err((
+                    format!("addresses[{i}]"),
+                    format!("{a} is a multicast address"),
+                ));
+            }
+            if a.is_unspecified() && self.addresses.len() > 1 {
+                return Err((
+                    format!("addresses[{i}]"),
+                    format!("{a} (every address) cannot be combined with other addresses"),
+                ));
+            }
+            if !seen.insert(*a) {
+                return Err((format!("addresses[{i}]"), format!("{a} is listed twice")));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Default for Rdma {
+    fn default() -> Self {
+        Rdma {
+            enabled: true,
+            addresses: Vec::new(),
+            eth_mtu: Rdma::default_eth_mtu(),
+        }
+    }
+}
+
 /// The whole configuration document.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -385,6 +448,8 @@ pub struct Config {
     /// SRP target ports.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub srp: Vec<SrpPort>,
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub rdma: Rdma,
 }
 
 /// The configuration rtgtd serves when started without `--config`: one target with LUN 0 on
@@ -656,6 +721,9 @@ impl Config {
             }
         }
         validate_auth(&self.discovery.auth).map_err(|(f, m)| (format!("discovery.auth.{f}"), m))?;
+        self.rdma
+            .validate()
+            .map_err(|(f, m)| (format!("rdma.{f}"), m))?;
         self.validate_srp()
     }
 
@@ -866,6 +934,40 @@ mod tests {
             Err(ConfigError::Invalid { path, message, .. }) => (path, message),
             other => panic!("expected an invalid-config error, got {other:?}"),
         }
+    }
+
+    #[test]
+    fn rdma_section() {
+        let c = Config::embedded_default();
+        assert_eq!(c.rdma, Rdma::default());
+        assert!(c.rdma.enabled);
+        let c = Config::from_yaml(
+            "rdma:\n  enabled: false\n  addresses: [192.0.2.1, 'fd00::1']\n  eth_mtu: 9000\n",
+            Path::new("t.yaml"),
+        )
+        .unwrap();
+        assert!(!c.rdma.enabled);
+        assert_eq!(c.rdma.addresses.len(), 2);
+        assert_eq!(c.rdma.eth_mtu, 9000);
+        let c = Config::from_yaml("rdma: {}\n", Path::new("t.yaml")).unwrap();
+        assert_eq!(c.rdma, Rdma::default());
+        assert_eq!(
+            err_of("rdma: {eth_mtu: 300}\n"),
+            ("rdma.eth_mtu".into(), "300 is outside 336..=65535".into())
+        );
+        assert_eq!(
+            err_of("rdma: {addresses: [192.0.2.1, 192.0.2.1]}\n").0,
+            "rdma.addresses[1]"
+        );
+        assert_eq!(
+            err_of("rdma: {addresses: [0.0.0.0, 192.0.2.1]}\n").0,
+            "rdma.addresses[0]"
+        );
+        assert_eq!(
+            err_of("rdma: {addresses: [224.0.0.1]}\n").0,
+            "rdma.addresses[0]"
+        );
+        assert_eq!(err_of("rdma: {port: 1}\n").0, "rdma.port");
     }
 
     #[test]

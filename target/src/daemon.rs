@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use rtgt_api::config::{self, BackstoreKind, Config};
 use rtgt_backstore::{Backstore, BufPool, FileBackstore, FileOptions, NullBackstore, RamBackstore};
+use rtgt_transport::hca::{Hca, HcaConfig};
 use tokio::net::TcpListener;
 use tracing::{error, info, warn};
 
@@ -71,6 +72,40 @@ pub struct Running {
     pub backstores: BTreeMap<String, Arc<dyn Backstore>>,
     pub portals: Vec<SocketAddr>,
     pub pool: Arc<BufPool>,
+    /// The soft-RoCE device (UDP 4791) and its connection manager, when enabled and bound.
+    pub rdma: Option<Arc<Hca>>,
+}
+
+/// Brings up the soft-RoCE device of `config.rdma`. Failing to (port 4791 taken, e.g. by the
+/// rdma_rxe module, or no permission) is not fatal: rtgtd serves iSCSI over TCP without it.
+fn start_rdma(rdma: &config::Rdma) -> Option<Arc<Hca>> {
+    if !rdma.enabled {
+        info!("RDMA disabled by the configuration");
+        return None;
+    }
+    let mut cfg = HcaConfig::new(rdma.addresses.clone());
+    cfg.eth_mtu = rdma.eth_mtu as usize;
+    match Hca::open(&cfg) {
+        Ok(hca) => {
+            for (addr, why) in hca.skipped() {
+                warn!(%addr, error = %why, "RDMA: address not served");
+            }
+            let addrs: Vec<String> = hca.addrs().iter().map(|a| a.to_string()).collect();
+            info!(
+                addresses = %addrs.join(" "),
+                path_mtu = hca.device().port_mtu().bytes(),
+                "RDMA device ready on UDP 4791"
+            );
+            Some(Arc::new(hca))
+        }
+        Err(e) => {
+            warn!(
+                error = %error_chain(&e),
+                "RDMA unavailable (iSER and SRP will not be served); serving TCP only"
+            );
+            None
+        }
+    }
 }
 
 /// A stable NAA IEEE Registered Extended designator (SPC-4 7.7.3.6.5) for a backstore that
@@ -290,12 +325,14 @@ pub async fn build(config: &Config, state_dir: &Path) -> Result<Running, DaemonE
     }
     registry.set_discovery_auth(auth(&config.discovery.auth));
     crate::srp::service::register_ports(config, &devices, &registry);
+    let rdma = start_rdma(&config.rdma);
     Ok(Running {
         registry,
         devices,
         backstores,
         portals,
         pool,
+        rdma,
     })
 }
 
@@ -403,6 +440,9 @@ pub async fn run(opts: Options) -> Result<(), DaemonError> {
     for t in tasks {
         let _ = t.await;
     }
+    if let Some(hca) = &running.rdma {
+        hca.shutdown();
+    }
     for (name, store) in &running.backstores {
         if let Err(e) = store.flush().await {
             error!(backstore = %name, error = %error_chain(&e), "flush at shutdown failed");
@@ -420,6 +460,28 @@ mod tests {
         let c = Config::from_yaml(&format!("backstores:\n  - {yaml}\n"), Path::new("t.yaml"))
             .expect("valid configuration");
         c.backstores[0].clone()
+    }
+
+    #[tokio::test]
+    async fn rdma_bring_up_is_never_fatal() {
+        let off = config::Rdma {
+            enabled: false,
+            ..config::Rdma::default()
+        };
+        assert!(start_rdma(&off).is_none());
+        let lo = config::Rdma {
+            addresses: vec![std::net::Ipv4Addr::LOCALHOST.into()],
+            ..config::Rdma::default()
+        };
+        // The first may find the port taken (rdma_rxe loaded here); the second always does.
+        let first = start_rdma(&lo);
+        let second = start_rdma(&lo);
+        assert!(second.is_none());
+        if let Some(hca) = first {
+            assert_eq!(hca.addrs(), &[std::net::IpAddr::from([127, 0, 0, 1])]);
+            assert!(hca.is_running());
+            hca.shutdown();
+        }
     }
 
     #[test]

@@ -79,6 +79,13 @@ impl Rtgtd {
                 .expect("create a backing file");
         }
         let cfg = dir.join("rtgt.yaml");
+        // Tests run in parallel: only a test that asks for RDMA gets the soft-RoCE device,
+        // so no two rtgtd (nor the transport's UDP tests) contend for UDP 4791.
+        let config = if config.lines().any(|l| l.starts_with("rdma:")) {
+            config.to_string()
+        } else {
+            format!("{config}rdma: {{enabled: false}}\n")
+        };
         std::fs::write(&cfg, config).expect("write the test configuration");
         Rtgtd::spawn(&dir, &cfg, port)
     }

@@ -9,6 +9,8 @@
 //! * [`netdev`] moves whole IP datagrams: an in-memory loopback, a fault injector and a UDP
 //!   socket on port 4791.
 
+pub mod cm;
+pub mod hca;
 pub mod netdev;
 pub mod rc;
 pub(crate) mod ring;

@@ -4,10 +4,12 @@
 //! * [`loopback`]: an in-memory pair of links connecting two devices in one process;
 //! * [`fault`]: a deterministic fault injector (loss, duplication, reordering, corruption,
 //!   delay) wrapped around any netdev, after smoltcp's `FaultInjector`;
-//! * [`udp`]: a kernel UDP socket on port 4791.
+//! * [`udp`]: a kernel UDP socket on port 4791;
+//! * [`multi`]: several UDP sockets (one per local address) as one netdev.
 
 pub mod fault;
 pub mod loopback;
+pub mod multi;
 pub mod udp;
 
 use std::future::Future;

@@ -164,6 +164,25 @@ impl UdpNetDev {
         self.local
     }
 
+    /// [`UdpNetDev::readable`] as a poll function, for netdevs made of several sockets.
+    pub fn poll_readable(
+        &self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<io::Result<()>> {
+        use std::task::Poll;
+        match &self.packet_rx {
+            Some(afd) => match afd.poll_read_ready(cx) {
+                Poll::Ready(Ok(mut g)) => {
+                    g.clear_ready();
+                    Poll::Ready(Ok(()))
+                }
+                Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
+                Poll::Pending => Poll::Pending,
+            },
+            None => self.socket.poll_recv_ready(cx),
+        }
+    }
+
     /// Waits until a datagram can be read.
     pub async fn readable(&self) -> io::Result<()> {
         match &self.packet_rx {

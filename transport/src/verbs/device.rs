@@ -404,6 +404,171 @@ impl Device {
         moved
     }
 
+    /// [`Qp::modify`] by QP number: the connection manager drives QPs it does not own.
+    pub(crate) fn modify_qp(
+        &self,
+        qpn: u32,
+        attr: &QpAttr,
+        mask: QpAttrMask,
+    ) -> Result<(), VerbsError> {
+        let mut eng = self.engine();
+        let port_mtu = eng.port_mtu;
+        let max_rd = eng.attr.max_qp_init_rd_atom;
+        let max_dest_rd = eng.attr.max_qp_rd_atom;
+        let qp = eng
+            .qps
+            .get_mut(&qpn)
+            .ok_or(VerbsError::InvalidArgument("qp"))?;
+        let cur = qp.state;
+        if mask.contains(QpAttrMask::CUR_STATE) && attr.cur_qp_state != Some(cur) {
+            return Err(VerbsError::InvalidArgument("cur_qp_state"));
+        }
+        let next = if mask.contains(QpAttrMask::STATE) {
+            attr.qp_state
+                .ok_or(VerbsError::InvalidArgument("qp_state"))?
+        } else {
+            cur
+        };
+        if !modify_is_ok(qp.qp_type, cur, next, mask) {
+            return Err(VerbsError::InvalidTransition {
+                from: cur,
+                to: next,
+            });
+        }
+        if mask.contains(QpAttrMask::PORT) && attr.port_num != 1 {
+            return Err(VerbsError::InvalidArgument("port_num"));
+        }
+        if mask.contains(QpAttrMask::PKEY_INDEX) && attr.pkey_index != 0 {
+            return Err(VerbsError::InvalidArgument("pkey_index"));
+        }
+        if mask.contains(QpAttrMask::PATH_MTU) && attr.path_mtu.is_none_or(|m| m > port_mtu) {
+            return Err(VerbsError::InvalidArgument("path_mtu"));
+        }
+        if mask.contains(QpAttrMask::MAX_QP_RD_ATOMIC) && u32::from(attr.max_rd_atomic) > max_rd {
+            return Err(VerbsError::InvalidArgument("max_rd_atomic"));
+        }
+        if mask.contains(QpAttrMask::MAX_DEST_RD_ATOMIC)
+            && u32::from(attr.max_dest_rd_atomic) > max_dest_rd
+        {
+            return Err(VerbsError::InvalidArgument("max_dest_rd_atomic"));
+        }
+        if (mask.contains(QpAttrMask::RETRY_CNT) && attr.retry_cnt > 7)
+            || (mask.contains(QpAttrMask::RNR_RETRY) && attr.rnr_retry > 7)
+            || (mask.contains(QpAttrMask::MIN_RNR_TIMER) && attr.min_rnr_timer > 31)
+            || (mask.contains(QpAttrMask::TIMEOUT) && attr.timeout > 31)
+        {
+            return Err(VerbsError::InvalidArgument("retry/timer value"));
+        }
+        if mask.contains(QpAttrMask::ACCESS_FLAGS) && attr.qp_access_flags.is_none() {
+            return Err(VerbsError::InvalidArgument("access flags"));
+        }
+        if mask.contains(QpAttrMask::AV) {
+            let sgid = self
+                .gid(attr.av.sgid_index)
+                .ok_or(VerbsError::InvalidArgument("sgid_index"))?;
+            if sgid.to_ip().is_ipv4() != attr.av.dest.is_ipv4() {
+                return Err(VerbsError::InvalidArgument("address family"));
+            }
+        }
+        // Apply.
+        if let Some(a) = attr
+            .qp_access_flags
+            .filter(|_| mask.contains(QpAttrMask::ACCESS_FLAGS))
+        {
+            qp.access = a;
+        }
+        if mask.contains(QpAttrMask::QKEY) {
+            qp.qkey = attr.qkey;
+        }
+        if mask.contains(QpAttrMask::PATH_MTU) {
+            qp.mtu = attr.path_mtu.unwrap_or(port_mtu);
+        }
+        if mask.contains(QpAttrMask::TIMEOUT) {
+            qp.timeout = attr.timeout;
+        }
+        if mask.contains(QpAttrMask::RETRY_CNT) {
+            qp.retry_cnt = attr.retry_cnt;
+            qp.comp.retry_left = attr.retry_cnt;
+        }
+        if mask.contains(QpAttrMask::RNR_RETRY) {
+            qp.rnr_retry = attr.rnr_retry;
+            qp.comp.rnr_retry_left = attr.rnr_retry;
+        }
+        if mask.contains(QpAttrMask::MIN_RNR_TIMER) {
+            qp.min_rnr_timer = attr.min_rnr_timer;
+        }
+        if mask.contains(QpAttrMask::MAX_QP_RD_ATOMIC) {
+            qp.max_rd_atomic = attr.max_rd_atomic;
+        }
+        if mask.contains(QpAttrMask::MAX_DEST_RD_ATOMIC) {
+            qp.max_dest_rd_atomic = attr.max_dest_rd_atomic;
+        }
+        if mask.contains(QpAttrMask::DEST_QPN) {
+            qp.dest_qpn = attr.dest_qp_num & crate::wire::U24_MASK;
+        }
+        if mask.contains(QpAttrMask::AV) {
+            qp.av = attr.av;
+            if qp.qp_type == QpType::Rc {
+                let dest = if mask.contains(QpAttrMask::DEST_QPN) {
+                    qp.dest_qpn
+                } else {
+                    0
+                };
+                qp.sport = attr.av.udp_sport.unwrap_or_else(|| {
+                    let fl = if attr.av.flow_label != 0 {
+                        attr.av.flow_label
+                    } else {
+                        roce::flow_label_from_qpns(qp.qpn, dest)
+                    };
+                    roce::udp_sport_from_flow_label(fl)
+                });
+            }
+        }
+        if mask.contains(QpAttrMask::RQ_PSN) {
+            qp.resp.psn = attr.rq_psn & crate::wire::U24_MASK;
+        }
+        if mask.contains(QpAttrMask::SQ_PSN) {
+            let psn = attr.sq_psn & crate::wire::U24_MASK;
+            qp.req.psn = psn;
+            qp.comp.psn = psn;
+        }
+        if mask.contains(QpAttrMask::EN_SQD_ASYNC_NOTIFY) {
+            qp.sqd_notify = attr.en_sqd_async_notify;
+        }
+        match next {
+            QpState::Reset if cur != QpState::Reset => {
+                // Reset discards everything without completions (IBA 10.3.1.1).
+                qp.sq.drain().for_each(drop);
+                qp.rq.drain().for_each(drop);
+                qp.req = Default::default();
+                qp.req.wqe_index = qp.sq.tail();
+                qp.comp = Default::default();
+                qp.resp = Default::default();
+                qp.state = QpState::Reset;
+            }
+            QpState::Err if cur != QpState::Err => qp.enter_error(),
+            s => qp.state = s,
+        }
+        drop(eng);
+        self.kick();
+        Ok(())
+    }
+
+    /// The state of QP `qpn`, `None` once it is destroyed.
+    pub fn qp_state(&self, qpn: u32) -> Option<QpState> {
+        self.engine().qps.get(&qpn).map(|q| q.state)
+    }
+
+    /// The send and expected receive PSNs of QP `qpn`.
+    pub(crate) fn qp_psns(&self, qpn: u32) -> Option<(u32, u32)> {
+        self.engine().qps.get(&qpn).map(|q| (q.req.psn, q.resp.psn))
+    }
+
+    /// The port MTU (from the Ethernet MTU the device was created with).
+    pub fn port_mtu(&self) -> Mtu {
+        self.inner.port.active_mtu
+    }
+
     /// Wakes a runner waiting for posted work.
     pub(crate) fn kick(&self) {
         self.inner.kick.notify_one();
@@ -875,148 +1040,7 @@ impl Qp {
 
     /// `ib_modify_qp`: checks the transition and its attribute mask, then applies it.
     pub fn modify(&self, attr: &QpAttr, mask: QpAttrMask) -> Result<(), VerbsError> {
-        let mut eng = self.dev.engine();
-        let port_mtu = eng.port_mtu;
-        let max_rd = eng.attr.max_qp_init_rd_atom;
-        let max_dest_rd = eng.attr.max_qp_rd_atom;
-        let qp = eng
-            .qps
-            .get_mut(&self.qpn)
-            .ok_or(VerbsError::InvalidArgument("qp"))?;
-        let cur = qp.state;
-        if mask.contains(QpAttrMask::CUR_STATE) && attr.cur_qp_state != Some(cur) {
-            return Err(VerbsError::InvalidArgument("cur_qp_state"));
-        }
-        let next = if mask.contains(QpAttrMask::STATE) {
-            attr.qp_state
-                .ok_or(VerbsError::InvalidArgument("qp_state"))?
-        } else {
-            cur
-        };
-        if !modify_is_ok(qp.qp_type, cur, next, mask) {
-            return Err(VerbsError::InvalidTransition {
-                from: cur,
-                to: next,
-            });
-        }
-        if mask.contains(QpAttrMask::PORT) && attr.port_num != 1 {
-            return Err(VerbsError::InvalidArgument("port_num"));
-        }
-        if mask.contains(QpAttrMask::PKEY_INDEX) && attr.pkey_index != 0 {
-            return Err(VerbsError::InvalidArgument("pkey_index"));
-        }
-        if mask.contains(QpAttrMask::PATH_MTU) && attr.path_mtu.is_none_or(|m| m > port_mtu) {
-            return Err(VerbsError::InvalidArgument("path_mtu"));
-        }
-        if mask.contains(QpAttrMask::MAX_QP_RD_ATOMIC) && u32::from(attr.max_rd_atomic) > max_rd {
-            return Err(VerbsError::InvalidArgument("max_rd_atomic"));
-        }
-        if mask.contains(QpAttrMask::MAX_DEST_RD_ATOMIC)
-            && u32::from(attr.max_dest_rd_atomic) > max_dest_rd
-        {
-            return Err(VerbsError::InvalidArgument("max_dest_rd_atomic"));
-        }
-        if (mask.contains(QpAttrMask::RETRY_CNT) && attr.retry_cnt > 7)
-            || (mask.contains(QpAttrMask::RNR_RETRY) && attr.rnr_retry > 7)
-            || (mask.contains(QpAttrMask::MIN_RNR_TIMER) && attr.min_rnr_timer > 31)
-            || (mask.contains(QpAttrMask::TIMEOUT) && attr.timeout > 31)
-        {
-            return Err(VerbsError::InvalidArgument("retry/timer value"));
-        }
-        if mask.contains(QpAttrMask::ACCESS_FLAGS) && attr.qp_access_flags.is_none() {
-            return Err(VerbsError::InvalidArgument("access flags"));
-        }
-        if mask.contains(QpAttrMask::AV) {
-            let sgid = self
-                .dev
-                .gid(attr.av.sgid_index)
-                .ok_or(VerbsError::InvalidArgument("sgid_index"))?;
-            if sgid.to_ip().is_ipv4() != attr.av.dest.is_ipv4() {
-                return Err(VerbsError::InvalidArgument("address family"));
-            }
-        }
-        // Apply.
-        if let Some(a) = attr
-            .qp_access_flags
-            .filter(|_| mask.contains(QpAttrMask::ACCESS_FLAGS))
-        {
-            qp.access = a;
-        }
-        if mask.contains(QpAttrMask::QKEY) {
-            qp.qkey = attr.qkey;
-        }
-        if mask.contains(QpAttrMask::PATH_MTU) {
-            qp.mtu = attr.path_mtu.unwrap_or(port_mtu);
-        }
-        if mask.contains(QpAttrMask::TIMEOUT) {
-            qp.timeout = attr.timeout;
-        }
-        if mask.contains(QpAttrMask::RETRY_CNT) {
-            qp.retry_cnt = attr.retry_cnt;
-            qp.comp.retry_left = attr.retry_cnt;
-        }
-        if mask.contains(QpAttrMask::RNR_RETRY) {
-            qp.rnr_retry = attr.rnr_retry;
-            qp.comp.rnr_retry_left = attr.rnr_retry;
-        }
-        if mask.contains(QpAttrMask::MIN_RNR_TIMER) {
-            qp.min_rnr_timer = attr.min_rnr_timer;
-        }
-        if mask.contains(QpAttrMask::MAX_QP_RD_ATOMIC) {
-            qp.max_rd_atomic = attr.max_rd_atomic;
-        }
-        if mask.contains(QpAttrMask::MAX_DEST_RD_ATOMIC) {
-            qp.max_dest_rd_atomic = attr.max_dest_rd_atomic;
-        }
-        if mask.contains(QpAttrMask::DEST_QPN) {
-            qp.dest_qpn = attr.dest_qp_num & crate::wire::U24_MASK;
-        }
-        if mask.contains(QpAttrMask::AV) {
-            qp.av = attr.av;
-            if qp.qp_type == QpType::Rc {
-                let dest = if mask.contains(QpAttrMask::DEST_QPN) {
-                    qp.dest_qpn
-                } else {
-                    0
-                };
-                qp.sport = attr.av.udp_sport.unwrap_or_else(|| {
-                    let fl = if attr.av.flow_label != 0 {
-                        attr.av.flow_label
-                    } else {
-                        roce::flow_label_from_qpns(qp.qpn, dest)
-                    };
-                    roce::udp_sport_from_flow_label(fl)
-                });
-            }
-        }
-        if mask.contains(QpAttrMask::RQ_PSN) {
-            qp.resp.psn = attr.rq_psn & crate::wire::U24_MASK;
-        }
-        if mask.contains(QpAttrMask::SQ_PSN) {
-            let psn = attr.sq_psn & crate::wire::U24_MASK;
-            qp.req.psn = psn;
-            qp.comp.psn = psn;
-        }
-        if mask.contains(QpAttrMask::EN_SQD_ASYNC_NOTIFY) {
-            qp.sqd_notify = attr.en_sqd_async_notify;
-        }
-        match next {
-            QpState::Reset if cur != QpState::Reset => {
-                // Reset discards everything without completions (IBA 10.3.1.1).
-                qp.sq.drain().for_each(drop);
-                qp.rq.drain().for_each(drop);
-                qp.req = Default::default();
-                qp.req.wqe_index = qp.sq.tail();
-                qp.comp = Default::default();
-                qp.resp = Default::default();
-                qp.state = QpState::Reset;
-            }
-            QpState::Err if cur != QpState::Err => qp.enter_error(),
-            s => qp.state = s,
-        }
-        drop(eng);
-        self.dev.kick();
-        Ok(())
+        self.dev.modify_qp(self.qpn, attr, mask)
     }
 
     /// `ib_query_qp`: the current attributes (state, path, PSNs, limits) and queue sizes.

@@ -50,8 +50,8 @@ struct End {
 
 fn end(rt: &tokio::runtime::Runtime, port: u16, peer: u16) -> Result<End> {
     let hca = open_hca(rt, SocketAddr::new(LO, port), 9000, None, Some(peer))?;
-    let pd = hca.dev.alloc_pd().map_err(err("alloc PD"))?;
-    let cq = hca.dev.create_cq(1024).map_err(err("create CQ"))?;
+    let pd = hca.device().alloc_pd().map_err(err("alloc PD"))?;
+    let cq = hca.device().create_cq(1024).map_err(err("create CQ"))?;
     let mut init = QpInitAttr::new(QpType::Rc, &cq, &cq);
     init.cap.max_send_wr = 256;
     init.cap.max_recv_wr = 256;
@@ -406,8 +406,8 @@ pub(crate) fn run_bench(rt: &tokio::runtime::Runtime, a: &BenchArgs) -> Result<(
         format!("{:.1} us", raw_rt * 1e6),
         raw_rt / rtt,
     ));
-    let sx = x.hca.dev.stats();
-    let sy = y.hca.dev.stats();
+    let sx = x.hca.device().stats();
+    let sy = y.hca.device().stats();
     println!(
         "rtgt-rdma bench: 127.0.0.1 UDP ports {p}/{}, path MTU {}, {} in flight, {secs} s each",
         p + 1,

@@ -19,7 +19,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::{Args, Parser, Subcommand};
-use rtgt_transport::netdev::udp::{run, UdpNetDev};
 use rtgt_transport::verbs::*;
 
 mod bench;
@@ -243,18 +242,10 @@ fn open_conn(a: &PpArgs, deadline: Instant) -> Result<Conn> {
     }
 }
 
-/// An rtgt device on a UDP socket, run by the runtime until dropped.
-pub(crate) struct Hca {
-    pub dev: Device,
-    task: tokio::task::JoinHandle<std::io::Result<()>>,
-}
+pub(crate) use rtgt_transport::hca::{Hca, HcaConfig};
 
-impl Drop for Hca {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
+/// An rtgt device on a UDP socket (with its connection manager), run by the runtime until
+/// dropped.
 pub(crate) fn open_hca(
     rt: &tokio::runtime::Runtime,
     local: SocketAddr,
@@ -263,22 +254,26 @@ pub(crate) fn open_hca(
     peer_port: Option<u16>,
 ) -> Result<Hca> {
     let _g = rt.enter();
-    let mut nd = match packet_rx {
-        Some(ifname) => UdpNetDev::bind_with_packet_rx(local, ifname),
-        None => UdpNetDev::bind(local),
-    }
-    .map_err(err(&format!("cannot bind UDP {local}")))?;
-    if let Some(p) = peer_port {
-        nd.peer_port = p;
-    }
-    let mut cfg = DeviceConfig::new("rtgt0", vec![local.ip()]);
+    let mut cfg = HcaConfig::new(vec![local.ip()]);
+    cfg.port = local.port();
     cfg.eth_mtu = eth_mtu;
-    // A plain UDP socket cannot see the IPv4 ID, so IPv4 ICRCs are checked only with
-    // AF_PACKET receive.
-    cfg.check_icrc = packet_rx.is_some() || local.is_ipv6();
-    let dev = Device::new(cfg).map_err(err("cannot create the device"))?;
-    let task = rt.spawn(run(dev.clone(), nd));
-    Ok(Hca { dev, task })
+    cfg.packet_rx = packet_rx.map(str::to_string);
+    if let Some(p) = peer_port {
+        cfg.peer_port = p;
+    }
+    Hca::open(&cfg).map_err(|e| error_chain(&e))
+}
+
+/// An error with its sources, joined.
+pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut cur = e.source();
+    while let Some(s) = cur {
+        out.push_str(": ");
+        out.push_str(&s.to_string());
+        cur = s.source();
+    }
+    out
 }
 
 /// Moves an RC QP from RESET to INIT.
@@ -374,7 +369,7 @@ fn pingpong(rt: &tokio::runtime::Runtime, a: &PpArgs, qp_type: QpType) -> Result
         a.packet_rx.as_deref(),
         None,
     )?;
-    let dev = &hca.dev;
+    let dev = hca.device();
     let pd = dev.alloc_pd().map_err(err("alloc PD"))?;
     if a.size > dev.attr().max_msg_sz {
         return Err(format!(

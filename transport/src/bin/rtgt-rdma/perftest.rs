@@ -213,7 +213,7 @@ pub(crate) fn run_perftest(rt: &tokio::runtime::Runtime, a: &PerftestArgs) -> Re
         a.packet_rx.as_deref(),
         None,
     )?;
-    let dev = &hca.dev;
+    let dev = hca.device();
     let pd = dev.alloc_pd().map_err(err("alloc PD"))?;
     let cq = dev.create_cq(2048).map_err(err("create CQ"))?;
     let depth = 512u32;
