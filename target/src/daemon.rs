@@ -433,9 +433,13 @@ pub async fn run(opts: Options) -> Result<(), DaemonError> {
     for t in running.registry.targets() {
         info!(target = %t.name, "target ready");
     }
+    let srp = crate::srp::service::start_in_daemon(&running);
 
     shutdown_signal().await;
     let _ = stop_tx.send(true);
+    if let Some(srp) = &srp {
+        srp.shutdown(SHUTDOWN_GRACE).await;
+    }
     server.shutdown(SHUTDOWN_GRACE).await;
     for t in tasks {
         let _ = t.await;

@@ -161,7 +161,8 @@ impl Channel {
         }
     }
 
-    /// Creates the completion queue and the RC QP of a channel, in the INIT state.
+    /// Creates the completion queue and the RC QP of a channel, in the RESET state (the
+    /// connection manager drives it to RTS).
     pub fn create_qp(pd: &Pd, params: &ChannelParams) -> Result<(Cq, Qp), VerbsError> {
         let dev = pd.device();
         let cap = Self::qp_cap(params, dev.attr().max_inline_data);
@@ -170,25 +171,12 @@ impl Channel {
         init.cap = cap;
         init.sq_sig_all = true;
         let qp = pd.create_qp(init)?;
-        let attr = QpAttr {
-            qp_state: Some(QpState::Init),
-            qp_access_flags: Some(Access::LOCAL_WRITE),
-            port_num: 1,
-            ..Default::default()
-        };
-        qp.modify(
-            &attr,
-            QpAttrMask::STATE
-                | QpAttrMask::PKEY_INDEX
-                | QpAttrMask::PORT
-                | QpAttrMask::ACCESS_FLAGS,
-        )?;
         Ok((cq, qp))
     }
 
-    /// Builds the channel of an accepted login on `qp` (INIT or later, made by
-    /// [`Channel::create_qp`]): registers and posts the receive ring and starts the
-    /// completion handler. The initiator may send as soon as the connection is established.
+    /// Builds the channel of an accepted login on `qp` (made by [`Channel::create_qp`], now
+    /// INIT or later): registers and posts the receive ring and starts the completion
+    /// handler. An IU that arrives before the ring is posted is held back by RNR NAKs.
     pub fn start(
         pd: Pd,
         cq: Cq,

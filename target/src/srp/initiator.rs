@@ -7,14 +7,16 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use rtgt_transport::cm::{Cm, CmConn, CmError, ConnParams};
 use rtgt_transport::verbs::{
-    Access, Cq, Mr, Pd, Qp, RecvWr, Region, SendFlags, SendOp, SendWr, VerbsError, WcOpcode,
-    WcStatus,
+    Access, Cq, Mr, Pd, Qp, QpInitAttr, QpType, RecvWr, Region, SendFlags, SendOp, SendWr,
+    VerbsError, WcOpcode, WcStatus,
 };
 use tokio::sync::{oneshot, Semaphore};
 
 use super::iu::{
-    opcode, Cmd, DataDesc, DirectBuf, LoginRsp, Rsp, ShortIu, TargetIu, TskMgmt, IMM_DATA_OFFSET,
+    buf_fmt, opcode, req_flags, rsp_flags, Cmd, DataDesc, DirectBuf, LoginRej, LoginReq, LoginRsp,
+    Rsp, ShortIu, TargetIu, TskMgmt, IMM_DATA_OFFSET,
 };
 use crate::scsi::lun_to_bytes;
 
@@ -51,6 +53,10 @@ pub enum InitiatorError {
     Status { status: u8, sense: Vec<u8> },
     #[error("{0}")]
     Invalid(&'static str),
+    #[error("connection: {0}")]
+    Cm(#[from] CmError),
+    #[error("login rejected: SRP_LOGIN_REJ reason {0:#010x}")]
+    Rejected(u32),
 }
 
 /// A command's answer: the SRP_RSP and the data-in bytes.
@@ -97,7 +103,123 @@ pub struct Initiator {
 
 const SEND_WR_BASE: u64 = 1 << 32;
 
+/// What [`Initiator::connect`] asks for.
+#[derive(Debug, Clone)]
+pub struct ConnectOptions {
+    pub initiator_port_id: [u8; 16],
+    pub target_port_id: [u8; 16],
+    /// Initiator-to-target IU length (Linux ib_srp's default is 8260).
+    pub it_iu_len: u32,
+    /// Ask for immediate data at [`IMM_DATA_OFFSET`].
+    pub immediate: bool,
+    /// Terminate this initiator's other channels (a single-channel login).
+    pub single: bool,
+    /// Request limit assumed for the channel, see [`Initiator::connect`].
+    pub queue_depth: u32,
+}
+
+impl ConnectOptions {
+    pub fn new(initiator_port_id: [u8; 16], id_ext: u64, ioc_guid: u64) -> ConnectOptions {
+        let mut target_port_id = [0u8; 16];
+        target_port_id[..8].copy_from_slice(&id_ext.to_be_bytes());
+        target_port_id[8..].copy_from_slice(&ioc_guid.to_be_bytes());
+        ConnectOptions {
+            initiator_port_id,
+            target_port_id,
+            it_iu_len: 8260,
+            immediate: true,
+            single: true,
+            queue_depth: 64,
+        }
+    }
+
+    pub fn login_req(&self) -> LoginReq {
+        LoginReq {
+            tag: 0,
+            req_it_iu_len: self.it_iu_len,
+            req_buf_fmt: buf_fmt::DIRECT | buf_fmt::INDIRECT,
+            req_flags: if self.single {
+                req_flags::MULTICHAN_SINGLE
+            } else {
+                req_flags::MULTICHAN_MULTI
+            } | if self.immediate {
+                req_flags::IMMED_REQUESTED
+            } else {
+                0
+            },
+            imm_data_offset: if self.immediate {
+                IMM_DATA_OFFSET as u16
+            } else {
+                0
+            },
+            initiator_port_id: self.initiator_port_id,
+            target_port_id: self.target_port_id,
+        }
+    }
+}
+
 impl Initiator {
+    /// Logs in through the RDMA/CM connection manager `cm` to the SRP target at `dst` (as
+    /// Linux ib_srp does with `dest=`): the login request rides in the REQ, a LOGIN_REJ in a
+    /// REJ becomes [`InitiatorError::Rejected`].
+    ///
+    /// The connection manager does not hand the REP's private data to the active side, so
+    /// the LOGIN_RSP is taken to grant what was asked: `queue_depth` credits, IUs of
+    /// `it_iu_len` both ways and immediate data when requested. Should the target grant
+    /// fewer credits, its missing receive buffers hold the initiator back with RNR NAKs
+    /// (the QP retries them without limit), so nothing is lost.
+    pub async fn connect(
+        cm: &Cm,
+        dst: std::net::SocketAddr,
+        opts: &ConnectOptions,
+    ) -> Result<(Arc<Initiator>, CmConn), InitiatorError> {
+        let dev = cm.device();
+        let pd = dev.alloc_pd()?;
+        let slots = opts.queue_depth + 4;
+        let cq = dev.create_cq(1024 + slots)?;
+        let mut init = QpInitAttr::new(QpType::Rc, &cq, &cq);
+        init.cap.max_send_wr = 1024;
+        init.cap.max_recv_wr = slots;
+        init.cap.max_send_sge = 1;
+        init.cap.max_recv_sge = 1;
+        init.cap.max_inline_data = 256.min(dev.attr().max_inline_data);
+        let qp = pd.create_qp(init)?;
+        let req = opts.login_req();
+        let params = ConnParams {
+            private_data: req.to_rdma_bytes(),
+            // As ib_srp: the target may keep 4 RDMA READs in flight; we issue none.
+            responder_resources: 4,
+            initiator_depth: 0,
+            retry_count: 7,
+            rnr_retry_count: 7,
+            ..ConnParams::default()
+        };
+        let conn = match cm.connect(&qp, dst, params).await {
+            Ok(c) => c,
+            Err(CmError::Rejected { private_data, .. }) => {
+                return Err(match LoginRej::parse(&private_data) {
+                    Ok(rej) => InitiatorError::Rejected(rej.reason),
+                    Err(_) => InitiatorError::Invalid("rejected without SRP_LOGIN_REJ"),
+                })
+            }
+            Err(e) => return Err(e.into()),
+        };
+        let login = LoginRsp {
+            req_lim_delta: opts.queue_depth,
+            tag: req.tag,
+            max_it_iu_len: opts.it_iu_len,
+            max_ti_iu_len: opts.it_iu_len,
+            buf_fmt: buf_fmt::DIRECT | buf_fmt::INDIRECT,
+            rsp_flags: if opts.immediate {
+                rsp_flags::IMMED_SUPP
+            } else {
+                0
+            },
+        };
+        let ini = Initiator::start(pd, cq, Arc::new(qp), login, opts.it_iu_len, opts.immediate)?;
+        Ok((ini, conn))
+    }
+
     /// Starts the initiator side of a channel on `qp` (connected or about to be), after the
     /// target accepted the login with `login`. `it_iu_len` is the IU length the login asked
     /// for, `imm` whether it asked for immediate data at [`IMM_DATA_OFFSET`].

@@ -1,15 +1,33 @@
-//! SRP in the daemon: target ports from the configuration, their identifiers, and the string
-//! an administrator writes into Linux ib_srp's `add_target` to reach each of them.
+//! SRP in the daemon: target ports from the configuration, their identifiers, the string an
+//! administrator writes into Linux ib_srp's `add_target` to reach each of them, and the
+//! RDMA/CM listeners (port space RDMA_PS_TCP) that turn connect requests into channels.
+//!
+//! A connect request carries the login request in its private data (`srp_login_req_rdma`
+//! after the cma header). The target port is chosen by the target port identifier among the
+//! ports listening on the address; the LOGIN_RSP goes back in the REP's private data, a
+//! LOGIN_REJ in the REJ's (reason 28, consumer defined), as Linux ib_srpt answers.
 
 use std::collections::{BTreeMap, HashMap};
 use std::hash::{Hash, Hasher};
 use std::net::{IpAddr, SocketAddr};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use rtgt_api::config::{self, Config};
+use rtgt_backstore::BufPool;
+use rtgt_transport::cm::{CmListener, ConnParams, ConnectRequest};
+use rtgt_transport::hca::Hca;
 
+use super::channel::{Channel, CloseReason};
+use super::iu::{buf_fmt, rej_reason, LoginRej, LoginReq};
+use super::login::Limits;
+use super::port::SrpPort;
 use crate::core::{Acl, Registry, SrpTargetPort};
 use crate::scsi::{Device, LunMap};
+
+/// RDMA READs a channel keeps in flight towards the initiator (bounded by what its REQ
+/// offers as responder resources).
+const MAX_INITIATOR_DEPTH: u8 = 16;
 
 /// A stable 64-bit identifier derived from the host (`/etc/machine-id`), the port name and
 /// `what`, so two appliances never collide and a restart keeps the identity. The top byte is
@@ -116,6 +134,213 @@ pub fn add_target_strings(port: &SrpTargetPort, local: &[IpAddr]) -> Vec<String>
         }
     }
     out
+}
+
+/// Starts SRP for the daemon when there are SRP target ports; they need the RDMA device.
+pub fn start_in_daemon(running: &crate::daemon::Running) -> Option<SrpService> {
+    let ports = running.registry.srp_ports();
+    if ports.is_empty() {
+        return None;
+    }
+    let Some(hca) = &running.rdma else {
+        for p in &ports {
+            tracing::warn!(port = %p.name, "SRP target port not served: no RDMA device");
+        }
+        return None;
+    };
+    Some(SrpService::start(
+        hca,
+        &running.registry,
+        running.pool.clone(),
+    ))
+}
+
+/// The SRP front-end of the running daemon: its target ports and listeners.
+pub struct SrpService {
+    ports: Vec<Arc<SrpPort>>,
+    listeners: Vec<tokio::task::JoinHandle<()>>,
+    conns: Arc<Mutex<Vec<tokio::task::JoinHandle<()>>>>,
+}
+
+impl SrpService {
+    /// Starts a listener per distinct listen address of the registry's SRP target ports on
+    /// `hca`, and logs each port's `add_target` strings.
+    pub fn start(hca: &Arc<Hca>, registry: &Registry, pool: Arc<BufPool>) -> SrpService {
+        let mut ports = Vec::new();
+        let mut by_addr: BTreeMap<SocketAddr, Vec<Arc<SrpPort>>> = BTreeMap::new();
+        for (i, cfg) in registry.srp_ports().into_iter().enumerate() {
+            let port = SrpPort::new(cfg, Limits::default(), pool.clone(), i as u16 + 1);
+            for a in &port.config.listen {
+                by_addr.entry(*a).or_default().push(port.clone());
+            }
+            ports.push(port);
+        }
+        let conns = Arc::new(Mutex::new(Vec::new()));
+        let mut listeners = Vec::new();
+        for (addr, ps) in by_addr {
+            match hca.cm().listen(addr) {
+                Ok(l) => {
+                    tracing::info!(%addr, ports = ps.len(), "SRP listening (RDMA/CM)");
+                    listeners.push(tokio::spawn(accept_loop(l, ps, hca.clone(), conns.clone())));
+                }
+                Err(e) => tracing::error!(%addr, error = %e, "SRP: cannot listen"),
+            }
+        }
+        for p in &ports {
+            for s in add_target_strings(&p.config, hca.addrs()) {
+                tracing::info!(
+                    port = %p.config.name,
+                    "SRP target port: echo {s} > /sys/class/infiniband_srp/srp-<device>-<port>/add_target"
+                );
+            }
+        }
+        SrpService {
+            ports,
+            listeners,
+            conns,
+        }
+    }
+
+    pub fn ports(&self) -> &[Arc<SrpPort>] {
+        &self.ports
+    }
+
+    /// Stops listening, sends SRP_T_LOGOUT on every channel and disconnects it.
+    pub async fn shutdown(&self, grace: Duration) {
+        for l in &self.listeners {
+            l.abort();
+        }
+        let logouts = self.ports.iter().map(|p| p.shutdown());
+        let _ = tokio::time::timeout(grace, futures_join_all(logouts)).await;
+        let conns: Vec<_> = self
+            .conns
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .drain(..)
+            .collect();
+        for c in conns {
+            if tokio::time::timeout(grace, c).await.is_err() {
+                tracing::warn!("SRP connection did not close in time");
+            }
+        }
+    }
+}
+
+/// Awaits every future (sequentially; each is already running in its own task or is short).
+async fn futures_join_all<F: std::future::Future<Output = ()>>(fs: impl Iterator<Item = F>) {
+    for f in fs {
+        f.await;
+    }
+}
+
+async fn accept_loop(
+    mut l: CmListener,
+    ports: Vec<Arc<SrpPort>>,
+    hca: Arc<Hca>,
+    conns: Arc<Mutex<Vec<tokio::task::JoinHandle<()>>>>,
+) {
+    while let Some(cr) = l.accept().await {
+        let h = tokio::spawn(connection(cr, ports.clone(), hca.clone()));
+        let mut v = conns.lock().unwrap_or_else(|e| e.into_inner());
+        v.retain(|h| !h.is_finished());
+        v.push(h);
+    }
+}
+
+/// The port a login addresses: the one whose identifier matches (either half order), else
+/// the first, whose validation then rejects it.
+fn pick_port<'a>(ports: &'a [Arc<SrpPort>], req: &LoginReq) -> Option<&'a Arc<SrpPort>> {
+    ports
+        .iter()
+        .find(|p| {
+            let id = p.config.port_id();
+            let mut swapped = [0u8; 16];
+            swapped[..8].copy_from_slice(&id[8..]);
+            swapped[8..].copy_from_slice(&id[..8]);
+            req.target_port_id == id || req.target_port_id == swapped
+        })
+        .or(ports.first())
+}
+
+/// One connect request: login, accept or reject, then the channel until either side ends it.
+async fn connection(cr: ConnectRequest, ports: Vec<Arc<SrpPort>>, hca: Arc<Hca>) {
+    let peer = cr.peer();
+    let req = match LoginReq::parse_rdma(cr.private_data()) {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::warn!(%peer, error = %e, "SRP connect request without a valid login request");
+            let rej = LoginRej {
+                reason: rej_reason::UNABLE_ESTABLISH_CHANNEL,
+                tag: 0,
+                buf_fmt: buf_fmt::DIRECT | buf_fmt::INDIRECT,
+            };
+            cr.reject(&rej.to_bytes());
+            return;
+        }
+    };
+    let Some(port) = pick_port(&ports, &req).cloned() else {
+        cr.reject(&[]);
+        return;
+    };
+    let login = match port.login(&req) {
+        Ok(l) => l,
+        Err(rej) => {
+            cr.reject(&rej.to_bytes());
+            return;
+        }
+    };
+    let built = hca
+        .device()
+        .alloc_pd()
+        .and_then(|pd| Channel::create_qp(&pd, &login.params).map(|(cq, qp)| (pd, cq, qp)));
+    let (pd, cq, qp) = match built {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::warn!(%peer, error = %e, "SRP: no resources for a channel");
+            let rej = LoginRej {
+                reason: rej_reason::INSUFFICIENT_RESOURCES,
+                tag: req.tag,
+                buf_fmt: buf_fmt::DIRECT | buf_fmt::INDIRECT,
+            };
+            cr.reject(&rej.to_bytes());
+            return;
+        }
+    };
+    let params = ConnParams {
+        private_data: login.rsp.to_bytes(),
+        // ib_srp asks for no RDMA READs of its own; the target's READs of data-out are
+        // bounded by the initiator's responder resources.
+        responder_resources: cr.initiator_depth().min(4),
+        initiator_depth: cr.responder_resources().min(MAX_INITIATOR_DEPTH),
+        rnr_retry_count: 7,
+        flow_control: true,
+        ..ConnParams::default()
+    };
+    let conn = match cr.accept(&qp, params).await {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::warn!(%peer, error = %e, "SRP: connection not established");
+            return;
+        }
+    };
+    let ch = match Channel::start(pd, cq, Arc::new(qp), login, &port) {
+        Ok(ch) => ch,
+        Err(e) => {
+            tracing::warn!(%peer, error = %e, "SRP: cannot start the channel");
+            conn.disconnect();
+            return;
+        }
+    };
+    tracing::info!(
+        %peer, channel = ch.id, qpn = ch.qp().qpn(), initiator = %ch.session.nexus.initiator_port,
+        "SRP channel established"
+    );
+    tokio::select! {
+        _ = conn.disconnected() => ch.close(CloseReason::Disconnected),
+        _ = ch.closed() => conn.disconnect(),
+    }
+    ch.finished().await;
+    drop(conn);
 }
 
 #[cfg(test)]

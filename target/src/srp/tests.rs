@@ -252,16 +252,8 @@ fn connect(r: &Rig, req: &LoginReq) -> (Arc<Channel>, Arc<Initiator>) {
     init.cap.max_recv_wr = 256;
     init.cap.max_inline_data = 256;
     let iqp = r.init.pd.create_qp(init).unwrap();
-    iqp.modify(
-        &QpAttr {
-            qp_state: Some(QpState::Init),
-            qp_access_flags: Some(Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ),
-            port_num: 1,
-            ..Default::default()
-        },
-        QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::ACCESS_FLAGS,
-    )
-    .unwrap();
+    to_init(&tqp);
+    to_init(&iqp);
     let ch = Channel::start(r.target.pd.clone(), tcq, Arc::new(tqp), login, &r.port).unwrap();
     let ini = Initiator::start(
         r.init.pd.clone(),
@@ -275,6 +267,19 @@ fn connect(r: &Rig, req: &LoginReq) -> (Arc<Channel>, Arc<Initiator>) {
     to_rtr_rts(ch.qp(), ip(2), ini.qp().qpn(), 0x100, 0x900);
     to_rtr_rts(ini.qp(), ip(1), ch.qp().qpn(), 0x900, 0x100);
     (ch, ini)
+}
+
+fn to_init(qp: &Qp) {
+    qp.modify(
+        &QpAttr {
+            qp_state: Some(QpState::Init),
+            qp_access_flags: Some(Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ),
+            port_num: 1,
+            ..Default::default()
+        },
+        QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::ACCESS_FLAGS,
+    )
+    .unwrap();
 }
 
 fn pattern(len: usize, seed: u32) -> Vec<u8> {
@@ -609,4 +614,68 @@ async fn bad_iu_and_shutdown_send_t_logout() {
     ini.closed().await;
     assert_eq!(ini.stats.t_logouts.load(Ordering::Relaxed), 1);
     assert!(r.port.sessions().is_empty());
+}
+
+/// The SRP service behind the RDMA/CM connection manager: two HCAs on a loopback link.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn login_through_the_connection_manager() {
+    use super::initiator::ConnectOptions;
+    use super::service::SrpService;
+    use rtgt_transport::cm::CmLimits;
+    use rtgt_transport::hca::Hca;
+
+    let r = rig();
+    // Reuse the rig's target port configuration in a registry for the service.
+    let registry = crate::core::Registry::new();
+    registry.set_srp_port(SrpTargetPort {
+        listen: vec![std::net::SocketAddr::new(ip(11), 5555)],
+        ..(*r.port.config).clone()
+    });
+    let (la, lb) = loopback::pair(1 << 14);
+    let dt = Device::new(DeviceConfig::new("t", vec![ip(11)])).unwrap();
+    let di = Device::new(DeviceConfig::new("i", vec![ip(12)])).unwrap();
+    let ht = Arc::new(Hca::with_netdev(dt, la, CmLimits::default()).unwrap());
+    let hi = Hca::with_netdev(di, lb, CmLimits::default()).unwrap();
+    let svc = SrpService::start(&ht, &registry, BufPool::new(64 << 20));
+    let dst = std::net::SocketAddr::new(ip(11), 5555);
+
+    let mut opts = ConnectOptions::new([0x21; 16], ID_EXT, IOC_GUID ^ 1);
+    match Initiator::connect(hi.cm(), dst, &opts).await {
+        Err(InitiatorError::Rejected(reason)) => {
+            assert_eq!(reason, rej_reason::UNABLE_ASSOCIATE_CHANNEL)
+        }
+        other => panic!("expected a LOGIN_REJ, got {:?}", other.map(|_| ())),
+    }
+    opts = ConnectOptions::new([0x21; 16], ID_EXT, IOC_GUID);
+    opts.it_iu_len = 70_000_000;
+    assert!(matches!(
+        Initiator::connect(hi.cm(), dst, &opts).await,
+        Err(InitiatorError::Rejected(rej_reason::IT_IU_LENGTH_TOO_LARGE))
+    ));
+    opts.it_iu_len = 8260;
+    let (ini, conn) = Initiator::connect(hi.cm(), dst, &opts).await.unwrap();
+    settle(&ini).await;
+    let data = pattern(256 << 10, 77);
+    for mode in MODES {
+        ini.write(0, 100, &data, BS, mode).await.unwrap();
+        assert_eq!(ini.read(0, 100, 512, BS, mode).await.unwrap(), data);
+    }
+    let port = &svc.ports()[0];
+    assert_eq!(port.channels().len(), 1);
+    // The initiator disconnects: the channel and the session go.
+    drop(conn);
+    let ch = port.channels();
+    if let Some(ch) = ch.first() {
+        ch.finished().await;
+    }
+    while !port.sessions().is_empty() {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // A second login, then the target shuts down: SRP_T_LOGOUT and a disconnect.
+    let (ini, conn) = Initiator::connect(hi.cm(), dst, &opts).await.unwrap();
+    settle(&ini).await;
+    svc.shutdown(Duration::from_secs(5)).await;
+    ini.closed().await;
+    assert_eq!(ini.stats.t_logouts.load(Ordering::Relaxed), 1);
+    conn.disconnected().await;
 }
