@@ -406,7 +406,9 @@ impl Channel {
                 let ch = self.clone();
                 if dup {
                     let sense = Sense::new(key::ABORTED_COMMAND, OVERLAPPED_COMMANDS);
-                    tokio::spawn(async move { ch.respond_check(slot, cmd.tag, &sense).await });
+                    tokio::spawn(
+                        async move { ch.respond_check(slot, cmd.tag, &sense, None).await },
+                    );
                 } else {
                     tokio::spawn(async move { ch.run_cmd(slot, iu, cmd, task).await });
                 }
@@ -430,7 +432,9 @@ impl Channel {
                     Some(opcode::CMD) => {
                         tracing::debug!(channel = self.id, error = %e, "invalid SRP_CMD");
                         let sense = Sense::new(key::ILLEGAL_REQUEST, INVALID_FIELD_IN_IU);
-                        tokio::spawn(async move { ch.respond_check(slot, tag, &sense).await });
+                        tokio::spawn(
+                            async move { ch.respond_check(slot, tag, &sense, None).await },
+                        );
                     }
                     Some(opcode::TSK_MGMT) => {
                         tokio::spawn(async move {
@@ -535,7 +539,12 @@ impl Channel {
         slot: u32,
         mut rsp: Rsp,
         before: Vec<oneshot::Receiver<WcStatus>>,
+        retire: Option<&Arc<Task>>,
     ) -> Result<(), Failed> {
+        // The initiator may reuse the tag as soon as it sees the response.
+        if let Some(t) = retire {
+            self.retire(rsp.tag, t);
+        }
         self.repost(slot)?;
         rsp.req_lim_delta = 1 + self.pending_credits.swap(0, Ordering::AcqRel);
         // The initiator's receive buffers hold max_ti_iu_len bytes: shorten the sense data.
@@ -553,14 +562,22 @@ impl Channel {
         Self::wait_all(rxs).await
     }
 
-    async fn respond_check(&self, slot: u32, tag: u64, sense: &Sense) {
+    async fn respond_check(&self, slot: u32, tag: u64, sense: &Sense, retire: Option<&Arc<Task>>) {
         let rsp = Rsp {
             tag,
             status: Status::CheckCondition as u8,
             sense: sense.emit(false),
             ..Rsp::default()
         };
-        let _ = self.respond(slot, rsp, Vec::new()).await;
+        let _ = self.respond(slot, rsp, Vec::new(), retire).await;
+    }
+
+    /// Takes `task` out of the task table (if it is still the one under `tag`).
+    fn retire(&self, tag: u64, task: &Arc<Task>) {
+        let mut g = lock(&self.inner);
+        if g.tasks.get(&tag).is_some_and(|t| Arc::ptr_eq(t, task)) {
+            g.tasks.remove(&tag);
+        }
     }
 
     async fn respond_tmf(&self, slot: u32, tag: u64, status: u8) {
@@ -569,7 +586,7 @@ impl Channel {
             resp_data: vec![0, 0, 0, status],
             ..Rsp::default()
         };
-        let _ = self.respond(slot, rsp, Vec::new()).await;
+        let _ = self.respond(slot, rsp, Vec::new(), None).await;
     }
 
     async fn run_cmd(self: Arc<Self>, slot: u32, iu: Vec<u8>, cmd: Cmd, task: Arc<Task>) {
@@ -579,7 +596,7 @@ impl Channel {
             let _ = self.repost(slot);
             self.pending_credits.fetch_add(1, Ordering::AcqRel);
         }
-        lock(&self.inner).tasks.remove(&cmd.tag);
+        self.retire(cmd.tag, &task);
         task.done.send_replace(true);
     }
 
@@ -662,12 +679,18 @@ impl Channel {
     }
 
     /// Runs one SRP_CMD; `Ok(false)` when it was aborted (no response sent).
-    async fn exec_cmd(&self, slot: u32, iu: &[u8], cmd: &Cmd, task: &Task) -> Result<bool, Failed> {
+    async fn exec_cmd(
+        &self,
+        slot: u32,
+        iu: &[u8],
+        cmd: &Cmd,
+        task: &Arc<Task>,
+    ) -> Result<bool, Failed> {
         let out_len = cmd.data_out.len();
         let in_len = cmd.data_in.len();
         let bad = Sense::new(key::ILLEGAL_REQUEST, INVALID_FIELD_IN_IU);
         if out_len > MAX_TRANSFER_BYTES || in_len > MAX_TRANSFER_BYTES {
-            self.respond_check(slot, cmd.tag, &bad).await;
+            self.respond_check(slot, cmd.tag, &bad, Some(task)).await;
             return Ok(true);
         }
         let data_out = match &cmd.data_out {
@@ -686,14 +709,14 @@ impl Channel {
                     }
                     Some(_) => None,
                     None => {
-                        self.respond_check(slot, cmd.tag, &bad).await;
+                        self.respond_check(slot, cmd.tag, &bad, Some(task)).await;
                         return Ok(true);
                     }
                 }
             }
             d => match self.descriptors(d).await? {
                 Err(sense) => {
-                    self.respond_check(slot, cmd.tag, &sense).await;
+                    self.respond_check(slot, cmd.tag, &sense, Some(task)).await;
                     return Ok(true);
                 }
                 Ok(list) if out_len > 0 => Some(self.read_data_out(&list, out_len).await?),
@@ -702,7 +725,7 @@ impl Channel {
         };
         let in_list = match self.descriptors(&cmd.data_in).await? {
             Err(sense) => {
-                self.respond_check(slot, cmd.tag, &sense).await;
+                self.respond_check(slot, cmd.tag, &sense, Some(task)).await;
                 return Ok(true);
             }
             Ok(l) => l,
@@ -802,7 +825,7 @@ impl Channel {
             }
             rsp.data_in_res_cnt = r;
         }
-        self.respond(slot, rsp, rxs).await?;
+        self.respond(slot, rsp, rxs, Some(task)).await?;
         Ok(true)
     }
 

@@ -679,3 +679,39 @@ async fn login_through_the_connection_manager() {
     assert_eq!(ini.stats.t_logouts.load(Ordering::Relaxed), 1);
     conn.disconnected().await;
 }
+
+/// A tag is free again as soon as its response is out: Linux ib_srp reuses it at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tags_are_reusable_after_the_response() {
+    let r = rig();
+    let (_ch, ini) = connect(&r, &login_req(10, false));
+    settle(&ini).await;
+    let buf = Arc::new(Region::zeroed(4096));
+    let mr = r
+        .init
+        .pd
+        .reg_mr(buf.clone(), Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+        .unwrap();
+    let mut cdb = vec![0u8; 16];
+    cdb[0] = 0x88;
+    cdb[13] = 8;
+    let cmd = iu::Cmd {
+        sol_not: 0,
+        tag: 0x42,
+        lun: [0; 8],
+        task_attr: 0,
+        cdb,
+        data_out: iu::DataDesc::None,
+        data_in: iu::DataDesc::Direct(iu::DirectBuf {
+            va: mr.iova(),
+            key: mr.rkey(),
+            len: 4096,
+        }),
+    };
+    let mut b = vec![0u8; cmd.buffer_len()];
+    cmd.emit(&mut b);
+    for _ in 0..200 {
+        let rsp = ini.send_raw(b.clone()).await.unwrap().await.unwrap();
+        assert_eq!((rsp.status, rsp.tag), (0, 0x42), "{rsp:?}");
+    }
+}
