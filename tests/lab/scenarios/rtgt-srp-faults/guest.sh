@@ -14,9 +14,13 @@ echo 2 >"$port/reconnect_delay"
 echo 90 >"$port/fast_io_fail_tmo"
 echo 180 >"$port/dev_loss_tmo"
 lab_step "remote port $port: reconnect_delay 2, fast_io_fail_tmo 90, dev_loss_tmo 180"
+# After kill -9 the initiator's QP retries forever (rxe treats retry count 7 as infinite), so
+# recovery is the SCSI error handler's: command timeout, SRP aborts (5 s each), device and host
+# reset, which reconnects. A short command timeout and few commands in flight keep it brief.
+echo 10 >"/sys/class/block/${dev#/dev/}/device/timeout"
 
-fio_under_restart() { # NAME SIGNAL-EVENT DONE-EVENT OFFSET
-    fio --name="$1" --filename="$dev" --rw=randwrite --bs=4k --iodepth=16 --offset="$4" --size=24m \
+fio_under_restart() { # NAME SIGNAL-EVENT DONE-EVENT OFFSET IODEPTH
+    fio --name="$1" --filename="$dev" --rw=randwrite --bs=4k --iodepth="$5" --offset="$4" --size=24m \
         --verify=crc32c --verify_fatal=1 --ioengine=libaio --direct=1 --eta=never \
         --output="$LAB_OUT/fio-$1.txt" &
     local fio_pid=$!
@@ -28,8 +32,8 @@ fio_under_restart() { # NAME SIGNAL-EVENT DONE-EVENT OFFSET
     grep -q 'err= 0' "$LAB_OUT/fio-$1.txt" || lab_fail "fio $1 reported errors"
     lab_step "$1: verify passed"
 }
-fio_under_restart sigterm restart-term restarted-term 0
-fio_under_restart sigkill restart-kill restarted-kill 32m
+fio_under_restart sigterm restart-term restarted-term 0 16
+fio_under_restart sigkill restart-kill restarted-kill 32m 4
 cat "$port/state" >"$LAB_OUT/port-state.txt"
 lab_srp_remove_all || lab_fail "remote port not deleted"
 

@@ -6,7 +6,7 @@ SRP_WWN=6001405aabbccdd0011223344556677a
 
 start_rtgtd() {
     lab_start_daemon "$1" "$RTGTD" --config "$LAB_WORK/rtgt.yaml" --state-dir "$LAB_WORK/state"
-    lab_rtgtd_add_target "$1.log" "$LAB_HOST_IP:5555" 30
+    lab_rtgtd_add_target "$1.log" "$LAB_HOST_IP:5555" 30 >/dev/null
 }
 
 host_setup() {
@@ -22,7 +22,8 @@ srp:
 YAML
     cp "$LAB_WORK/rtgt.yaml" "$LAB_RESULTS/rtgt.yaml"
     local add
-    add=$(start_rtgtd rtgtd) || return 1
+    start_rtgtd rtgtd || return 1
+    add=$(lab_rtgtd_add_target rtgtd.log "$LAB_HOST_IP:5555" 30) || return 1
     lab_guest_export SRP_TARGET="$add" DISK_WWN="$SRP_WWN"
 }
 
@@ -40,7 +41,7 @@ restart() { # SIGNAL OLD NEW
     else
         lab_daemon_status "$2" 10 >/dev/null || return 1
     fi
-    start_rtgtd "$3" >/dev/null
+    start_rtgtd "$3"
 }
 
 host_run() {
