@@ -61,7 +61,7 @@ targets:
         portals: ['127.0.0.1:$port_rtgt']
         allow_any_initiator: true
         luns: [{lun: 1, backstore: bench}]
-rdma: {addresses: [127.0.0.1]}
+rdma: {addresses: [127.0.0.1], eth_mtu: 4200}
 srp:
   - name: bench
     listen: ['127.0.0.1:$port_srp']
@@ -124,7 +124,7 @@ srp_target=$(grep -o "id_ext=[0-9a-f]*,ioc_guid=[0-9a-f]*,dest=127.0.0.1:$port_s
 # rtgt-srp bench RW BS QD -> IOPS
 sbench() {
     [[ -n $srp_target ]] || return 0
-    timeout $((secs + 60)) "$bin/rtgt-srp" --lun 1 bench --target "$srp_target" --rw "$1" --bs "$2" \
+    timeout $((secs + 60)) "$bin/rtgt-srp" --lun 1 --eth-mtu 4200 bench --target "$srp_target" --rw "$1" --bs "$2" \
         --iodepth "$3" --seconds "$secs" 2>>"$work/rtgt-srp.log" | sed -n 's/.* IOPS=\([0-9]*\).*/\1/p' | tail -1
 }
 printf '%-34s %14s %14s %8s\n' workload iSCSI/TCP SRP SRP/iSCSI

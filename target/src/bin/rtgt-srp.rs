@@ -42,8 +42,9 @@ struct Cli {
     /// LUN.
     #[arg(long, global = true, default_value_t = 0)]
     lun: u64,
-    /// Ethernet MTU of the link (1500 gives an RDMA path MTU of 1024).
-    #[arg(long, global = true, default_value_t = 4200)]
+    /// Ethernet MTU of the link (1500 gives an RDMA path MTU of 1024, 4200 gives 4096); the
+    /// target must offer at least the same.
+    #[arg(long, global = true, default_value_t = 1500)]
     eth_mtu: usize,
     #[command(subcommand)]
     cmd: Cmd,

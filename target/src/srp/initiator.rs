@@ -196,10 +196,16 @@ impl Initiator {
         };
         let conn = match cm.connect(&qp, dst, params).await {
             Ok(c) => c,
-            Err(CmError::Rejected { private_data, .. }) => {
+            Err(CmError::Rejected {
+                private_data,
+                reason,
+            }) => {
                 return Err(match LoginRej::parse(&private_data) {
                     Ok(rej) => InitiatorError::Rejected(rej.reason),
-                    Err(_) => InitiatorError::Invalid("rejected without SRP_LOGIN_REJ"),
+                    Err(_) => InitiatorError::Cm(CmError::Rejected {
+                        reason,
+                        private_data,
+                    }),
                 })
             }
             Err(e) => return Err(e.into()),
