@@ -210,8 +210,14 @@ impl SrpService {
         for l in &self.listeners {
             l.abort();
         }
-        let logouts = self.ports.iter().map(|p| p.shutdown());
-        let _ = tokio::time::timeout(grace, futures_join_all(logouts)).await;
+        let logouts = async {
+            for p in &self.ports {
+                p.shutdown().await;
+            }
+        };
+        if tokio::time::timeout(grace, logouts).await.is_err() {
+            tracing::warn!("SRP channels did not close in time");
+        }
         let conns: Vec<_> = self
             .conns
             .lock()
@@ -223,13 +229,6 @@ impl SrpService {
                 tracing::warn!("SRP connection did not close in time");
             }
         }
-    }
-}
-
-/// Awaits every future (sequentially; each is already running in its own task or is short).
-async fn futures_join_all<F: std::future::Future<Output = ()>>(fs: impl Iterator<Item = F>) {
-    for f in fs {
-        f.await;
     }
 }
 
