@@ -653,6 +653,24 @@ async fn login_through_the_connection_manager() {
         Err(InitiatorError::Rejected(rej_reason::IT_IU_LENGTH_TOO_LARGE))
     ));
     opts.it_iu_len = 8260;
+    // Private data that is no login request: a LOGIN_REJ all the same.
+    {
+        use rtgt_transport::cm::{CmError, ConnParams};
+        let pd = hi.device().alloc_pd().unwrap();
+        let cq = hi.device().create_cq(16).unwrap();
+        let qp = pd.create_qp(QpInitAttr::new(QpType::Rc, &cq, &cq)).unwrap();
+        let params = ConnParams {
+            private_data: vec![0x5a; 56],
+            ..ConnParams::default()
+        };
+        match hi.cm().connect(&qp, dst, params).await {
+            Err(CmError::Rejected { private_data, .. }) => assert_eq!(
+                iu::LoginRej::parse(&private_data).unwrap().reason,
+                rej_reason::UNABLE_ESTABLISH_CHANNEL
+            ),
+            other => panic!("expected a REJ, got {:?}", other.map(|_| ())),
+        }
+    }
     let (ini, conn) = Initiator::connect(hi.cm(), dst, &opts).await.unwrap();
     settle(&ini).await;
     let data = pattern(256 << 10, 77);
