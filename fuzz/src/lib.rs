@@ -6,6 +6,7 @@
 //! when the code under test panics or breaks a property the function checks; rejecting the
 //! input is not a failure.
 
+mod cm_state;
 mod config;
 mod iscsi;
 mod responder;
@@ -13,6 +14,7 @@ mod scsi;
 mod srp;
 mod transport;
 
+pub use cm_state::transport_cm_state;
 pub use config::config_yaml;
 pub use iscsi::{iscsi_bhs, iscsi_login, iscsi_text};
 pub use responder::transport_responder;
@@ -34,6 +36,7 @@ pub const TARGETS: &[(&str, Body)] = &[
     ("srp_iu", srp_iu),
     ("srp_login", srp_login),
     ("transport_cm", transport_cm),
+    ("transport_cm_state", transport_cm_state),
     ("transport_packet", transport_packet),
     ("transport_responder", transport_responder),
 ];

@@ -249,6 +249,7 @@ smoke_tests!(
     srp_iu,
     srp_login,
     transport_cm,
+    transport_cm_state,
     transport_packet,
     transport_responder,
 );

@@ -181,6 +181,15 @@ impl Hca {
         !self.task.is_finished()
     }
 
+    /// Waits (at most `limit`) until the device has nothing left to send: the last MADs of a
+    /// tool about to exit (a DREP, say) leave before the sockets close.
+    pub async fn drain(&self, limit: std::time::Duration) {
+        let end = tokio::time::Instant::now() + limit;
+        while self.dev.has_work() && tokio::time::Instant::now() < end {
+            tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+        }
+    }
+
     /// Stops the driver task; the device stops moving packets.
     pub fn shutdown(&self) {
         self.task.abort();

@@ -112,6 +112,7 @@ static CHANNEL_ID: AtomicU64 = AtomicU64::new(1);
 pub struct Channel {
     pub id: u64,
     pub params: ChannelParams,
+    login_rsp: super::iu::LoginRsp,
     pub session: Arc<Session>,
     session_ref: Mutex<Option<SessionRef>>,
     pub stats: ChannelStats,
@@ -194,6 +195,7 @@ impl Channel {
         let ch = Arc::new(Channel {
             id: CHANNEL_ID.fetch_add(1, Ordering::Relaxed),
             params,
+            login_rsp: login.rsp,
             session,
             session_ref: Mutex::new(Some(login.session)),
             stats: ChannelStats::default(),
@@ -221,6 +223,11 @@ impl Channel {
 
     pub fn qp(&self) -> &Arc<Qp> {
         &self.qp
+    }
+
+    /// The LOGIN_RSP of the login that made this channel.
+    pub fn login_rsp(&self) -> super::iu::LoginRsp {
+        self.login_rsp
     }
 
     /// Asks the channel to close; idempotent, the first reason wins.

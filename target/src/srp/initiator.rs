@@ -183,8 +183,23 @@ impl Initiator {
         init.cap.max_send_sge = 1;
         init.cap.max_recv_sge = 1;
         init.cap.max_inline_data = 256.min(dev.attr().max_inline_data);
-        let qp = pd.create_qp(init)?;
+        let qp = Arc::new(pd.create_qp(init)?);
         let req = opts.login_req();
+        let login = LoginRsp {
+            req_lim_delta: opts.queue_depth,
+            tag: req.tag,
+            max_it_iu_len: opts.it_iu_len,
+            max_ti_iu_len: opts.it_iu_len,
+            buf_fmt: buf_fmt::DIRECT | buf_fmt::INDIRECT,
+            rsp_flags: if opts.immediate {
+                rsp_flags::IMMED_SUPP
+            } else {
+                0
+            },
+        };
+        // Receives are posted before the REQ goes out, as the target may answer at once.
+        rtgt_transport::cm::prepare_qp(&qp)?;
+        let ini = Initiator::start(pd, cq, qp.clone(), login, opts.it_iu_len, opts.immediate)?;
         let params = ConnParams {
             private_data: req.to_rdma_bytes(),
             // As ib_srp: the target may keep 4 RDMA READs in flight; we issue none.
@@ -194,7 +209,11 @@ impl Initiator {
             rnr_retry_count: 7,
             ..ConnParams::default()
         };
-        let conn = match cm.connect(&qp, dst, params).await {
+        let r = cm.connect(&qp, dst, params).await;
+        if r.is_err() {
+            ini.close();
+        }
+        let conn = match r {
             Ok(c) => c,
             Err(CmError::Rejected {
                 private_data,
@@ -210,19 +229,6 @@ impl Initiator {
             }
             Err(e) => return Err(e.into()),
         };
-        let login = LoginRsp {
-            req_lim_delta: opts.queue_depth,
-            tag: req.tag,
-            max_it_iu_len: opts.it_iu_len,
-            max_ti_iu_len: opts.it_iu_len,
-            buf_fmt: buf_fmt::DIRECT | buf_fmt::INDIRECT,
-            rsp_flags: if opts.immediate {
-                rsp_flags::IMMED_SUPP
-            } else {
-                0
-            },
-        };
-        let ini = Initiator::start(pd, cq, Arc::new(qp), login, opts.it_iu_len, opts.immediate)?;
         Ok((ini, conn))
     }
 

@@ -288,11 +288,19 @@ async fn connection(cr: ConnectRequest, ports: Vec<Arc<SrpPort>>, hca: Arc<Hca>)
             return;
         }
     };
-    let built = hca
-        .device()
-        .alloc_pd()
-        .and_then(|pd| Channel::create_qp(&pd, &login.params).map(|(cq, qp)| (pd, cq, qp)));
-    let (pd, cq, qp) = match built {
+    // The QP goes to INIT and the receive ring is posted before the REP: the initiator may
+    // send as soon as it has sent its RTU.
+    let built = hca.device().alloc_pd().and_then(|pd| {
+        let (cq, qp) = Channel::create_qp(&pd, &login.params)?;
+        Ok((pd, cq, qp))
+    });
+    let started = built.map_err(|e| e.to_string()).and_then(|(pd, cq, qp)| {
+        rtgt_transport::cm::prepare_qp(&qp).map_err(|e| e.to_string())?;
+        let qp = Arc::new(qp);
+        let ch = Channel::start(pd, cq, qp.clone(), login, &port).map_err(|e| e.to_string())?;
+        Ok((qp, ch))
+    });
+    let (qp, ch) = match started {
         Ok(r) => r,
         Err(e) => {
             tracing::warn!(%peer, error = %e, "SRP: no resources for a channel");
@@ -306,7 +314,7 @@ async fn connection(cr: ConnectRequest, ports: Vec<Arc<SrpPort>>, hca: Arc<Hca>)
         }
     };
     let params = ConnParams {
-        private_data: login.rsp.to_bytes(),
+        private_data: ch.login_rsp().to_bytes(),
         // ib_srp asks for no RDMA READs of its own; the target's READs of data-out are
         // bounded by the initiator's responder resources.
         responder_resources: cr.initiator_depth().min(4),
@@ -319,14 +327,8 @@ async fn connection(cr: ConnectRequest, ports: Vec<Arc<SrpPort>>, hca: Arc<Hca>)
         Ok(c) => c,
         Err(e) => {
             tracing::warn!(%peer, error = %e, "SRP: connection not established");
-            return;
-        }
-    };
-    let ch = match Channel::start(pd, cq, Arc::new(qp), login, &port) {
-        Ok(ch) => ch,
-        Err(e) => {
-            tracing::warn!(%peer, error = %e, "SRP: cannot start the channel");
-            conn.disconnect();
+            ch.close(CloseReason::Disconnected);
+            ch.finished().await;
             return;
         }
     };

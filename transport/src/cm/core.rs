@@ -27,8 +27,8 @@ use tokio::sync::{mpsc, watch};
 use super::{CmError, CmLimits, CmStats, ConnParams, ConnectRequest, MsgCounts, Shared};
 use crate::verbs::{Access, AddressVector, Device, Mtu, QpAttr, QpAttrMask, QpState, VerbsError};
 use crate::wire::cm::{
-    self, drep, dreq, mra, path, rej, rep, req, rtu, AttributeId, CmMessage, Mad, MessageRef,
-    RejReason, TransportServiceType,
+    self, drep, dreq, mra, path, rej, rep, req, rtu, sidr_rep, AttributeId, CmMessage, Mad,
+    MessageRef, RejReason, SidrStatus, TransportServiceType,
 };
 use crate::wire::{cma, mad};
 
@@ -42,9 +42,13 @@ const QP_CHECK: Duration = Duration::from_millis(500);
 /// MADs waiting to be sent; beyond it they are dropped (and retransmitted by the timers).
 const OUT_LIMIT: usize = 4096;
 
-/// 4.096 µs × 2^t (IBA 12.7.32), at least a millisecond.
+/// The largest timeout code honoured (4.096 µs × 2^23 ≈ 34 s): a peer cannot make a table
+/// entry wait for hours between retransmissions.
+const MAX_TIMEOUT_CODE: u8 = 23;
+
+/// 4.096 µs × 2^t (IBA 12.7.32), at least a millisecond and at most 2^23 units.
 pub(crate) fn cm_timeout(t: u8) -> Duration {
-    Duration::from_nanos(4096u64 << t.min(31)).max(Duration::from_millis(1))
+    Duration::from_nanos(4096u64 << t.min(MAX_TIMEOUT_CODE)).max(Duration::from_millis(1))
 }
 
 /// Where a connection stands.
@@ -67,6 +71,17 @@ pub(crate) enum Phase {
     Established,
     Failed(CmError),
     Disconnected,
+}
+
+/// Where a REJ goes and what it answers. A REQ rejected before there is a connection gets
+/// local ID 0 (Linux `cm_issue_rej`).
+struct RejTo {
+    src: IpAddr,
+    dst: IpAddr,
+    tid: u64,
+    remote_id: u32,
+    local_id: u32,
+    msg: MessageRef,
 }
 
 /// A MAD to send.
@@ -156,8 +171,13 @@ fn mtu_code(m: Mtu) -> cm::Mtu {
 }
 
 impl Core {
-    pub fn new(dev: Device, limits: CmLimits, shared: Weak<Shared>) -> Core {
-        let mut rng = seed() | 1;
+    pub fn new(
+        dev: Device,
+        limits: CmLimits,
+        shared: Weak<Shared>,
+        seed_with: Option<u64>,
+    ) -> Core {
+        let mut rng = seed_with.unwrap_or_else(seed) | 1;
         rng ^= rng << 13;
         Core {
             dev,
@@ -252,22 +272,17 @@ impl Core {
         self.push(src, dst, m, attr);
     }
 
-    /// A REJ of a REQ we have no connection for (Linux `cm_issue_rej`: local ID 0).
-    #[allow(clippy::too_many_arguments)]
-    fn reject_req(
+    /// Sends a REJ; returns it (a REJ may be kept to answer retransmissions).
+    fn send_rej(
         &mut self,
-        src: IpAddr,
-        dst: IpAddr,
-        tid: u64,
-        remote_id: u32,
-        local_id: u32,
+        to: RejTo,
         reason: RejReason,
         private: &[u8],
     ) -> Box<[u8; mad::MAD_LEN]> {
         let mut r = rej::Repr {
-            local_comm_id: local_id,
-            remote_comm_id: remote_id,
-            message_rejected: MessageRef::Req,
+            local_comm_id: to.local_id,
+            remote_comm_id: to.remote_id,
+            message_rejected: to.msg,
             rej_info_len: 0,
             reason,
             ari: [0; rej::ARI_LEN],
@@ -275,7 +290,7 @@ impl Core {
         };
         let n = private.len().min(rej::PRIVATE_DATA_LEN);
         r.private_data[..n].copy_from_slice(&private[..n]);
-        self.send(src, dst, &Mad::new(tid, CmMessage::Rej(r)))
+        self.send(to.src, to.dst, &Mad::new(to.tid, CmMessage::Rej(r)))
     }
 
     // ---- listeners -------------------------------------------------------------------------
@@ -349,21 +364,22 @@ impl Core {
         let attr = AttributeId::from(p.attr_id());
         count(&mut self.stats.received, attr);
         if p.class_version() != cm::CLASS_VERSION {
-            // Only a REQ gets an answer (IBA 12.6.7.2: REJ "invalid class version", with the
-            // version we speak in the ARI).
+            // Only a REQ gets an answer (IBA 12.6.7.2: REJ "invalid class version").
             if attr == AttributeId::Req {
                 if let Ok(r) = req::Packet::new_checked(p.data()) {
                     let remote = r.local_comm_id();
-                    let m = self.reject_req(
-                        dst,
-                        src,
-                        p.tid(),
-                        remote,
-                        0,
+                    self.send_rej(
+                        RejTo {
+                            src: dst,
+                            dst: src,
+                            tid: p.tid(),
+                            remote_id: remote,
+                            local_id: 0,
+                            msg: MessageRef::Req,
+                        },
                         RejReason::InvalidClassVersion,
                         &[],
                     );
-                    let _ = m;
                 }
             } else {
                 self.stats.dropped += 1;
@@ -383,7 +399,23 @@ impl Core {
             CmMessage::Rtu(r) => self.on_rtu(src, &r),
             CmMessage::Dreq(r) => self.on_dreq(src, dst, tid, &r, now),
             CmMessage::Drep(r) => self.on_drep(src, &r, now),
-            // SIDR, LAP and APR are not served: rdma_cm's RC port spaces never use them.
+            // rdma_cm's UDP port space resolves service IDs with SIDR; none is served here,
+            // which Linux answers the same way (`cm_sidr_req_handler`: unsupported).
+            CmMessage::SidrReq(r) => {
+                let rep = sidr_rep::Repr {
+                    request_id: r.request_id,
+                    status: SidrStatus::Unsupported,
+                    info_length: 0,
+                    vendor_id: 0,
+                    qpn: 0,
+                    service_id: r.service_id,
+                    qkey: 0,
+                    info: [0; sidr_rep::INFO_LEN],
+                    private_data: [0; sidr_rep::PRIVATE_DATA_LEN],
+                };
+                self.send(dst, src, &Mad::new(tid, CmMessage::SidrRep(rep)));
+            }
+            // LAP and APR (path migration) are not used on RoCE; stray replies are ignored.
             _ => self.stats.dropped += 1,
         }
     }
@@ -411,12 +443,15 @@ impl Core {
                     if last_is_rej {
                         self.resend(id);
                     } else {
-                        self.reject_req(
-                            dst,
-                            src,
-                            tid,
-                            r.local_comm_id,
-                            0,
+                        self.send_rej(
+                            RejTo {
+                                src: dst,
+                                dst: src,
+                                tid,
+                                remote_id: r.local_comm_id,
+                                local_id: 0,
+                                msg: MessageRef::Req,
+                            },
                             RejReason::StaleConn,
                             &[],
                         );
@@ -430,7 +465,18 @@ impl Core {
             return;
         }
         let reject = |core: &mut Core, reason| {
-            core.reject_req(dst, src, tid, r.local_comm_id, 0, reason, &[]);
+            core.send_rej(
+                RejTo {
+                    src: dst,
+                    dst: src,
+                    tid,
+                    remote_id: r.local_comm_id,
+                    local_id: 0,
+                    msg: MessageRef::Req,
+                },
+                reason,
+                &[],
+            );
         };
         if r.transport_service_type != TransportServiceType::Rc || r.extended_transport_type != 0 {
             return reject(self, RejReason::InvalidTransportType);
@@ -449,7 +495,10 @@ impl Core {
             .conns
             .values()
             .find(|c| {
-                c.peer.ip() == src && c.remote_qpn == r.local_qpn && c.state != State::TimeWait
+                c.peer.ip() == src
+                    && c.remote_qpn != 0
+                    && c.remote_qpn == r.local_qpn
+                    && c.state != State::TimeWait
             })
             .map(|c| c.local_id);
         if let Some(old) = stale {
@@ -616,12 +665,15 @@ impl Core {
         let res = self.rts_active(qpn, local.ip(), peer.ip(), &req, r);
         if let Err(e) = res {
             // Linux answers a REP it cannot use with a consumer REJ and reports the failure.
-            self.reject_req(
-                local.ip(),
-                peer.ip(),
-                tid,
-                r.local_comm_id,
-                id,
+            self.send_rej(
+                RejTo {
+                    src: local.ip(),
+                    dst: peer.ip(),
+                    tid,
+                    remote_id: r.local_comm_id,
+                    local_id: id,
+                    msg: MessageRef::Req,
+                },
                 RejReason::ConsumerDefined,
                 &[],
             );
@@ -812,8 +864,22 @@ impl Core {
                 self.stats.timeouts += 1;
                 c.set_phase(Phase::Failed(CmError::Timeout));
                 let (tid, s, d, remote) = (c.tid, c.local.ip(), c.peer.ip(), c.remote_id);
-                let m = self.reject_req(s, d, tid, remote, id, RejReason::Timeout, &[]);
-                let _ = m;
+                self.send_rej(
+                    RejTo {
+                        src: s,
+                        dst: d,
+                        tid,
+                        remote_id: remote,
+                        local_id: id,
+                        msg: if state == State::RepSent {
+                            MessageRef::Rep
+                        } else {
+                            MessageRef::Req
+                        },
+                    },
+                    RejReason::Timeout,
+                    &[],
+                );
                 self.qp_to_error(qpn);
                 if let Some(c) = self.conns.get_mut(&id) {
                     c.last = None;
@@ -842,7 +908,18 @@ impl Core {
                 self.stats.timeouts += 1;
                 c.set_phase(Phase::Failed(CmError::Timeout));
                 let (tid, s, d, remote) = (c.tid, c.local.ip(), c.peer.ip(), c.remote_id);
-                let bytes = self.reject_req(s, d, tid, remote, id, RejReason::Timeout, &[]);
+                let bytes = self.send_rej(
+                    RejTo {
+                        src: s,
+                        dst: d,
+                        tid,
+                        remote_id: remote,
+                        local_id: id,
+                        msg: MessageRef::Req,
+                    },
+                    RejReason::Timeout,
+                    &[],
+                );
                 if let Some(c) = self.conns.get_mut(&id) {
                     c.last = Some(bytes);
                 }
@@ -864,6 +941,10 @@ impl Core {
     }
 
     // ---- consumer calls ---------------------------------------------------------------------
+
+    pub fn comm_ids(&self) -> Vec<(u32, u32)> {
+        self.conns.values().map(|c| (c.local_id, c.qpn)).collect()
+    }
 
     pub fn addrs(&self, id: u32) -> Option<(SocketAddr, SocketAddr)> {
         self.conns.get(&id).map(|c| (c.local, c.peer))
@@ -1018,7 +1099,8 @@ impl Core {
         }
         .min(31);
         a.retry_cnt = req.retry_count.min(7);
-        a.rnr_retry = req.rnr_retry_count.min(7);
+        // The RNR retry count we announce in the REP is the one our QP uses too.
+        a.rnr_retry = p.rnr_retry_count.min(7);
         a.max_rd_atomic = initiator_depth;
         self.dev.modify_qp(
             qpn,
@@ -1089,28 +1171,7 @@ impl Core {
     }
 
     fn init_qp(&self, qpn: u32) -> Result<(), VerbsError> {
-        match self.dev.qp_state(qpn) {
-            Some(QpState::Reset) => {}
-            Some(s) => return Err(VerbsError::InvalidState(s)),
-            None => return Err(VerbsError::InvalidArgument("qp")),
-        }
-        let a = QpAttr {
-            qp_state: Some(QpState::Init),
-            qp_access_flags: Some(
-                Access::LOCAL_WRITE
-                    | Access::REMOTE_WRITE
-                    | Access::REMOTE_READ
-                    | Access::REMOTE_ATOMIC,
-            ),
-            port_num: 1,
-            ..Default::default()
-        };
-        use QpAttrMask as M;
-        self.dev.modify_qp(
-            qpn,
-            &a,
-            M::STATE | M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS,
-        )
+        init_qp(&self.dev, qpn)
     }
 
     /// Passive reject (REJ reason 28 with the consumer's private data).
@@ -1122,7 +1183,18 @@ impl Core {
             return;
         }
         let (tid, s, d, remote) = (c.tid, c.local.ip(), c.peer.ip(), c.remote_id);
-        let bytes = self.reject_req(s, d, tid, remote, id, RejReason::ConsumerDefined, private);
+        let bytes = self.send_rej(
+            RejTo {
+                src: s,
+                dst: d,
+                tid,
+                remote_id: remote,
+                local_id: id,
+                msg: MessageRef::Req,
+            },
+            RejReason::ConsumerDefined,
+            private,
+        );
         if let Some(c) = self.conns.get_mut(&id) {
             c.last = Some(bytes);
             c.set_phase(Phase::Failed(CmError::Disconnected));
@@ -1281,7 +1353,23 @@ impl Core {
                 } else {
                     RejReason::ConsumerDefined
                 };
-                let bytes = self.reject_req(s, d, tid, remote, id, reason, &[]);
+                let msg = if c.state == State::RepSent {
+                    MessageRef::Rep
+                } else {
+                    MessageRef::Req
+                };
+                let bytes = self.send_rej(
+                    RejTo {
+                        src: s,
+                        dst: d,
+                        tid,
+                        remote_id: remote,
+                        local_id: id,
+                        msg,
+                    },
+                    reason,
+                    &[],
+                );
                 if let Some(c) = self.conns.get_mut(&id) {
                     c.last = Some(bytes);
                 }
@@ -1291,4 +1379,32 @@ impl Core {
             State::DreqSent | State::TimeWait => {}
         }
     }
+}
+
+/// Moves QP `qpn` from RESET to INIT with the access rights a connection gets (local write,
+/// remote read, write and atomic); a QP already in INIT is left as it is.
+pub(crate) fn init_qp(dev: &Device, qpn: u32) -> Result<(), VerbsError> {
+    match dev.qp_state(qpn) {
+        Some(QpState::Reset) => {}
+        Some(QpState::Init) => return Ok(()),
+        Some(s) => return Err(VerbsError::InvalidState(s)),
+        None => return Err(VerbsError::InvalidArgument("qp")),
+    }
+    let a = QpAttr {
+        qp_state: Some(QpState::Init),
+        qp_access_flags: Some(
+            Access::LOCAL_WRITE
+                | Access::REMOTE_WRITE
+                | Access::REMOTE_READ
+                | Access::REMOTE_ATOMIC,
+        ),
+        port_num: 1,
+        ..Default::default()
+    };
+    use QpAttrMask as M;
+    dev.modify_qp(
+        qpn,
+        &a,
+        M::STATE | M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS,
+    )
 }

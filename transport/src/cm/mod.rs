@@ -2,8 +2,9 @@
 //! §4–5), as Linux initiators (ib_iser, ib_srp, rping) expect it of a RoCEv2 peer.
 //!
 //! One [`Cm`] per [`Device`] owns QP1. Consumers own their PD, CQ and RC QP (created in
-//! RESET) and hand the QP to [`ConnectRequest::accept`] or [`Cm::connect`]; the CM drives it
-//! RESET → INIT → RTR → RTS with the negotiated attributes and to ERR on disconnect.
+//! RESET, or moved to INIT with [`prepare_qp`] to post receives first) and hand the QP to
+//! [`ConnectRequest::accept`] or [`Cm::connect`]; the CM drives it to INIT, RTR and RTS with
+//! the negotiated attributes and to ERR on disconnect.
 //!
 //! * Passive: [`Cm::listen`] on an IP address (or a wildcard) and port of the RDMA_PS_TCP
 //!   port space; [`CmListener::accept`] yields each validated REQ as a [`ConnectRequest`]
@@ -31,7 +32,7 @@ use tokio::sync::{mpsc, watch, Notify};
 use self::core::{Core, Phase};
 use crate::verbs::{Device, Mtu, Qp, QpType, VerbsError};
 use crate::wire::cm::RejReason;
-use crate::wire::{cma, mad};
+use crate::wire::cma;
 
 pub use crate::wire::cm::RejReason as Reason;
 
@@ -231,9 +232,14 @@ impl Cm {
     /// A CM without its task: MADs go in through [`Cm::receive_mad`], time through
     /// [`Cm::tick`] (for tests and fuzzing).
     pub fn new(dev: &Device, limits: CmLimits) -> Result<Cm, CmError> {
+        Cm::with_seed(dev, limits, None)
+    }
+
+    /// [`Cm::new`] with communication IDs and PSNs drawn from `seed` (reproducible runs).
+    pub fn with_seed(dev: &Device, limits: CmLimits, seed: Option<u64>) -> Result<Cm, CmError> {
         let gsi = gsi::Gsi::open(dev).map_err(CmError::Verbs)?;
         let shared = Arc::new_cyclic(|weak: &Weak<Shared>| Shared {
-            core: Mutex::new(Core::new(dev.clone(), limits, weak.clone())),
+            core: Mutex::new(Core::new(dev.clone(), limits, weak.clone(), seed)),
             gsi,
             wake: Arc::new(Notify::new()),
         });
@@ -257,7 +263,7 @@ impl Cm {
         })
     }
 
-    /// Connects `qp` (RC, in RESET) to the listener at `dst`.
+    /// Connects `qp` (RC, in RESET or INIT) to the listener at `dst`.
     pub async fn connect(
         &self,
         qp: &Qp,
@@ -331,6 +337,12 @@ impl Cm {
         self.shared.flush(&mut core);
     }
 
+    /// The local communication IDs in the table with their QP numbers (0 before a QP is
+    /// bound), in no particular order.
+    pub fn comm_ids(&self) -> Vec<(u32, u32)> {
+        self.shared.core().comm_ids()
+    }
+
     /// Runs the timers due at `now`.
     pub fn tick(&self, now: Instant) {
         let mut core = self.shared.core();
@@ -344,6 +356,16 @@ impl Cm {
         self.shared.flush(&mut core);
         r
     }
+}
+
+/// Moves `qp` (RC, in RESET) to INIT as [`ConnectRequest::accept`] and [`Cm::connect`]
+/// would, so receives can be posted before the connection exists (the peer may send as soon
+/// as it is established). Accept and connect take the QP in RESET or INIT.
+pub fn prepare_qp(qp: &Qp) -> Result<(), CmError> {
+    if qp.qp_type() != QpType::Rc {
+        return Err(CmError::InvalidArgument("not an RC QP"));
+    }
+    core::init_qp(qp.device(), qp.qpn()).map_err(CmError::Verbs)
 }
 
 async fn wait_established(mut phase: watch::Receiver<Phase>) -> Result<(), CmError> {
@@ -414,6 +436,11 @@ impl CmListener {
         self.rx.recv().await
     }
 
+    /// A connect request if one is waiting.
+    pub fn try_accept(&mut self) -> Option<ConnectRequest> {
+        self.rx.try_recv().ok()
+    }
+
     pub fn local_addr(&self) -> SocketAddr {
         self.addr
     }
@@ -479,7 +506,7 @@ impl ConnectRequest {
         &self.req
     }
 
-    /// Accepts with `qp` (RC, in RESET): drives it to RTS, sends the REP and resolves once
+    /// Accepts with `qp` (RC, in RESET or INIT): drives it to RTS, sends the REP and resolves once
     /// the connection is established (RTU or the first packet on the QP).
     pub async fn accept(mut self, qp: &Qp, params: ConnParams) -> Result<CmConn, CmError> {
         self.answered = true;
@@ -577,6 +604,3 @@ impl Drop for CmConn {
         self.disconnect();
     }
 }
-
-/// The MAD size, re-exported for consumers that log raw MADs.
-pub const MAD_LEN: usize = mad::MAD_LEN;

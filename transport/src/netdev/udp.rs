@@ -235,12 +235,7 @@ impl UdpNetDev {
 impl NetDev for UdpNetDev {
     fn transmit(&mut self, d: &[u8]) -> io::Result<()> {
         let (out, to, hl) = self.rewrite(d)?;
-        match self.socket.try_send_to(&out[hl..], to) {
-            Ok(_) => Ok(()),
-            // A full socket buffer drops the datagram like a congested wire.
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(()),
-            Err(e) => Err(e),
-        }
+        self.send_all(&[(&out[hl..], to)])
     }
 
     fn receive(&mut self) -> io::Result<Option<Vec<u8>>> {
@@ -352,13 +347,16 @@ impl UdpNetDev {
     }
 
     /// `sendmmsg` of UDP payloads, [`BATCH`] per call; a full socket drops the rest.
+    ///
+    /// The call goes straight to the non-blocking socket rather than through tokio's
+    /// readiness: a socket that has not been polled yet counts as not writable there, which
+    /// would drop the first datagrams of a new device (a CM REQ then waits for its
+    /// retransmission, seconds later).
     fn send_all(&self, msgs: &[(&[u8], SocketAddr)]) -> io::Result<()> {
         for chunk in msgs.chunks(BATCH) {
             let mut sent = 0;
             while sent < chunk.len() {
-                match self.socket.try_io(tokio::io::Interest::WRITABLE, || {
-                    sys::sendmmsg(&self.socket, &chunk[sent..])
-                }) {
+                match sys::sendmmsg(&self.socket, &chunk[sent..]) {
                     Ok(n) => sent += n.max(1),
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
                     Err(e) => return Err(e),

@@ -4,7 +4,8 @@
 //! * `ud-pingpong`: wire-compatible with rdma-core's `ibv_ud_pingpong`;
 //! * `perftest`: the server side of perftest's `ib_write_bw` / `ib_read_bw` / `ib_send_bw` /
 //!   `ib_write_lat`;
-//! * `bench`: two devices over UDP on 127.0.0.1 in one process, next to a raw UDP ceiling.
+//! * `bench`: two devices over UDP on 127.0.0.1 in one process, next to a raw UDP ceiling;
+//! * `rping`: server and client of rdma-core's `rping`, through rtgt's connection manager.
 //!
 //! The pingpong tools exchange `LLLL:QQQQQQ:PPPPPP:GGGG...` (LID, QPN, PSN, GID as 32 hex digits)
 //! over TCP, as the rdma-core examples do, then bounce SENDs of `--size` bytes `--iters` times.
@@ -23,6 +24,7 @@ use rtgt_transport::verbs::*;
 
 mod bench;
 mod perftest;
+mod rping;
 
 #[derive(Parser)]
 #[command(
@@ -45,6 +47,9 @@ enum Cmd {
     Perftest(perftest::PerftestArgs),
     /// Loopback benchmark: two rtgt devices over UDP on 127.0.0.1 and a raw UDP ceiling.
     Bench(bench::BenchArgs),
+    /// RDMA ping through the connection manager, compatible with rdma-core's rping (server
+    /// or client).
+    Rping(rping::RpingArgs),
 }
 
 #[derive(Args, Clone)]
@@ -117,6 +122,7 @@ fn main() -> ExitCode {
         Cmd::UdPingpong(a) => pingpong(&rt, &a, QpType::Ud),
         Cmd::Perftest(a) => perftest::run_perftest(&rt, &a),
         Cmd::Bench(a) => bench::run_bench(&rt, &a),
+        Cmd::Rping(a) => rping::run_rping(&rt, &a),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,
