@@ -483,6 +483,9 @@ impl Initiator {
         in_len: u32,
         mode: DescMode,
     ) -> Result<Reply, InitiatorError> {
+        if cdb.len() > 16 + 252 {
+            return Err(InitiatorError::Invalid("CDB longer than 268 bytes"));
+        }
         self.cmd_credits
             .acquire()
             .await
