@@ -330,6 +330,60 @@ pub struct Discovery {
     pub auth: Auth,
 }
 
+/// An initiator admitted to an SRP target port.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SrpAcl {
+    /// Initiator port identifier: `0x` and 32 hex digits (Linux ib_srp: initiator_ext followed
+    /// by the port GID's interface identifier).
+    pub initiator: String,
+    /// LUNs this initiator sees; when empty, all of the port's LUNs under their own numbers.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mapped_luns: Vec<MappedLun>,
+}
+
+fn default_srp_listen() -> Vec<SocketAddr> {
+    vec![SocketAddr::from(([0, 0, 0, 0], 5555))]
+}
+
+/// An SRP target port reached through RDMA/CM (SRP r16a; Linux ib_srp with `dest=`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SrpPort {
+    pub name: String,
+    /// RDMA/CM listen addresses (port space RDMA_PS_TCP). Default: 0.0.0.0:5555.
+    #[serde(default = "default_srp_listen")]
+    pub listen: Vec<SocketAddr>,
+    /// Identifier extension (16 hex digits, optional `0x`): the first half of the target
+    /// port identifier. Derived from the host and the name when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id_ext: Option<String>,
+    /// I/O controller GUID (16 hex digits): the second half. Derived like `id_ext`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ioc_guid: Option<String>,
+    /// Admit any initiator; it sees all LUNs of the port.
+    #[serde(default)]
+    pub allow_any_initiator: bool,
+    #[serde(default)]
+    pub luns: Vec<Lun>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub acls: Vec<SrpAcl>,
+}
+
+/// Parses 16 hex digits, with or without `0x`.
+pub fn parse_hex64(s: &str) -> Option<u64> {
+    let h = s.strip_prefix("0x").unwrap_or(s);
+    (h.len() == 16 && h.chars().all(|c| c.is_ascii_hexdigit()))
+        .then(|| u64::from_str_radix(h, 16).ok())
+        .flatten()
+}
+
+/// An SRP port identifier as ACLs name it: `0x` and 32 hex digits.
+pub fn valid_srp_port_name(s: &str) -> bool {
+    s.strip_prefix("0x")
+        .is_some_and(|h| h.len() == 32 && h.chars().all(|c| c.is_ascii_hexdigit()))
+}
+
 /// The soft-RoCE device that iSER and SRP are served on (UDP 4791).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -403,6 +457,9 @@ pub struct Config {
     pub targets: Vec<Target>,
     #[serde(default, skip_serializing_if = "is_default")]
     pub discovery: Discovery,
+    /// SRP target ports.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub srp: Vec<SrpPort>,
     #[serde(default, skip_serializing_if = "is_default")]
     pub rdma: Rdma,
 }
@@ -679,6 +736,102 @@ impl Config {
         self.rdma
             .validate()
             .map_err(|(f, m)| (format!("rdma.{f}"), m))?;
+        self.validate_srp()
+    }
+
+    fn validate_srp(&self) -> Result<(), (String, String)> {
+        let mut names = HashSet::new();
+        let mut ids = HashSet::new();
+        for (si, p) in self.srp.iter().enumerate() {
+            let at = |f: &str| format!("srp[{si}].{f}");
+            if p.name.is_empty()
+                || !p
+                    .name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "-_.:".contains(c))
+            {
+                return Err((
+                    at("name"),
+                    format!(
+                        "invalid name {:?}: use letters, digits, '-', '_', '.' and ':'",
+                        p.name
+                    ),
+                ));
+            }
+            if !names.insert(p.name.as_str()) {
+                return Err((at("name"), format!("duplicate SRP port {:?}", p.name)));
+            }
+            if p.listen.is_empty() {
+                return Err((
+                    at("listen"),
+                    "an SRP port needs at least one listen address".into(),
+                ));
+            }
+            for (field, v) in [("id_ext", &p.id_ext), ("ioc_guid", &p.ioc_guid)] {
+                if let Some(v) = v {
+                    if parse_hex64(v).is_none() {
+                        return Err((at(field), format!("{v:?} is not 16 hex digits")));
+                    }
+                }
+            }
+            if let (Some(a), Some(b)) = (&p.id_ext, &p.ioc_guid) {
+                if !ids.insert((parse_hex64(a), parse_hex64(b))) {
+                    return Err((
+                        at("id_ext"),
+                        "another SRP port has the same id_ext and ioc_guid".into(),
+                    ));
+                }
+            }
+            let mut luns = HashSet::new();
+            for (li, l) in p.luns.iter().enumerate() {
+                if l.lun >= 16384 || !luns.insert(l.lun) {
+                    return Err((
+                        at(&format!("luns[{li}].lun")),
+                        format!("LUN {} is out of range (0-16383) or listed twice", l.lun),
+                    ));
+                }
+                if self.backstore(&l.backstore).is_none() {
+                    return Err((
+                        at(&format!("luns[{li}].backstore")),
+                        format!("unknown backstore {:?}", l.backstore),
+                    ));
+                }
+            }
+            let mut initiators = HashSet::new();
+            for (ai, a) in p.acls.iter().enumerate() {
+                let aat = |f: &str| at(&format!("acls[{ai}].{f}"));
+                if !valid_srp_port_name(&a.initiator) {
+                    return Err((
+                        aat("initiator"),
+                        format!(
+                            "{:?} is not an SRP initiator port identifier (0x and 32 hex digits)",
+                            a.initiator
+                        ),
+                    ));
+                }
+                if !initiators.insert(a.initiator.to_ascii_lowercase()) {
+                    return Err((
+                        aat("initiator"),
+                        format!("duplicate ACL for {:?}", a.initiator),
+                    ));
+                }
+                let mut seen = HashSet::new();
+                for (mi, m) in a.mapped_luns.iter().enumerate() {
+                    if m.lun >= 16384 || !seen.insert(m.lun) {
+                        return Err((
+                            aat(&format!("mapped_luns[{mi}].lun")),
+                            format!("LUN {} is out of range or listed twice", m.lun),
+                        ));
+                    }
+                    if !luns.contains(&m.tpg_lun) {
+                        return Err((
+                            aat(&format!("mapped_luns[{mi}].tpg_lun")),
+                            format!("the SRP port has no LUN {}", m.tpg_lun),
+                        ));
+                    }
+                }
+            }
+        }
         Ok(())
     }
 }
@@ -971,5 +1124,44 @@ mod tests {
         c.save(&file).unwrap();
         assert_eq!(Config::load(&file).unwrap(), c);
         assert!(!dir.path().join(".rtgt.yaml.tmp").exists());
+    }
+
+    #[test]
+    fn srp_ports() {
+        let c = Config::embedded_default();
+        assert_eq!(c.srp.len(), 1);
+        assert_eq!(
+            c.srp[0].listen,
+            vec![SocketAddr::from(([0, 0, 0, 0], 5555))]
+        );
+        assert!(c.srp[0].allow_any_initiator);
+        assert_eq!(c.srp[0].luns[0].backstore, "disk0");
+        let base = "backstores: [{name: a, type: null, size: 1M}]\nsrp:\n";
+        let ok = Config::from_yaml(
+            &format!("{base}  - name: p\n    id_ext: '0x0002c90300001111'\n    ioc_guid: 0002c90300002222\n    luns: [{{lun: 0, backstore: a}}]\n    acls:\n      - initiator: '0x0000000000000000505400fffe123403'\n        mapped_luns: [{{lun: 1, tpg_lun: 0}}]\n"),
+            Path::new("t.yaml"),
+        )
+        .unwrap();
+        assert_eq!(
+            parse_hex64(ok.srp[0].id_ext.as_deref().unwrap()),
+            Some(0x0002_c903_0000_1111)
+        );
+        assert_eq!(ok.srp[0].listen[0].port(), 5555, "default listen address");
+        for (yaml, path) in [
+            ("  - {name: p, id_ext: '12345'}\n", "srp[0].id_ext"),
+            ("  - {name: p, ioc_guid: '0xzz02c90300002222'}\n", "srp[0].ioc_guid"),
+            ("  - {name: p, listen: []}\n", "srp[0].listen"),
+            ("  - {name: 'p q'}\n", "srp[0].name"),
+            ("  - {name: p}\n  - {name: p}\n", "srp[1].name"),
+            ("  - {name: p, luns: [{lun: 0, backstore: b}]}\n", "srp[0].luns[0].backstore"),
+            ("  - {name: p, acls: [{initiator: 'iqn.2025-01.x:y'}]}\n", "srp[0].acls[0].initiator"),
+            (
+                "  - {name: p, luns: [{lun: 0, backstore: a}], acls: [{initiator: '0x0000000000000000505400fffe123403', mapped_luns: [{lun: 0, tpg_lun: 4}]}]}\n",
+                "srp[0].acls[0].mapped_luns[0].tpg_lun",
+            ),
+            ("  - {name: p, listn: []}\n", "srp[0].listn"),
+        ] {
+            assert_eq!(err_of(&format!("{base}{yaml}")).0, path, "{yaml}");
+        }
     }
 }

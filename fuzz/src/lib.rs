@@ -12,6 +12,7 @@ mod iscsi;
 mod iser;
 mod responder;
 mod scsi;
+mod srp;
 mod transport;
 
 pub use cm_state::transport_cm_state;
@@ -20,6 +21,7 @@ pub use iscsi::{iscsi_bhs, iscsi_login, iscsi_text};
 pub use iser::iser_header;
 pub use responder::transport_responder;
 pub use scsi::{scsi_cdb, scsi_params};
+pub use srp::{srp_iu, srp_login};
 pub use transport::{transport_cm, transport_packet};
 
 /// The body of a fuzz target: any bytes are a valid argument.
@@ -34,6 +36,8 @@ pub const TARGETS: &[(&str, Body)] = &[
     ("iser_header", iser_header),
     ("scsi_cdb", scsi_cdb),
     ("scsi_params", scsi_params),
+    ("srp_iu", srp_iu),
+    ("srp_login", srp_login),
     ("transport_cm", transport_cm),
     ("transport_cm_state", transport_cm_state),
     ("transport_packet", transport_packet),

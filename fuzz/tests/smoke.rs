@@ -247,6 +247,8 @@ smoke_tests!(
     iser_header,
     scsi_cdb,
     scsi_params,
+    srp_iu,
+    srp_login,
     transport_cm,
     transport_cm_state,
     transport_packet,

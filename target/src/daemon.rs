@@ -333,6 +333,7 @@ pub async fn build(config: &Config, state_dir: &Path) -> Result<Running, DaemonE
         });
     }
     registry.set_discovery_auth(auth(&config.discovery.auth));
+    crate::srp::service::register_ports(config, &devices, &registry);
     let rdma = start_rdma(&config.rdma);
     Ok(Running {
         registry,
@@ -531,6 +532,7 @@ pub async fn run(opts: Options) -> Result<(), DaemonError> {
     for t in running.registry.targets() {
         info!(target = %t.name, "target ready");
     }
+    let srp = crate::srp::service::start_in_daemon(&running);
     let notifier = Arc::new(Notifier::from_env().unwrap_or_else(|e| {
         warn!(error = %e, "NOTIFY_SOCKET unusable: not notifying the service manager");
         Notifier::disabled()
@@ -548,6 +550,9 @@ pub async fn run(opts: Options) -> Result<(), DaemonError> {
         w.abort();
     }
     let _ = stop_tx.send(true);
+    if let Some(srp) = &srp {
+        srp.shutdown(SHUTDOWN_GRACE).await;
+    }
     server.shutdown(SHUTDOWN_GRACE).await;
     if let Some(iser) = &iser {
         iser.drain(Duration::from_secs(5)).await;

@@ -1,7 +1,7 @@
 //! rtgt's SCSI target.
 //!
 //! Dependency direction: [`scsi`] (no fabric knowledge) ← [`core`] (targets, portal groups,
-//! LUN maps, ACLs, sessions) ← fabrics ([`iscsi`], [`iser`]) ← the `rtgtd` daemon.
+//! LUN maps, ACLs, sessions) ← fabrics ([`iscsi`], [`iser`], [`srp`]) ← the `rtgtd` daemon.
 
 pub mod core;
 pub mod daemon;
@@ -9,3 +9,4 @@ pub mod iscsi;
 pub mod iser;
 pub mod scsi;
 pub mod sdnotify;
+pub mod srp;

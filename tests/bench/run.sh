@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Side-by-side iSCSI/TCP benchmark on 127.0.0.1: rtgtd and Debian's tgtd serve the same
 # tmpfs-backed file in turn; libiscsi's iscsi-perf drives reads, rtgt's own initiator drives
-# writes; fio (io_uring) on the file and iperf3 over loopback give the ceilings.
+# writes; fio (io_uring) on the file and iperf3 over loopback give the ceilings. Then the same
+# rtgtd LUN over SRP (soft-RoCE on 127.0.0.1, the initiator on 127.0.0.2) and over iSCSI/TCP,
+# both through rtgt's own initiators.
 #
 # Usage: tests/bench/run.sh [--seconds N] [--size MiB] [--cpus TARGET,INITIATOR | --no-pin]
 # By default (two or more CPUs) every target-side process (tgtd, rtgtd, the iperf3 server) runs
@@ -35,7 +37,7 @@ fi
 for tool in tgtd tgtadm iscsi-perf fio iperf3; do
     command -v "$tool" >/dev/null || { echo "bench: $tool is not installed" >&2; exit 2; }
 done
-cargo build --release -q --bin rtgtd --bin rtgt-iscsi
+cargo build --release -q --bin rtgtd --bin rtgt-iscsi --bin rtgt-srp
 bin=${CARGO_TARGET_DIR:-build}/release
 
 work=$(mktemp -d /dev/shm/rtgt-bench.XXXXXX)
@@ -54,7 +56,7 @@ dd if=/dev/urandom of="$lun" bs=1M count="$size_mib" conv=notrunc status=none
 
 # Free ports, so that a leftover daemon of an earlier run cannot answer in our place.
 free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
-port_tgt=$(free_port) port_rtgt=$(free_port) port_iperf=$(free_port) ctl=$$
+port_tgt=$(free_port) port_rtgt=$(free_port) port_iperf=$(free_port) port_srp=$(free_port) ctl=$$
 iqn_tgt=iqn.2025-01.io.rtgt:bench-tgt iqn_rtgt=iqn.2025-01.io.rtgt:bench
 
 "${on_target[@]}" tgtd -f -C "$ctl" --iscsi "portal=127.0.0.1:$port_tgt" >"$work/tgtd.log" 2>&1 &
@@ -74,8 +76,14 @@ targets:
         portals: ['127.0.0.1:$port_rtgt']
         allow_any_initiator: true
         luns: [{lun: 1, backstore: bench}]
+rdma: {addresses: [127.0.0.1], eth_mtu: 4200}
+srp:
+  - name: bench
+    listen: ['127.0.0.1:$port_srp']
+    allow_any_initiator: true
+    luns: [{lun: 1, backstore: bench}]
 YAML
-RUST_LOG=warn "${on_target[@]}" "$bin/rtgtd" --config "$work/rtgt.yaml" --state-dir "$work/state" >"$work/rtgtd.log" 2>&1 &
+RUST_LOG=warn,rtgt_target::srp::service=info "${on_target[@]}" "$bin/rtgtd" --config "$work/rtgt.yaml" --state-dir "$work/state" >"$work/rtgtd.log" 2>&1 &
 pids+=($!)
 for _ in $(seq 100); do (exec 3<>/dev/tcp/127.0.0.1/$port_rtgt) 2>/dev/null && break; sleep 0.1; done
 
@@ -124,3 +132,24 @@ tcp_mbs=$((tcp_bps / 8 / 1000000))
 seq_mbs=$((seq_r * 131072 / 1000000))
 echo "TCP loopback ceiling (iperf3, one stream): $tcp_mbs MB/s; rtgtd 128K read: $seq_mbs MB/s" \
     "($(ratio "$seq_mbs" "$tcp_mbs") of the ceiling)"
+
+echo
+echo "SRP (soft-RoCE) vs iSCSI/TCP, the same rtgtd LUN, rtgt's own initiators:"
+srp_target=$(grep -o "id_ext=[0-9a-f]*,ioc_guid=[0-9a-f]*,dest=127.0.0.1:$port_srp" "$work/rtgtd.log" | head -1)
+# rtgt-srp bench RW BS QD -> IOPS
+sbench() {
+    [[ -n $srp_target ]] || return 0
+    timeout $((secs + 60)) "$bin/rtgt-srp" --lun 1 --eth-mtu 4200 bench --target "$srp_target" --rw "$1" --bs "$2" \
+        --iodepth "$3" --seconds "$secs" 2>>"$work/rtgt-srp.log" | sed -n 's/.* IOPS=\([0-9]*\).*/\1/p' | tail -1
+}
+printf '%-34s %14s %14s %8s\n' workload iSCSI/TCP SRP SRP/iSCSI
+srow() { # name iscsi srp unit-bytes
+    printf '%-34s %14s %14s %8s\n' "$1" "$2 IOPS" "$3 IOPS" "$(ratio "$3" "$2")"
+    [[ $4 -gt 65536 ]] && printf '%-34s %14s %14s\n' "" "$(mbs "$2" "$4")" "$(mbs "$3" "$4")"
+    return 0
+}
+srow "4K random read QD32" "$(ibench "$url_rtgt" randread 4096 32)" "$(sbench randread 4096 32)" 4096
+srow "4K random write QD32" "$(ibench "$url_rtgt" randwrite 4096 32)" "$(sbench randwrite 4096 32)" 4096
+srow "128K sequential read QD8" "$(ibench "$url_rtgt" read 131072 8)" "$(sbench read 131072 8)" 131072
+srow "128K sequential write QD8" "$(ibench "$url_rtgt" write 131072 8)" "$(sbench write 131072 8)" 131072
+[[ -n $srp_target ]] || echo "(SRP not served: see $work/rtgtd.log)"

@@ -133,6 +133,52 @@ pub struct Target {
     pub portal_groups: Vec<PortalGroup>,
 }
 
+/// An SRP target port (SRP r16a §5.2): its identifier, the initiators it admits and the
+/// LUNs they see. ACLs are keyed by initiator port identifier written as `0x` and 32 lowercase
+/// hex digits, as LIO's ib_srpt names them.
+#[derive(Clone)]
+pub struct SrpTargetPort {
+    pub name: String,
+    /// Identifier extension: the first half of the target port identifier.
+    pub id_ext: u64,
+    /// I/O controller GUID: the second half.
+    pub ioc_guid: u64,
+    /// RDMA/CM listen addresses (RDMA_PS_TCP).
+    pub listen: Vec<SocketAddr>,
+    pub acls: HashMap<String, Acl>,
+    /// Any initiator is admitted and sees `luns`.
+    pub allow_any_initiator: bool,
+    /// LUNs seen by initiators admitted without an explicit ACL.
+    pub luns: LunMap,
+}
+
+impl SrpTargetPort {
+    /// The 16-byte target port identifier (`id_ext` ‖ `ioc_guid`).
+    pub fn port_id(&self) -> [u8; 16] {
+        let mut id = [0u8; 16];
+        id[..8].copy_from_slice(&self.id_ext.to_be_bytes());
+        id[8..].copy_from_slice(&self.ioc_guid.to_be_bytes());
+        id
+    }
+
+    /// The LUN map of an initiator port, or `None` when it is not admitted.
+    pub fn admit(&self, initiator: &str) -> Option<LunMap> {
+        if let Some(acl) = self.acls.get(initiator) {
+            return Some(acl.luns.clone());
+        }
+        self.allow_any_initiator.then(|| self.luns.clone())
+    }
+}
+
+/// An SRP initiator or target port identifier as ACLs name it: `0x` and 32 hex digits.
+pub fn srp_port_name(id: &[u8; 16]) -> String {
+    let mut s = String::from("0x");
+    for b in id {
+        s.push_str(&format!("{b:02x}"));
+    }
+    s
+}
+
 /// All targets of the running daemon. Fabrics take a snapshot per login so a live
 /// reconfiguration never changes a target under a command in flight.
 #[derive(Default)]
@@ -140,6 +186,8 @@ pub struct Registry {
     targets: RwLock<HashMap<String, Arc<Target>>>,
     /// Authentication for SendTargets discovery sessions.
     discovery_auth: RwLock<Auth>,
+    /// SRP target ports by name.
+    srp_ports: RwLock<HashMap<String, Arc<SrpTargetPort>>>,
 }
 
 impl Registry {
@@ -193,5 +241,41 @@ impl Registry {
             .discovery_auth
             .write()
             .unwrap_or_else(|e| e.into_inner()) = auth;
+    }
+
+    /// The SRP target port named `name`.
+    pub fn srp_port(&self, name: &str) -> Option<Arc<SrpTargetPort>> {
+        self.srp_ports
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(name)
+            .cloned()
+    }
+
+    /// Every SRP target port, by name.
+    pub fn srp_ports(&self) -> Vec<Arc<SrpTargetPort>> {
+        let mut v: Vec<_> = self
+            .srp_ports
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .cloned()
+            .collect();
+        v.sort_by(|a, b| a.name.cmp(&b.name));
+        v
+    }
+
+    pub fn set_srp_port(&self, port: SrpTargetPort) {
+        self.srp_ports
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(port.name.clone(), Arc::new(port));
+    }
+
+    pub fn remove_srp_port(&self, name: &str) -> Option<Arc<SrpTargetPort>> {
+        self.srp_ports
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(name)
     }
 }

@@ -96,4 +96,33 @@ lab_fio_verify() {
 # lab_iser_node PORTAL IQN: switch a discovered node record to the iser transport.
 lab_iser_node() {
     iscsiadm -m node -T "$2" -p "$1" --op update -n iface.transport_name -v iser
+# lab_srp_add_target OPTIONS [SRP_DEVICE]: log in to an SRP target through ib_srp
+# (`id_ext=...,ioc_guid=...,dest=IP:PORT[,...]` as written to add_target; default device
+# srp-rxe0-1). Returns the status of the write: ib_srp logs in before it returns.
+lab_srp_add_target() {
+    local opts=$1 dev=${2:-srp-rxe0-1}
+    modprobe ib_srp
+    echo "$opts" >"/sys/class/infiniband_srp/$dev/add_target"
+}
+
+# lab_srp_remove_all: delete every SRP remote port (logs the initiator out of its targets).
+lab_srp_remove_all() {
+    local p
+    for p in /sys/class/srp_remote_ports/port-*; do
+        [[ -e $p/delete ]] && echo 1 >"$p/delete"
+    done
+    lab_retry 30 bash -c '! compgen -G "/sys/class/srp_remote_ports/port-*" >/dev/null'
+}
+
+# lab_wwn_disk WWN [TIMEOUT_S]: wait for the disk with NAA designator WWN (32 hex digits, as in
+# the target's configuration) and print its /dev/sdX path.
+lab_wwn_disk() {
+    local wwn=$1 timeout=${2:-60} link
+    link=/dev/disk/by-id/wwn-0x$wwn
+    lab_retry "$timeout" test -b "$link" || {
+        ls -l /dev/disk/by-id/ >&2 2>/dev/null || true
+        return 1
+    }
+    udevadm settle --timeout=30 >/dev/null 2>&1 || true
+    readlink -f "$link"
 }

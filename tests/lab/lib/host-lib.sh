@@ -121,3 +121,19 @@ lab_wait_tcp() {
         sleep 0.2
     done
 }
+
+# lab_rtgtd_add_target LOG DEST [TIMEOUT_S]: wait until the rtgtd log LOG (a file in
+# $LAB_RESULTS) shows the SRP add_target string for DEST (IP:PORT) and print it.
+lab_rtgtd_add_target() {
+    local log=$LAB_RESULTS/$1 dest=$2 timeout=${3:-30} i s
+    for ((i = 0; i < timeout * 10; i++)); do
+        s=$(grep -o "id_ext=[0-9a-f]*,ioc_guid=[0-9a-f]*,dest=$dest" "$log" 2>/dev/null | tail -1)
+        if [[ -n $s ]]; then
+            printf '%s\n' "$s"
+            return 0
+        fi
+        sleep 0.1
+    done
+    echo "lab: no SRP add_target string for $dest in $log" >&2
+    return 1
+}

@@ -1,0 +1,379 @@
+//! SRP in the daemon: target ports from the configuration, their identifiers, the string an
+//! administrator writes into Linux ib_srp's `add_target` to reach each of them, and the
+//! RDMA/CM listeners (port space RDMA_PS_TCP) that turn connect requests into channels.
+//!
+//! A connect request carries the login request in its private data (`srp_login_req_rdma`
+//! after the cma header). The target port is chosen by the target port identifier among the
+//! ports listening on the address; the LOGIN_RSP goes back in the REP's private data, a
+//! LOGIN_REJ in the REJ's (reason 28, consumer defined), as Linux ib_srpt answers.
+
+use std::collections::{BTreeMap, HashMap};
+use std::hash::{Hash, Hasher};
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use rtgt_api::config::{self, Config};
+use rtgt_backstore::BufPool;
+use rtgt_transport::cm::{CmListener, ConnParams, ConnectRequest};
+use rtgt_transport::hca::Hca;
+
+use super::channel::{Channel, CloseReason};
+use super::iu::{buf_fmt, rej_reason, LoginRej, LoginReq};
+use super::login::Limits;
+use super::port::SrpPort;
+use crate::core::{Acl, Registry, SrpTargetPort};
+use crate::scsi::{Device, LunMap};
+
+/// RDMA READs a channel keeps in flight towards the initiator (bounded by what its REQ
+/// offers as responder resources).
+const MAX_INITIATOR_DEPTH: u8 = 16;
+
+/// A stable 64-bit identifier derived from the host (`/etc/machine-id`), the port name and
+/// `what`, so two appliances never collide and a restart keeps the identity. The top byte is
+/// cleared so the value never looks like an IEEE-assigned GUID of real hardware.
+pub fn derived_id(name: &str, what: &str) -> u64 {
+    let host = std::fs::read_to_string("/etc/machine-id").unwrap_or_default();
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    ("rtgt-srp", host.trim(), name, what).hash(&mut h);
+    h.finish() & 0x00ff_ffff_ffff_ffff
+}
+
+/// The target port of `p` with the LUNs and ACLs resolved against `devices`.
+pub fn target_port(p: &config::SrpPort, devices: &BTreeMap<String, Arc<Device>>) -> SrpTargetPort {
+    let mut luns = LunMap::default();
+    for l in &p.luns {
+        luns.luns.insert(l.lun, devices[&l.backstore].clone());
+    }
+    let mut acls = HashMap::new();
+    for a in &p.acls {
+        let mapped = if a.mapped_luns.is_empty() {
+            luns.clone()
+        } else {
+            let mut m = LunMap::default();
+            for ml in &a.mapped_luns {
+                m.luns.insert(ml.lun, luns.luns[&ml.tpg_lun].clone());
+            }
+            m
+        };
+        let name = a.initiator.to_ascii_lowercase();
+        acls.insert(
+            name.clone(),
+            Acl {
+                initiator: name,
+                auth: Default::default(),
+                luns: mapped,
+            },
+        );
+    }
+    SrpTargetPort {
+        name: p.name.clone(),
+        id_ext: p
+            .id_ext
+            .as_deref()
+            .and_then(config::parse_hex64)
+            .unwrap_or_else(|| derived_id(&p.name, "id_ext")),
+        ioc_guid: p
+            .ioc_guid
+            .as_deref()
+            .and_then(config::parse_hex64)
+            .unwrap_or_else(|| derived_id(&p.name, "ioc_guid")),
+        listen: p.listen.clone(),
+        acls,
+        allow_any_initiator: p.allow_any_initiator,
+        luns,
+    }
+}
+
+/// Registers every SRP target port of `config`.
+pub fn register_ports(
+    config: &Config,
+    devices: &BTreeMap<String, Arc<Device>>,
+    registry: &Registry,
+) {
+    for p in &config.srp {
+        let port = target_port(p, devices);
+        if port.allow_any_initiator {
+            tracing::warn!(port = %port.name, "SRP target port admits any initiator");
+        }
+        registry.set_srp_port(port);
+    }
+}
+
+/// The `add_target` strings of `port` (Linux ib_srp over RDMA/CM): one per listen address,
+/// and for a wildcard listen address one per address in `local` of its family.
+pub fn add_target_strings(port: &SrpTargetPort, local: &[IpAddr]) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut push = |a: SocketAddr| {
+        let dest = match a {
+            SocketAddr::V4(v4) => format!("{}:{}", v4.ip(), v4.port()),
+            SocketAddr::V6(v6) => format!("[{}]:{}", v6.ip(), v6.port()),
+        };
+        let s = format!(
+            "id_ext={:016x},ioc_guid={:016x},dest={dest}",
+            port.id_ext, port.ioc_guid
+        );
+        if !out.contains(&s) {
+            out.push(s);
+        }
+    };
+    for l in &port.listen {
+        if l.ip().is_unspecified() {
+            let mut addrs: Vec<IpAddr> = local
+                .iter()
+                .copied()
+                .filter(|a| a.is_ipv4() == l.is_ipv4() && !a.is_unspecified())
+                .collect();
+            // Loopback last: a remote initiator cannot use it.
+            addrs.sort_by_key(|a| a.is_loopback());
+            for a in addrs {
+                push(SocketAddr::new(a, l.port()));
+            }
+        } else {
+            push(*l);
+        }
+    }
+    out
+}
+
+/// Starts SRP for the daemon when there are SRP target ports; they need the RDMA device.
+pub fn start_in_daemon(running: &crate::daemon::Running) -> Option<SrpService> {
+    let ports = running.registry.srp_ports();
+    if ports.is_empty() {
+        return None;
+    }
+    let Some(hca) = &running.rdma else {
+        for p in &ports {
+            tracing::warn!(port = %p.name, "SRP target port not served: no RDMA device");
+        }
+        return None;
+    };
+    Some(SrpService::start(
+        hca,
+        &running.registry,
+        running.pool.clone(),
+    ))
+}
+
+/// The SRP front-end of the running daemon: its target ports and listeners.
+pub struct SrpService {
+    ports: Vec<Arc<SrpPort>>,
+    listeners: Vec<tokio::task::JoinHandle<()>>,
+    conns: Arc<Mutex<Vec<tokio::task::JoinHandle<()>>>>,
+}
+
+impl SrpService {
+    /// Starts a listener per distinct listen address of the registry's SRP target ports on
+    /// `hca`, and logs each port's `add_target` strings.
+    pub fn start(hca: &Arc<Hca>, registry: &Registry, pool: Arc<BufPool>) -> SrpService {
+        let mut ports = Vec::new();
+        let mut by_addr: BTreeMap<SocketAddr, Vec<Arc<SrpPort>>> = BTreeMap::new();
+        for (i, cfg) in registry.srp_ports().into_iter().enumerate() {
+            let port = SrpPort::new(cfg, Limits::default(), pool.clone(), i as u16 + 1);
+            for a in &port.config.listen {
+                by_addr.entry(*a).or_default().push(port.clone());
+            }
+            ports.push(port);
+        }
+        let conns = Arc::new(Mutex::new(Vec::new()));
+        let mut listeners = Vec::new();
+        for (addr, ps) in by_addr {
+            match hca.cm().listen(addr) {
+                Ok(l) => {
+                    tracing::info!(%addr, ports = ps.len(), "SRP listening (RDMA/CM)");
+                    listeners.push(tokio::spawn(accept_loop(l, ps, hca.clone(), conns.clone())));
+                }
+                Err(e) => tracing::error!(%addr, error = %e, "SRP: cannot listen"),
+            }
+        }
+        for p in &ports {
+            for s in add_target_strings(&p.config, hca.addrs()) {
+                tracing::info!(
+                    port = %p.config.name,
+                    "SRP target port: echo {s} > /sys/class/infiniband_srp/srp-<device>-<port>/add_target"
+                );
+            }
+        }
+        SrpService {
+            ports,
+            listeners,
+            conns,
+        }
+    }
+
+    pub fn ports(&self) -> &[Arc<SrpPort>] {
+        &self.ports
+    }
+
+    /// Stops listening, sends SRP_T_LOGOUT on every channel and disconnects it.
+    pub async fn shutdown(&self, grace: Duration) {
+        for l in &self.listeners {
+            l.abort();
+        }
+        let logouts = async {
+            for p in &self.ports {
+                p.shutdown().await;
+            }
+        };
+        if tokio::time::timeout(grace, logouts).await.is_err() {
+            tracing::warn!("SRP channels did not close in time");
+        }
+        let conns: Vec<_> = self
+            .conns
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .drain(..)
+            .collect();
+        for c in conns {
+            if tokio::time::timeout(grace, c).await.is_err() {
+                tracing::warn!("SRP connection did not close in time");
+            }
+        }
+    }
+}
+
+async fn accept_loop(
+    mut l: CmListener,
+    ports: Vec<Arc<SrpPort>>,
+    hca: Arc<Hca>,
+    conns: Arc<Mutex<Vec<tokio::task::JoinHandle<()>>>>,
+) {
+    while let Some(cr) = l.accept().await {
+        let h = tokio::spawn(connection(cr, ports.clone(), hca.clone()));
+        let mut v = conns.lock().unwrap_or_else(|e| e.into_inner());
+        v.retain(|h| !h.is_finished());
+        v.push(h);
+    }
+}
+
+/// The port a login addresses: the one whose identifier matches (either half order), else
+/// the first, whose validation then rejects it.
+fn pick_port<'a>(ports: &'a [Arc<SrpPort>], req: &LoginReq) -> Option<&'a Arc<SrpPort>> {
+    ports
+        .iter()
+        .find(|p| {
+            let id = p.config.port_id();
+            let mut swapped = [0u8; 16];
+            swapped[..8].copy_from_slice(&id[8..]);
+            swapped[8..].copy_from_slice(&id[..8]);
+            req.target_port_id == id || req.target_port_id == swapped
+        })
+        .or(ports.first())
+}
+
+/// One connect request: login, accept or reject, then the channel until either side ends it.
+async fn connection(cr: ConnectRequest, ports: Vec<Arc<SrpPort>>, hca: Arc<Hca>) {
+    let peer = cr.peer();
+    let req = match LoginReq::parse_rdma(cr.private_data()) {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::warn!(%peer, error = %e, "SRP connect request without a valid login request");
+            let rej = LoginRej {
+                reason: rej_reason::UNABLE_ESTABLISH_CHANNEL,
+                tag: 0,
+                buf_fmt: buf_fmt::DIRECT | buf_fmt::INDIRECT,
+            };
+            cr.reject(&rej.to_bytes());
+            return;
+        }
+    };
+    let Some(port) = pick_port(&ports, &req).cloned() else {
+        cr.reject(&[]);
+        return;
+    };
+    let login = match port.login(&req) {
+        Ok(l) => l,
+        Err(rej) => {
+            cr.reject(&rej.to_bytes());
+            return;
+        }
+    };
+    // The QP goes to INIT and the receive ring is posted before the REP: the initiator may
+    // send as soon as it has sent its RTU.
+    let built = hca.device().alloc_pd().and_then(|pd| {
+        let (cq, qp) = Channel::create_qp(&pd, &login.params)?;
+        Ok((pd, cq, qp))
+    });
+    let started = built.map_err(|e| e.to_string()).and_then(|(pd, cq, qp)| {
+        rtgt_transport::cm::prepare_qp(&qp).map_err(|e| e.to_string())?;
+        let qp = Arc::new(qp);
+        let ch = Channel::start(pd, cq, qp.clone(), login, &port).map_err(|e| e.to_string())?;
+        Ok((qp, ch))
+    });
+    let (qp, ch) = match started {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::warn!(%peer, error = %e, "SRP: no resources for a channel");
+            let rej = LoginRej {
+                reason: rej_reason::INSUFFICIENT_RESOURCES,
+                tag: req.tag,
+                buf_fmt: buf_fmt::DIRECT | buf_fmt::INDIRECT,
+            };
+            cr.reject(&rej.to_bytes());
+            return;
+        }
+    };
+    let params = ConnParams {
+        private_data: ch.login_rsp().to_bytes(),
+        // ib_srp asks for no RDMA READs of its own; the target's READs of data-out are
+        // bounded by the initiator's responder resources.
+        responder_resources: cr.initiator_depth().min(4),
+        initiator_depth: cr.responder_resources().min(MAX_INITIATOR_DEPTH),
+        rnr_retry_count: 7,
+        flow_control: true,
+        ..ConnParams::default()
+    };
+    let conn = match cr.accept(&qp, params).await {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::warn!(%peer, error = %e, "SRP: connection not established");
+            ch.close(CloseReason::Disconnected);
+            ch.finished().await;
+            return;
+        }
+    };
+    tracing::info!(
+        %peer, channel = ch.id, qpn = ch.qp().qpn(), initiator = %ch.session.nexus.initiator_port,
+        "SRP channel established"
+    );
+    tokio::select! {
+        _ = conn.disconnected() => ch.close(CloseReason::Disconnected),
+        _ = ch.closed() => conn.disconnect(),
+    }
+    ch.finished().await;
+    drop(conn);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::Path;
+
+    #[test]
+    fn identifiers_and_add_target() {
+        let c = Config::from_yaml(
+            "srp:\n  - {name: a, id_ext: '0x0002c90300001111', ioc_guid: 0002c90300002222, listen: ['0.0.0.0:5555', '192.0.2.9:5556']}\n  - {name: b}\n",
+            Path::new("t.yaml"),
+        )
+        .unwrap();
+        let a = target_port(&c.srp[0], &BTreeMap::new());
+        let b = target_port(&c.srp[1], &BTreeMap::new());
+        assert_eq!(a.id_ext, 0x0002_c903_0000_1111);
+        assert_ne!(b.id_ext, b.ioc_guid);
+        assert_eq!(b.id_ext, derived_id("b", "id_ext"), "stable across calls");
+        assert_ne!(b.id_ext, derived_id("c", "id_ext"));
+        let local: Vec<IpAddr> = vec![
+            "127.0.0.1".parse().unwrap(),
+            "10.1.2.3".parse().unwrap(),
+            "fe80::1".parse().unwrap(),
+        ];
+        assert_eq!(
+            add_target_strings(&a, &local),
+            vec![
+                "id_ext=0002c90300001111,ioc_guid=0002c90300002222,dest=10.1.2.3:5555",
+                "id_ext=0002c90300001111,ioc_guid=0002c90300002222,dest=127.0.0.1:5555",
+                "id_ext=0002c90300001111,ioc_guid=0002c90300002222,dest=192.0.2.9:5556",
+            ]
+        );
+    }
+}
