@@ -1005,3 +1005,19 @@ async fn first_packet_establishes_without_rtu() {
     assert_eq!(b.cm().stats().live_connections, 1);
     drop((ca, cb));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vanished_peer_ends_the_connection() {
+    let (a, b) = pair(None, CmLimits::default());
+    let (ua, ub) = (ulp(a.device()), ulp(b.device()));
+    let (ca, _cb) = connect(&a, &b, &ua, &ub, 4700, hello()).await;
+    // b disappears without a DREQ (its device stops); a's next SEND runs out of retries.
+    b.shutdown();
+    ua.qp
+        .post_send(SendWr::new(1, SendOp::Send, vec![ua.mr.sge(BUF, 100)]))
+        .unwrap();
+    let w = wc(&ua.cq).await;
+    assert_eq!(w.status, WcStatus::RetryExcErr);
+    done(&ca).await;
+    assert_eq!(a.cm().stats().sent.dreq, 1);
+}
