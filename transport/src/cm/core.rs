@@ -39,6 +39,13 @@ const TID_HIGH: u64 = 0x5254 << 32;
 const MRA_SERVICE_TIMEOUT: u8 = 22;
 /// How often established connections are checked for a QP that went to the error state.
 const QP_CHECK: Duration = Duration::from_millis(500);
+/// The transport retry count a connected QP gets: the REQ's, but at most 6, because this
+/// engine (like rxe) retries forever at 7, and a peer that vanished without a DREQ must end
+/// the connection (QP error, then DREQ) rather than hold its resources for good.
+fn qp_retry_count(requested: u8) -> u8 {
+    requested.min(6)
+}
+
 /// How often QPs whose REP waits for an RTU are looked at for a first received packet.
 const FIRST_PACKET_PROBE: Duration = Duration::from_millis(20);
 /// MADs waiting to be sent; beyond it they are dropped (and retransmitted by the timers).
@@ -1125,7 +1132,7 @@ impl Core {
             path.local_ack_timeout
         }
         .min(31);
-        a.retry_cnt = req.retry_count.min(7);
+        a.retry_cnt = qp_retry_count(req.retry_count);
         // The RNR retry count we announce in the REP is the one our QP uses too.
         a.rnr_retry = p.rnr_retry_count.min(7);
         a.max_rd_atomic = initiator_depth;
@@ -1175,7 +1182,7 @@ impl Core {
         a.qp_state = Some(QpState::Rts);
         a.sq_psn = r.starting_psn;
         a.timeout = req.primary_path.local_ack_timeout.min(31);
-        a.retry_cnt = req.retry_count.min(7);
+        a.retry_cnt = qp_retry_count(req.retry_count);
         a.rnr_retry = r.rnr_retry_count.min(7);
         a.max_rd_atomic = r
             .responder_resources

@@ -49,7 +49,7 @@ host_run() {
             return 1
         }
         lab_signal "host-client-$size"
-        lab_report "rtgt client, guest rping server, $size bytes x $CM_COUNT: echo checked"
+        lab_report "rtgt client, guest rping server: $(grep -m1 '^[0-9]* pings of' "$LAB_RESULTS/$name.log"), echo checked"
     done
 }
 
