@@ -153,7 +153,11 @@ async fn connect(
             req.accept(&ub.qp, p).await
         }
     );
-    (ca.unwrap(), cb.unwrap())
+    let (ca, cb) = (ca.unwrap(), cb.unwrap());
+    // The connecting side sees the REP's private data; the accepting side has none.
+    assert_eq!(&ca.private_data()[..7], b"welcome");
+    assert!(cb.private_data().is_empty());
+    (ca, cb)
 }
 
 fn hello() -> ConnParams {

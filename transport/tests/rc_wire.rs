@@ -376,6 +376,37 @@ fn garbage_never_panics() {
 }
 
 #[test]
+fn duplicate_sequence_naks_spend_one_retry() {
+    let (a, b) = ends(Mtu::Mtu1024, 4);
+    a.qp.post_send(write_wr(&a, &b, 3000)).unwrap();
+    let pkts = out(&a.dev, Duration::ZERO);
+    assert_eq!(pkts.len(), 3);
+    // The first packet is lost: the second draws a sequence NAK for PSN 1000.
+    b.dev.receive(&pkts[1], Duration::ZERO);
+    let nak = out(&b.dev, Duration::ZERO);
+    let (r, _) = decode(&nak[0]);
+    assert_eq!(
+        (r.aeth.unwrap().syndrome, r.bth.psn),
+        (Syndrome::Nak(NakCode::PsnSequenceError), 1000)
+    );
+    // The network duplicates it more often than the retry count (3) allows: one go-back-N.
+    for _ in 0..6 {
+        a.dev.receive(&nak[0], Duration::ZERO);
+    }
+    let again = out(&a.dev, Duration::ZERO);
+    assert_eq!(again, pkts, "one go-back-N resends the whole WRITE once");
+    assert_eq!(a.qp.state(), QpState::Rts);
+    for p in &again {
+        b.dev.receive(p, Duration::ZERO);
+    }
+    for ack in out(&b.dev, Duration::ZERO) {
+        a.dev.receive(&ack, Duration::ZERO);
+    }
+    a.dev.poll(Duration::ZERO);
+    assert_eq!(a.cq.poll(1)[0].status, WcStatus::Success);
+}
+
+#[test]
 fn rnr_nak_on_the_wire() {
     let (a, b) = ends(Mtu::Mtu1024, 4);
     a.qp.post_send(SendWr::new(1, SendOp::Send, vec![a.mr.sge(0, 10)]))

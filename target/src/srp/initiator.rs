@@ -163,11 +163,10 @@ impl Initiator {
     /// Linux ib_srp does with `dest=`): the login request rides in the REQ, a LOGIN_REJ in a
     /// REJ becomes [`InitiatorError::Rejected`].
     ///
-    /// The connection manager does not hand the REP's private data to the active side, so
-    /// the LOGIN_RSP is taken to grant what was asked: `queue_depth` credits, IUs of
-    /// `it_iu_len` both ways and immediate data when requested. Should the target grant
-    /// fewer credits, its missing receive buffers hold the initiator back with RNR NAKs
-    /// (the QP retries them without limit), so nothing is lost.
+    /// The channel's receives are posted before the REQ goes out (the target may send as
+    /// soon as it is connected), sized for what was asked: `queue_depth` credits and IUs of
+    /// `it_iu_len` both ways. The LOGIN_RSP in the REP then settles it: fewer credits shrink
+    /// the window; larger target IUs or refused immediate data fail the login.
     pub async fn connect(
         cm: &Cm,
         dst: std::net::SocketAddr,
@@ -229,7 +228,43 @@ impl Initiator {
             }
             Err(e) => return Err(e.into()),
         };
+        if let Err(e) = ini.settle_login(&req, conn.private_data()) {
+            ini.close();
+            conn.disconnect();
+            return Err(e);
+        }
         Ok((ini, conn))
+    }
+
+    /// Checks the target's LOGIN_RSP against what [`Initiator::connect`] assumed and gives
+    /// back the credits it did not grant.
+    fn settle_login(&self, req: &LoginReq, rep: &[u8]) -> Result<(), InitiatorError> {
+        let got =
+            LoginRsp::parse(rep).map_err(|_| InitiatorError::Invalid("no LOGIN_RSP in the REP"))?;
+        if got.tag != req.tag {
+            return Err(InitiatorError::Invalid("LOGIN_RSP for another login"));
+        }
+        if got.req_lim_delta < 2 {
+            return Err(InitiatorError::Invalid("request limit below 2"));
+        }
+        if got.max_ti_iu_len > self.login.max_ti_iu_len {
+            return Err(InitiatorError::Invalid(
+                "target IUs longer than the receive buffers",
+            ));
+        }
+        if got.max_it_iu_len < self.it_iu_len {
+            return Err(InitiatorError::Invalid(
+                "target accepts shorter IUs than asked",
+            ));
+        }
+        if self.imm_data_offset.is_some() && got.rsp_flags & rsp_flags::IMMED_SUPP == 0 {
+            return Err(InitiatorError::Invalid("target refused immediate data"));
+        }
+        if got.req_lim_delta < self.login.req_lim_delta {
+            self.cmd_credits
+                .forget_permits((self.login.req_lim_delta - got.req_lim_delta) as usize);
+        }
+        Ok(())
     }
 
     /// Starts the initiator side of a channel on `qp` (connected or about to be), after the

@@ -130,6 +130,8 @@ pub(crate) struct Conn {
     req: Box<req::Repr>,
     /// Passive: our REP's starting PSN.
     rep_psn: u32,
+    /// Active: the private data of the REP that accepted us.
+    rep_private: Box<[u8]>,
     phase: watch::Sender<Phase>,
     next_phase: Option<Phase>,
 }
@@ -569,6 +571,7 @@ impl Core {
                 deadline: Some(now + budget / 2),
                 req: Box::new(*r),
                 rep_psn: 0,
+                rep_private: Box::default(),
                 phase,
                 next_phase: None,
             },
@@ -676,6 +679,7 @@ impl Core {
         }
         c.remote_id = r.local_comm_id;
         c.remote_qpn = r.local_qpn;
+        c.rep_private = r.private_data.to_vec().into_boxed_slice();
         let qpn = c.qpn;
         let (local, peer, tid) = (c.local, c.peer, c.tid);
         let req = *c.req;
@@ -981,6 +985,11 @@ impl Core {
 
     pub fn addrs(&self, id: u32) -> Option<(SocketAddr, SocketAddr)> {
         self.conns.get(&id).map(|c| (c.local, c.peer))
+    }
+
+    /// The private data of the REP that accepted an active connection (empty otherwise).
+    pub fn rep_private(&self, id: u32) -> Option<Box<[u8]>> {
+        self.conns.get(&id).map(|c| c.rep_private.clone())
     }
 
     pub fn phase(&self, id: u32) -> Option<watch::Receiver<Phase>> {
@@ -1340,6 +1349,7 @@ impl Core {
                 deadline: Some(now + timeout),
                 req: Box::new(r),
                 rep_psn: 0,
+                rep_private: Box::default(),
                 phase,
                 next_phase: None,
             },

@@ -315,8 +315,9 @@ impl Cm {
             self.shared.flush(&mut core);
             (id, phase)
         };
-        let conn = self.conn_handle(id)?;
+        let mut conn = self.conn_handle(id)?;
         wait_established(phase).await?;
+        conn.private_data = self.shared.core().rep_private(id).unwrap_or_default();
         Ok(conn)
     }
 
@@ -330,6 +331,7 @@ impl Cm {
             local,
             peer,
             phase,
+            private_data: Box::default(),
         })
     }
 
@@ -580,9 +582,17 @@ pub struct CmConn {
     local: SocketAddr,
     peer: SocketAddr,
     phase: watch::Receiver<Phase>,
+    /// Active side: the private data of the accepting REP.
+    private_data: Box<[u8]>,
 }
 
 impl CmConn {
+    /// The private data of the REP that accepted a connection made with [`Cm::connect`]
+    /// (all 196 bytes of the REP's field, zero-padded); empty for accepted connections.
+    pub fn private_data(&self) -> &[u8] {
+        &self.private_data
+    }
+
     /// Resolves when the connection is over: DREQ received, our own disconnect, the QP in
     /// the error state, or the peer gone.
     pub async fn disconnected(&self) {

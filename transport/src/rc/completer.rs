@@ -190,8 +190,11 @@ fn check_ack(qp: &mut QpCtx, r: &Resp<'_>, now: Duration) -> CompState {
         }
         Some(Syndrome::Nak(code)) => match code {
             NakCode::PsnSequenceError => {
+                // The NAK acknowledges everything before its PSN: progress when that moves.
                 if psn_diff(r.psn, qp.comp.psn) > 0 {
-                    qp.comp.psn = r.psn;
+                    advance_psn(qp, r.psn, now);
+                } else if qp.comp.retrying {
+                    return CompState::Done;
                 }
                 CompState::Retry
             }
@@ -276,6 +279,7 @@ fn advance_psn(qp: &mut QpCtx, psn: u32, now: Duration) {
 fn reset_retry(qp: &mut QpCtx, now: Duration) {
     qp.comp.retry_left = qp.retry_cnt;
     qp.comp.rnr_retry_left = qp.rnr_retry;
+    qp.comp.retrying = false;
     qp.comp.deadline = ack_timeout(qp.timeout).map(|t| now + t);
 }
 
@@ -345,6 +349,7 @@ pub(crate) fn retry(eng: &mut Engine, qp: &mut QpCtx, now: Duration, counted: bo
         if qp.retry_cnt != 7 {
             qp.comp.retry_left -= 1;
         }
+        qp.comp.retrying = true;
     }
     eng.stats.retransmits += 1;
     let mtu = qp.mtu.bytes();

@@ -140,6 +140,10 @@ pub(crate) struct CompState {
     pub retry_left: u8,
     pub rnr_retry_left: u8,
     pub deadline: Option<Duration>,
+    /// A counted go-back-N is under way and nothing was acknowledged since: further
+    /// sequence NAKs for it (duplicates, or one per packet of the burst that is being
+    /// resent) do not spend the retry budget again (rxe `started_retry`).
+    pub retrying: bool,
 }
 
 /// A saved READ or atomic for duplicate replay (rxe `resp_res`).
