@@ -12,6 +12,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use utoipa::ToSchema;
 
 /// A configuration that could not be used.
 #[derive(Debug, thiserror::Error)]
@@ -86,6 +87,29 @@ impl Serialize for ByteSize {
     }
 }
 
+impl utoipa::PartialSchema for ByteSize {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        use utoipa::openapi::schema::{ObjectBuilder, OneOfBuilder, SchemaType, Type};
+        OneOfBuilder::new()
+            .item(
+                ObjectBuilder::new()
+                    .schema_type(SchemaType::Type(Type::Integer))
+                    .minimum(Some(0)),
+            )
+            .item(
+                ObjectBuilder::new()
+                    .schema_type(SchemaType::Type(Type::String))
+                    .pattern(Some(r"^\s*[0-9]+\s*([kKmMgGtT]([iI]?[bB])?|[bB])?\s*$")),
+            )
+            .description(Some(
+                "A byte count: an integer, or a number with a unit (k, M, G, T, KiB, MiB, GiB, TiB)",
+            ))
+            .into()
+    }
+}
+
+impl ToSchema for ByteSize {}
+
 impl<'de> Deserialize<'de> for ByteSize {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         #[derive(Deserialize)]
@@ -102,7 +126,7 @@ impl<'de> Deserialize<'de> for ByteSize {
 }
 
 /// Where a backstore keeps its blocks.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum BackstoreKind {
     /// A regular file (created sparse when missing); relative paths are in the state directory.
@@ -122,13 +146,14 @@ fn default_true() -> bool {
     true
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Backstore {
     pub name: String,
     #[serde(rename = "type")]
     pub kind: BackstoreKind,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<String>)]
     pub path: Option<PathBuf>,
     /// Required for file (when the file does not exist yet), ramdisk and null.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -170,14 +195,17 @@ fn is_false(b: &bool) -> bool {
     !*b
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Chap {
     pub user: String,
+    /// Write-only: exports and answers show it as `********` unless secrets are asked for;
+    /// a document applied with `********` keeps the current secret.
+    #[schema(write_only)]
     pub secret: String,
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Auth {
     /// Credentials the initiator must present.
@@ -194,14 +222,14 @@ impl Auth {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Lun {
     pub lun: u64,
     pub backstore: String,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct MappedLun {
     /// LUN number the initiator sees.
@@ -210,7 +238,7 @@ pub struct MappedLun {
     pub tpg_lun: u64,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Acl {
     pub initiator: String,
@@ -223,7 +251,7 @@ pub struct Acl {
 
 /// iSCSI operational parameters offered by a portal group (RFC 7143 §13). Names are the
 /// RFC's keys; absent keys keep rtgt's defaults.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields, rename_all = "PascalCase")]
 pub struct IscsiParams {
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -279,10 +307,11 @@ pub struct IscsiParams {
     pub nopin_timeout: Option<u32>,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PortalGroup {
     pub tag: u16,
+    #[schema(value_type = Vec<String>, example = json!(["0.0.0.0:3260"]))]
     pub portals: Vec<SocketAddr>,
     #[serde(default, skip_serializing_if = "Auth::is_empty")]
     pub auth: Auth,
@@ -301,7 +330,7 @@ fn is_default<T: Default + PartialEq>(v: &T) -> bool {
     *v == T::default()
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Target {
     /// iSCSI qualified name (`iqn.` or `eui.` or `naa.`).
@@ -311,7 +340,7 @@ pub struct Target {
     pub portal_groups: Vec<PortalGroup>,
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Discovery {
     #[serde(default, skip_serializing_if = "Auth::is_empty")]
@@ -319,7 +348,7 @@ pub struct Discovery {
 }
 
 /// The whole configuration document.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Config {
     #[serde(default)]
@@ -328,6 +357,78 @@ pub struct Config {
     pub targets: Vec<Target>,
     #[serde(default, skip_serializing_if = "is_default")]
     pub discovery: Discovery,
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub api: ApiConfig,
+}
+
+/// The administration API's listeners.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ApiConfig {
+    /// TCP listeners. Any address other than a loopback one requires the bearer token.
+    #[serde(default = "default_api_listen")]
+    #[schema(value_type = Vec<String>, example = json!(["127.0.0.1:8080"]))]
+    pub listen: Vec<SocketAddr>,
+    /// Serve the API on `rtgtd.sock` in the state directory too (no token: file permissions
+    /// guard it).
+    #[serde(default = "default_true")]
+    pub socket: bool,
+    /// File holding the bearer token; default `api-token` in the state directory, created
+    /// with mode 0600 when missing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<String>)]
+    pub token_file: Option<PathBuf>,
+}
+
+fn default_api_listen() -> Vec<SocketAddr> {
+    vec![SocketAddr::from(([127, 0, 0, 1], 8080))]
+}
+
+impl Default for ApiConfig {
+    fn default() -> Self {
+        ApiConfig {
+            listen: default_api_listen(),
+            socket: true,
+            token_file: None,
+        }
+    }
+}
+
+/// What exports show in place of a CHAP secret.
+pub const REDACTED: &str = "********";
+
+impl Auth {
+    fn chaps_mut(&mut self) -> impl Iterator<Item = &mut Chap> {
+        self.chap.iter_mut().chain(self.mutual_chap.iter_mut())
+    }
+
+    fn redact(&mut self) {
+        for c in self.chaps_mut() {
+            c.secret = REDACTED.into();
+        }
+    }
+
+    /// Replaces [`REDACTED`] secrets by the current ones of the same user.
+    fn restore(&mut self, current: Option<&Auth>) {
+        let find = |user: &str, mutual: bool| {
+            current.and_then(|a| {
+                let c = if mutual { &a.mutual_chap } else { &a.chap };
+                c.as_ref()
+                    .filter(|c| c.user == user)
+                    .map(|c| c.secret.clone())
+            })
+        };
+        if let Some(c) = self.chap.as_mut().filter(|c| c.secret == REDACTED) {
+            if let Some(s) = find(&c.user, false) {
+                c.secret = s;
+            }
+        }
+        if let Some(c) = self.mutual_chap.as_mut().filter(|c| c.secret == REDACTED) {
+            if let Some(s) = find(&c.user, true) {
+                c.secret = s;
+            }
+        }
+    }
 }
 
 /// The configuration rtgtd serves when started without `--config`: one target with LUN 0 on
@@ -411,6 +512,42 @@ impl Config {
             .and_then(|d| d.sync_all())
             .map_err(err)?;
         Ok(())
+    }
+
+    /// A copy with every CHAP secret replaced by [`REDACTED`].
+    pub fn redacted(&self) -> Config {
+        let mut c = self.clone();
+        c.discovery.auth.redact();
+        for t in &mut c.targets {
+            for g in &mut t.portal_groups {
+                g.auth.redact();
+                for a in &mut g.acls {
+                    a.auth.redact();
+                }
+            }
+        }
+        c
+    }
+
+    /// Puts back the secrets of `current` where this document says [`REDACTED`] for the
+    /// same user at the same place, so an exported document can be applied again.
+    pub fn restore_secrets(&mut self, current: &Config) {
+        self.discovery.auth.restore(Some(&current.discovery.auth));
+        for t in &mut self.targets {
+            let ct = current.target(&t.name);
+            for g in &mut t.portal_groups {
+                let cg = ct.and_then(|ct| ct.portal_groups.iter().find(|x| x.tag == g.tag));
+                g.auth.restore(cg.map(|cg| &cg.auth));
+                for a in &mut g.acls {
+                    let ca = cg.and_then(|cg| cg.acls.iter().find(|x| x.initiator == a.initiator));
+                    a.auth.restore(ca.map(|ca| &ca.auth));
+                }
+            }
+        }
+    }
+
+    pub fn target(&self, name: &str) -> Option<&Target> {
+        self.targets.iter().find(|t| t.name == name)
     }
 
     pub fn backstore(&self, name: &str) -> Option<&Backstore> {

@@ -10,8 +10,7 @@ use std::time::Duration;
 
 use rtgt_api::config::{self, BackstoreKind, Config};
 use rtgt_backstore::{Backstore, BufPool, FileBackstore, FileOptions, NullBackstore, RamBackstore};
-use tokio::net::TcpListener;
-use tracing::{error, info, warn};
+use tracing::{info, warn};
 
 use crate::core::{self, Registry};
 use crate::iscsi::IscsiServer;
@@ -41,6 +40,10 @@ pub enum DaemonError {
         #[source]
         source: std::io::Error,
     },
+    #[error("{0}")]
+    Portal(rtgt_api::ControlError),
+    #[error(transparent)]
+    Api(#[from] crate::control::ApiStartError),
 }
 
 /// An error with its sources, for log lines an operator can act on.
@@ -71,6 +74,7 @@ pub struct Running {
     pub backstores: BTreeMap<String, Arc<dyn Backstore>>,
     pub portals: Vec<SocketAddr>,
     pub pool: Arc<BufPool>,
+    pub device_registry: Arc<DeviceRegistry>,
 }
 
 /// A stable NAA IEEE Registered Extended designator (SPC-4 7.7.3.6.5) for a backstore that
@@ -183,6 +187,48 @@ fn block_device_physical_block_size(path: &Path) -> Option<u32> {
     (pbs.is_power_of_two() && pbs <= 65536).then_some(pbs)
 }
 
+/// Opens one backstore and the logical unit over it.
+pub(crate) async fn open_device(
+    b: &config::Backstore,
+    state_dir: &Path,
+    pool: &Arc<BufPool>,
+    device_registry: &Arc<DeviceRegistry>,
+) -> Result<(Arc<dyn Backstore>, Arc<Device>), DaemonError> {
+    let pr_dir = state_dir.join("pr");
+    let store = open_backstore(b, state_dir).await?;
+    let wwn = b
+        .wwn
+        .as_deref()
+        .map(parse_wwn)
+        .unwrap_or_else(|| derived_wwn(&b.name));
+    let dc = DeviceConfig {
+        name: b.name.clone(),
+        serial: b.serial.clone().unwrap_or_else(|| derived_serial(wwn)),
+        wwn,
+        write_cache: b.write_cache,
+        read_only: b.read_only,
+        thin: b.thin,
+        physical_block_size: Some(
+            b.physical_block_size
+                .and_then(|p| u32::try_from(p.0).ok())
+                .unwrap_or_else(|| default_physical_block_size(b, state_dir)),
+        ),
+        removable: b.removable,
+        sanitize_rate: b
+            .sanitize_rate
+            .map_or(crate::scsi::DEFAULT_SANITIZE_RATE, |r| r.0),
+        pr_file: Some(pr_dir.join(format!("{}.pr", b.name))),
+        registry: Some(device_registry.clone()),
+        ..DeviceConfig::default()
+    };
+    let dev = Device::new(store.clone(), pool.clone(), dc).map_err(|e| DaemonError::Backstore {
+        name: b.name.clone(),
+        message: error_chain(&e),
+    })?;
+    info!(backstore = %b.name, kind = ?b.kind, "backstore ready");
+    Ok((store, dev))
+}
+
 /// Opens every backstore and builds the target registry.
 pub async fn build(config: &Config, state_dir: &Path) -> Result<Running, DaemonError> {
     let pool = BufPool::new(BUFFER_BUDGET);
@@ -195,38 +241,7 @@ pub async fn build(config: &Config, state_dir: &Path) -> Result<Running, DaemonE
     let mut devices = BTreeMap::new();
     let mut backstores = BTreeMap::new();
     for b in &config.backstores {
-        let store = open_backstore(b, state_dir).await?;
-        let wwn = b
-            .wwn
-            .as_deref()
-            .map(parse_wwn)
-            .unwrap_or_else(|| derived_wwn(&b.name));
-        let dc = DeviceConfig {
-            name: b.name.clone(),
-            serial: b.serial.clone().unwrap_or_else(|| derived_serial(wwn)),
-            wwn,
-            write_cache: b.write_cache,
-            read_only: b.read_only,
-            thin: b.thin,
-            physical_block_size: Some(
-                b.physical_block_size
-                    .and_then(|p| u32::try_from(p.0).ok())
-                    .unwrap_or_else(|| default_physical_block_size(b, state_dir)),
-            ),
-            removable: b.removable,
-            sanitize_rate: b
-                .sanitize_rate
-                .map_or(crate::scsi::DEFAULT_SANITIZE_RATE, |r| r.0),
-            pr_file: Some(pr_dir.join(format!("{}.pr", b.name))),
-            registry: Some(device_registry.clone()),
-            ..DeviceConfig::default()
-        };
-        let dev =
-            Device::new(store.clone(), pool.clone(), dc).map_err(|e| DaemonError::Backstore {
-                name: b.name.clone(),
-                message: error_chain(&e),
-            })?;
-        info!(backstore = %b.name, kind = ?b.kind, "backstore ready");
+        let (store, dev) = open_device(b, state_dir, &pool, &device_registry).await?;
         devices.insert(b.name.clone(), dev);
         backstores.insert(b.name.clone(), store);
     }
@@ -234,59 +249,14 @@ pub async fn build(config: &Config, state_dir: &Path) -> Result<Running, DaemonE
     let registry = Registry::new();
     let mut portals = Vec::new();
     for t in &config.targets {
-        let mut groups = Vec::new();
         for g in &t.portal_groups {
-            let mut luns = LunMap::default();
-            for l in &g.luns {
-                luns.luns.insert(l.lun, devices[&l.backstore].clone());
-            }
-            let mut acls = HashMap::new();
-            for a in &g.acls {
-                let mapped = if a.mapped_luns.is_empty() {
-                    luns.clone()
-                } else {
-                    let mut m = LunMap::default();
-                    for ml in &a.mapped_luns {
-                        m.luns.insert(ml.lun, luns.luns[&ml.tpg_lun].clone());
-                    }
-                    m
-                };
-                acls.insert(
-                    a.initiator.clone(),
-                    core::Acl {
-                        initiator: a.initiator.clone(),
-                        auth: auth(&a.auth),
-                        luns: mapped,
-                    },
-                );
-            }
-            if g.allow_any_initiator && g.auth.chap.is_none() {
-                warn!(
-                    target = %t.name,
-                    tpg = g.tag,
-                    "portal group admits any initiator without authentication"
-                );
-            }
             for p in &g.portals {
                 if !portals.contains(p) {
                     portals.push(*p);
                 }
             }
-            groups.push(core::PortalGroup {
-                tag: g.tag,
-                portals: g.portals.clone(),
-                auth: auth(&g.auth),
-                acls,
-                allow_any_initiator: g.allow_any_initiator,
-                luns,
-                params: params(&g.params),
-            });
         }
-        registry.set_target(core::Target {
-            name: t.name.clone(),
-            alias: t.alias.clone(),
-            portal_groups: groups,
-        });
+        registry.set_target(build_target(t, &devices));
     }
     registry.set_discovery_auth(auth(&config.discovery.auth));
     Ok(Running {
@@ -295,7 +265,63 @@ pub async fn build(config: &Config, state_dir: &Path) -> Result<Running, DaemonE
         backstores,
         portals,
         pool,
+        device_registry,
     })
+}
+
+/// The runtime target for a configured one; `devices` holds every backstore it uses.
+pub(crate) fn build_target(
+    t: &config::Target,
+    devices: &BTreeMap<String, Arc<Device>>,
+) -> core::Target {
+    let mut groups = Vec::new();
+    for g in &t.portal_groups {
+        let mut luns = LunMap::default();
+        for l in &g.luns {
+            luns.luns.insert(l.lun, devices[&l.backstore].clone());
+        }
+        let mut acls = HashMap::new();
+        for a in &g.acls {
+            let mapped = if a.mapped_luns.is_empty() {
+                luns.clone()
+            } else {
+                let mut m = LunMap::default();
+                for ml in &a.mapped_luns {
+                    m.luns.insert(ml.lun, luns.luns[&ml.tpg_lun].clone());
+                }
+                m
+            };
+            acls.insert(
+                a.initiator.clone(),
+                core::Acl {
+                    initiator: a.initiator.clone(),
+                    auth: auth(&a.auth),
+                    luns: mapped,
+                },
+            );
+        }
+        if g.allow_any_initiator && g.auth.chap.is_none() {
+            warn!(
+                target = %t.name,
+                tpg = g.tag,
+                "portal group admits any initiator without authentication"
+            );
+        }
+        groups.push(core::PortalGroup {
+            tag: g.tag,
+            portals: g.portals.clone(),
+            auth: auth(&g.auth),
+            acls,
+            allow_any_initiator: g.allow_any_initiator,
+            luns,
+            params: params(&g.params),
+        });
+    }
+    core::Target {
+        name: t.name.clone(),
+        alias: t.alias.clone(),
+        portal_groups: groups,
+    }
 }
 
 fn chap(c: &Option<config::Chap>) -> Option<core::ChapCredentials> {
@@ -305,7 +331,7 @@ fn chap(c: &Option<config::Chap>) -> Option<core::ChapCredentials> {
     })
 }
 
-fn auth(a: &config::Auth) -> core::Auth {
+pub(crate) fn auth(a: &config::Auth) -> core::Auth {
     core::Auth {
         chap: chap(&a.chap),
         mutual: chap(&a.mutual_chap),
@@ -335,10 +361,24 @@ fn params(p: &config::IscsiParams) -> core::IscsiParams {
     }
 }
 
-/// Loads the configuration named by `opts` (or the embedded default).
+/// Where API changes are saved: the configuration file, or `rtgtd.yaml` in the state
+/// directory when rtgtd serves the embedded default.
+pub fn config_file(opts: &Options) -> PathBuf {
+    opts.config
+        .clone()
+        .unwrap_or_else(|| opts.state_dir.join(crate::control::STATE_CONFIG))
+}
+
+/// Loads the configuration named by `opts`, or the one saved in the state directory, or
+/// the embedded default.
 pub fn load_config(opts: &Options) -> Result<Config, DaemonError> {
     match &opts.config {
         Some(file) => Ok(Config::load(file)?),
+        None if config_file(opts).exists() => {
+            let file = config_file(opts);
+            info!(file = %file.display(), "serving the configuration saved in the state directory");
+            Ok(Config::load(&file)?)
+        }
         None => {
             warn!(
                 state_dir = %opts.state_dir.display(),
@@ -373,25 +413,26 @@ pub async fn run(opts: Options) -> Result<(), DaemonError> {
         running.pool.clone(),
     ));
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-
-    let mut tasks = Vec::new();
-    for addr in &running.portals {
-        let listener = TcpListener::bind(addr)
-            .await
-            .map_err(|source| DaemonError::Listen {
-                addr: *addr,
-                source,
-            })?;
-        info!(portal = %addr, "iSCSI portal listening");
-        let server = server.clone();
-        let stop = stop_rx.clone();
-        let addr = *addr;
-        tasks.push(tokio::spawn(async move {
-            if let Err(e) = server.serve(listener, stop).await {
-                error!(portal = %addr, error = %e, "iSCSI portal failed");
-            }
-        }));
-    }
+    let metrics = rtgt_api::metrics::Metrics::new();
+    running.registry.set_metrics(metrics.clone());
+    let explicit_api = config.api != config::ApiConfig::default();
+    let api_config = config.api.clone();
+    let control = crate::control::DaemonControl::new(crate::control::ControlParts {
+        state_dir: opts.state_dir.clone(),
+        file: config_file(&opts),
+        config,
+        registry: running.registry.clone(),
+        server: (*server).clone(),
+        pool: running.pool.clone(),
+        device_registry: running.device_registry.clone(),
+        devices: running.devices.clone(),
+        backstores: running.backstores.clone(),
+        metrics,
+    });
+    control.start_portals().await.map_err(DaemonError::Portal)?;
+    let api_tasks =
+        crate::control::serve_api(control.clone(), &api_config, explicit_api, stop_rx.clone())
+            .await?;
     for t in running.registry.targets() {
         info!(target = %t.name, "target ready");
     }
@@ -399,14 +440,11 @@ pub async fn run(opts: Options) -> Result<(), DaemonError> {
     shutdown_signal().await;
     let _ = stop_tx.send(true);
     server.shutdown(SHUTDOWN_GRACE).await;
-    for t in tasks {
+    control.stop_portals().await;
+    for t in api_tasks {
         let _ = t.await;
     }
-    for (name, store) in &running.backstores {
-        if let Err(e) = store.flush().await {
-            error!(backstore = %name, error = %error_chain(&e), "flush at shutdown failed");
-        }
-    }
+    control.flush_all().await;
     info!("stopped");
     Ok(())
 }

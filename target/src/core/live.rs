@@ -1,0 +1,249 @@
+//! The LUN map of a live I_T nexus, which an administrator may change while commands run,
+//! and the per-command metrics recorded on the way through.
+//!
+//! A command takes a snapshot of the map (one uncontended read lock and a reference count)
+//! and runs against it, so a change never alters the map under a command in flight; the
+//! next command sees the new map.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, OnceLock, RwLock};
+use std::time::Instant;
+
+use metrics::{Counter, Histogram};
+use rtgt_api::metrics::Metrics;
+
+use crate::scsi::sense::Sense;
+use crate::scsi::{Command, LunMap, Nexus, Response, Status};
+
+/// Command classes of the latency histograms and counters.
+const CLASSES: [&str; 3] = ["read", "write", "other"];
+
+fn class_of(opcode: u8) -> usize {
+    match opcode {
+        // READ(6/10/12/16).
+        0x08 | 0x28 | 0xa8 | 0x88 => 0,
+        // WRITE(6/10/12/16), WRITE AND VERIFY(10/12/16), WRITE SAME(10/16), COMPARE AND
+        // WRITE, WRITE ATOMIC(16).
+        0x0a | 0x2a | 0xaa | 0x8a | 0x2e | 0xae | 0x8e | 0x41 | 0x93 | 0x89 | 0x9c => 1,
+        _ => 2,
+    }
+}
+
+/// SPC-4 Table 49 sense keys, as metric labels.
+const SENSE_KEYS: [&str; 16] = [
+    "no_sense",
+    "recovered_error",
+    "not_ready",
+    "medium_error",
+    "hardware_error",
+    "illegal_request",
+    "unit_attention",
+    "data_protect",
+    "blank_check",
+    "vendor_specific",
+    "copy_aborted",
+    "aborted_command",
+    "reserved",
+    "volume_overflow",
+    "miscompare",
+    "completed",
+];
+
+/// Counters and latency histograms of one logical unit or one session.
+pub struct IoMetrics {
+    metrics: Metrics,
+    prefix: &'static str,
+    labels: Vec<(&'static str, String)>,
+    commands: [Counter; 3],
+    latency: [Histogram; 3],
+    read_bytes: Counter,
+    written_bytes: Counter,
+    /// CHECK CONDITION by sense key, registered at the first error of each key.
+    errors: [OnceLock<Counter>; 16],
+    /// RESERVATION CONFLICT, BUSY, TASK SET FULL and other non-GOOD statuses without sense.
+    status_errors: OnceLock<Counter>,
+}
+
+impl IoMetrics {
+    /// `prefix` is `rtgt_lun` or `rtgt_session`.
+    pub fn new(
+        metrics: &Metrics,
+        prefix: &'static str,
+        labels: Vec<(&'static str, String)>,
+    ) -> Arc<IoMetrics> {
+        let with_class = |c: &str| {
+            let mut l = labels.clone();
+            l.push(("class", c.to_string()));
+            l
+        };
+        let (commands, latency, read_bytes, written_bytes) = match prefix {
+            "rtgt_lun" => (
+                CLASSES.map(|c| metrics.counter("rtgt_lun_commands_total", &with_class(c))),
+                CLASSES.map(|c| metrics.histogram("rtgt_lun_latency_seconds", &with_class(c))),
+                metrics.counter("rtgt_lun_read_bytes_total", &labels),
+                metrics.counter("rtgt_lun_written_bytes_total", &labels),
+            ),
+            _ => (
+                CLASSES.map(|c| metrics.counter("rtgt_session_commands_total", &with_class(c))),
+                CLASSES.map(|c| metrics.histogram("rtgt_session_latency_seconds", &with_class(c))),
+                metrics.counter("rtgt_session_read_bytes_total", &labels),
+                metrics.counter("rtgt_session_written_bytes_total", &labels),
+            ),
+        };
+        Arc::new(IoMetrics {
+            metrics: metrics.clone(),
+            prefix,
+            labels,
+            commands,
+            latency,
+            read_bytes,
+            written_bytes,
+            errors: Default::default(),
+            status_errors: OnceLock::new(),
+        })
+    }
+
+    fn error_counter(&self, key: &str) -> Counter {
+        let mut l = self.labels.clone();
+        l.push(("sense_key", key.to_string()));
+        let name = if self.prefix == "rtgt_lun" {
+            "rtgt_lun_errors_total"
+        } else {
+            "rtgt_session_errors_total"
+        };
+        self.metrics.counter(name, &l)
+    }
+
+    fn record(&self, class: usize, seconds: f64, written: u64, resp: &Response) {
+        self.commands[class].increment(1);
+        self.latency[class].record(seconds);
+        if written > 0 {
+            self.written_bytes.increment(written);
+        }
+        if let Some(d) = &resp.data_in {
+            self.read_bytes.increment(d.len() as u64);
+        }
+        match resp.status {
+            Status::Good => {}
+            Status::CheckCondition => {
+                let key = resp
+                    .sense
+                    .as_deref()
+                    .and_then(Sense::parse)
+                    .map_or(0, |(k, _, _)| k & 0x0f) as usize;
+                self.errors[key]
+                    .get_or_init(|| self.error_counter(SENSE_KEYS[key]))
+                    .increment(1);
+            }
+            _ => self
+                .status_errors
+                .get_or_init(|| self.error_counter("none"))
+                .increment(1),
+        }
+    }
+}
+
+/// A LUN map with the metrics of its logical units.
+pub struct LunView {
+    pub map: LunMap,
+    lun_metrics: BTreeMap<u64, Arc<IoMetrics>>,
+}
+
+/// The LUN map of one I_T nexus, replaceable while the nexus runs.
+pub struct LiveLuns {
+    current: RwLock<Arc<LunView>>,
+    session: Option<Arc<IoMetrics>>,
+    registry: Option<Arc<super::Registry>>,
+}
+
+impl LiveLuns {
+    /// A map whose commands are counted in `registry`'s metrics (when it has any), per
+    /// logical unit and, with `session_labels`, per session.
+    pub fn new(
+        map: LunMap,
+        registry: Option<Arc<super::Registry>>,
+        session_labels: Option<Vec<(&'static str, String)>>,
+    ) -> LiveLuns {
+        let metrics = registry.as_ref().and_then(|r| r.metrics());
+        let session = match (&metrics, session_labels) {
+            (Some(m), Some(labels)) => Some(IoMetrics::new(m, "rtgt_session", labels)),
+            _ => None,
+        };
+        let view = Self::view(map, registry.as_deref());
+        LiveLuns {
+            current: RwLock::new(Arc::new(view)),
+            session,
+            registry,
+        }
+    }
+
+    fn view(map: LunMap, registry: Option<&super::Registry>) -> LunView {
+        let lun_metrics = match registry {
+            Some(r) => map
+                .luns
+                .iter()
+                .filter_map(|(l, d)| r.lun_metrics(&d.config().name).map(|m| (*l, m)))
+                .collect(),
+            None => BTreeMap::new(),
+        };
+        LunView { map, lun_metrics }
+    }
+
+    /// The map now in force.
+    pub fn current(&self) -> Arc<LunView> {
+        self.current
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Replaces the map; returns the previous one.
+    pub fn replace(&self, map: LunMap) -> Arc<LunView> {
+        let view = Arc::new(Self::view(map, self.registry.as_deref()));
+        std::mem::replace(
+            &mut *self.current.write().unwrap_or_else(|e| e.into_inner()),
+            view,
+        )
+    }
+
+    /// Executes a command against the current map, recording its metrics.
+    pub async fn execute(&self, nexus: &Nexus, lun: u64, cmd: Command) -> Response {
+        let view = self.current();
+        let lun_metrics = view.lun_metrics.get(&lun);
+        if lun_metrics.is_none() && self.session.is_none() {
+            return view.map.execute(nexus, lun, cmd).await;
+        }
+        let class = class_of(cmd.cdb.first().copied().unwrap_or(0xff));
+        let written = cmd.data_out.as_ref().map_or(0, |b| b.len() as u64);
+        let start = Instant::now();
+        let resp = view.map.execute(nexus, lun, cmd).await;
+        let seconds = start.elapsed().as_secs_f64();
+        if let Some(m) = lun_metrics {
+            m.record(class, seconds, written, &resp);
+        }
+        if let Some(m) = &self.session {
+            m.record(class, seconds, written, &resp);
+        }
+        resp
+    }
+}
+
+impl LunView {
+    /// Whether `lun` is mapped.
+    pub fn contains(&self, lun: u64) -> bool {
+        self.map.luns.contains_key(&lun)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn classes() {
+        assert_eq!(CLASSES[class_of(0x28)], "read");
+        assert_eq!(CLASSES[class_of(0x8a)], "write");
+        assert_eq!(CLASSES[class_of(0x12)], "other");
+        assert_eq!(SENSE_KEYS[0x06], "unit_attention");
+    }
+}
