@@ -158,10 +158,19 @@ impl Client {
             head.push_str(&format!("Authorization: Bearer {t}\r\n"));
         }
         head.push_str("\r\n");
-        s.write_all(head.as_bytes())?;
-        s.write_all(body)?;
-        s.flush()?;
-        read_reply(BufReader::new(s))
+        // A server may answer before reading the whole body (413) and close: read its
+        // answer even when sending the rest failed.
+        let sent = s
+            .write_all(head.as_bytes())
+            .and_then(|_| s.write_all(body))
+            .and_then(|_| s.flush());
+        match read_reply(BufReader::new(s)) {
+            Ok(r) => Ok(r),
+            Err(e) => match sent {
+                Err(w) => Err(ClientError::Io(w)),
+                Ok(()) => Err(e),
+            },
+        }
     }
 
     fn check(reply: Reply) -> Result<Reply, ClientError> {

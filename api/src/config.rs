@@ -394,6 +394,9 @@ impl Default for ApiConfig {
     }
 }
 
+/// Largest ramdisk: its memory is allocated as written, but its index is not.
+pub const MAX_RAMDISK: u64 = 1 << 40;
+
 /// What exports show in place of a CHAP secret.
 pub const REDACTED: &str = "********";
 
@@ -610,6 +613,15 @@ impl Config {
                 }
             }
             if let Some(size) = b.size {
+                if b.kind == BackstoreKind::Ramdisk && size.0 > MAX_RAMDISK {
+                    return Err((
+                        at("size"),
+                        format!(
+                            "{size} is more than a ramdisk may hold ({})",
+                            ByteSize(MAX_RAMDISK)
+                        ),
+                    ));
+                }
                 if size.0 == 0 || !size.0.is_multiple_of(u64::from(b.block_size)) {
                     return Err((
                         at("size"),

@@ -47,8 +47,8 @@ pub fn generate() -> String {
 pub fn matches(given: &str, expected: &str) -> bool {
     let (a, b) = (given.as_bytes(), expected.as_bytes());
     let mut diff = (a.len() ^ b.len()) as u8 | u8::from(a.len() != b.len());
-    for i in 0..b.len() {
-        diff |= a.get(i).copied().unwrap_or(0) ^ b[i];
+    for (i, e) in b.iter().enumerate() {
+        diff |= a.get(i).copied().unwrap_or(0) ^ e;
     }
     diff == 0
 }

@@ -37,6 +37,10 @@ struct Portal {
     task: JoinHandle<()>,
 }
 
+/// A backstore opened by an apply: name, store, logical unit, and whether it replaces
+/// one of the same name.
+type Opened = (String, Arc<dyn Backstore>, Arc<Device>, bool);
+
 /// The running objects an apply changes, under one lock.
 struct Objects {
     devices: BTreeMap<String, Arc<Device>>,
@@ -301,7 +305,7 @@ impl DaemonControl {
         };
 
         // 1. What can fail, without touching the running target.
-        let mut opened: Vec<(String, Arc<dyn Backstore>, Arc<Device>, bool)> = Vec::new();
+        let mut opened: Vec<Opened> = Vec::new();
         let mut resizes: Vec<(usize, String, u64)> = Vec::new();
         for (i, b) in new.backstores.iter().enumerate() {
             let replace = match old.backstore(&b.name) {
