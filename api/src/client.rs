@@ -231,6 +231,9 @@ impl Client {
     }
 }
 
+/// Largest response body accepted.
+const MAX_REPLY: usize = 64 << 20;
+
 /// Percent-encodes a path segment (iSCSI names hold ':', portals '[' and ']').
 pub fn segment(s: &str) -> String {
     let mut out = String::new();
@@ -242,6 +245,11 @@ pub fn segment(s: &str) -> String {
         }
     }
     out
+}
+
+/// Parses a complete HTTP/1.1 response.
+pub fn parse_reply(bytes: &[u8]) -> Result<Reply, ClientError> {
+    read_reply(bytes)
 }
 
 fn read_reply(mut r: impl BufRead) -> Result<Reply, ClientError> {
@@ -283,6 +291,9 @@ fn read_reply(mut r: impl BufRead) -> Result<Reply, ClientError> {
             if n == 0 {
                 break;
             }
+            if n > MAX_REPLY || body.len() + n > MAX_REPLY {
+                return Err(ClientError::Protocol("response too large".into()));
+            }
             let start = body.len();
             body.resize(start + n, 0);
             r.read_exact(&mut body[start..])?;
@@ -290,6 +301,9 @@ fn read_reply(mut r: impl BufRead) -> Result<Reply, ClientError> {
             r.read_line(&mut line)?;
         }
     } else if let Some(n) = get("content-length").and_then(|v| v.parse::<usize>().ok()) {
+        if n > MAX_REPLY {
+            return Err(ClientError::Protocol("response too large".into()));
+        }
         body.resize(n, 0);
         r.read_exact(&mut body)?;
     } else {
