@@ -195,14 +195,23 @@ fn is_false(b: &bool) -> bool {
     !*b
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Chap {
     pub user: String,
     /// Write-only: exports and answers show it as `********` unless secrets are asked for;
     /// a document applied with `********` keeps the current secret.
-    #[schema(write_only)]
     pub secret: String,
+}
+
+/// Debug output never shows the secret (configurations end up in log lines).
+impl fmt::Debug for Chap {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Chap")
+            .field("user", &self.user)
+            .field("secret", &REDACTED)
+            .finish()
+    }
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
@@ -506,7 +515,24 @@ impl Config {
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_else(|| "config.yaml".into());
         let tmp = dir.join(format!(".{name}.tmp"));
-        let mut f = std::fs::File::create(&tmp).map_err(err)?;
+        // It holds CHAP secrets: keep the file's mode, or 0600 for a new one.
+        let mode = {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::metadata(file).map_or(0o600, |m| m.permissions().mode() & 0o7777)
+        };
+        let mut f = {
+            use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+            let f = std::fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .mode(mode)
+                .open(&tmp)
+                .map_err(err)?;
+            f.set_permissions(std::fs::Permissions::from_mode(mode))
+                .map_err(err)?;
+            f
+        };
         f.write_all(self.to_yaml().as_bytes()).map_err(err)?;
         f.sync_all().map_err(err)?;
         drop(f);
@@ -985,6 +1011,42 @@ mod tests {
     }
 
     #[test]
+    fn secrets_redacted_and_restored() {
+        let text = "discovery:\n  auth:\n    chap: {user: d, secret: discovery-secret}\n";
+        let c = Config::from_yaml(text, Path::new("t.yaml")).unwrap();
+        assert!(!format!("{c:?}").contains("discovery-secret"));
+        let mut r = c.redacted();
+        assert_eq!(r.discovery.auth.chap.as_ref().unwrap().secret, REDACTED);
+        assert!(!r.to_yaml().contains("discovery-secret"));
+        r.restore_secrets(&c);
+        assert_eq!(r, c);
+        // Another user does not inherit the secret.
+        let mut other = c.redacted();
+        other.discovery.auth.chap.as_mut().unwrap().user = "e".into();
+        other.restore_secrets(&c);
+        assert_eq!(other.discovery.auth.chap.as_ref().unwrap().secret, REDACTED);
+        assert!(other.validate().is_err());
+    }
+
+    #[test]
+    fn api_section_and_ramdisk_limit() {
+        let c = Config::from_yaml(
+            "api: {listen: ['0.0.0.0:9000'], socket: false}\n",
+            Path::new("t.yaml"),
+        )
+        .unwrap();
+        assert_eq!(c.api.listen[0].port(), 9000);
+        assert!(!c.api.socket);
+        assert_eq!(
+            Config::default().api.listen[0].to_string(),
+            "127.0.0.1:8080"
+        );
+        assert!(!Config::default().to_yaml().contains("api"));
+        let (path, _) = err_of("backstores:\n  - {name: a, type: ramdisk, size: 2TiB}\n");
+        assert_eq!(path, "backstores[0].size");
+    }
+
+    #[test]
     fn save_is_atomic_and_loadable() {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("rtgt.yaml");
@@ -992,5 +1054,11 @@ mod tests {
         c.save(&file).unwrap();
         assert_eq!(Config::load(&file).unwrap(), c);
         assert!(!dir.path().join(".rtgt.yaml.tmp").exists());
+        use std::os::unix::fs::PermissionsExt;
+        let mode = |f: &Path| std::fs::metadata(f).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(&file), 0o600, "a new file holding secrets is private");
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o640)).unwrap();
+        c.save(&file).unwrap();
+        assert_eq!(mode(&file), 0o640, "an existing file keeps its mode");
     }
 }

@@ -9,8 +9,8 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, OnceLock, RwLock};
 use std::time::Instant;
 
-use metrics::{Counter, Histogram};
-use rtgt_api::metrics::Metrics;
+use metrics::Counter;
+use rtgt_api::metrics::{Histogram, Metrics};
 
 use crate::scsi::sense::Sense;
 use crate::scsi::{Command, LunMap, Nexus, Response, Status};
@@ -55,7 +55,7 @@ pub struct IoMetrics {
     prefix: &'static str,
     labels: Vec<(&'static str, String)>,
     commands: [Counter; 3],
-    latency: [Histogram; 3],
+    latency: [Arc<Histogram>; 3],
     read_bytes: Counter,
     written_bytes: Counter,
     /// CHECK CONDITION by sense key, registered at the first error of each key.
