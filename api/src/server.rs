@@ -367,6 +367,17 @@ impl Api {
             .with_state(state)
     }
 
+    /// Applies a whole document as `PUT /api/v1/config` does, in turn with API changes (a
+    /// configuration reload uses it).
+    pub async fn apply(&self, config: Config) -> Result<ChangeReport, ControlError> {
+        let _serial = self.changes.lock().await;
+        let mut cfg = config;
+        cfg.restore_secrets(&self.control.config());
+        cfg.validate()
+            .map_err(|(field, message)| ControlError::Invalid { field, message })?;
+        self.control.apply(cfg).await
+    }
+
     /// Edits a copy of the configuration with `f`, validates it and applies it.
     async fn change<T>(
         &self,

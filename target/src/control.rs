@@ -572,12 +572,15 @@ pub enum ApiStartError {
 /// loopback) and the unix socket in the state directory. The listeners stop when `stop`
 /// turns true. With the default listener (no `api` section), a port in use is a warning:
 /// the socket still serves.
+///
+/// Returns the listener tasks and the API handle, whose [`rtgt_api::server::Api::apply`]
+/// applies a whole document in turn with API requests.
 pub async fn serve_api(
     control: Arc<DaemonControl>,
     api: &config::ApiConfig,
     explicit: bool,
     stop: watch::Receiver<bool>,
-) -> Result<Vec<JoinHandle<()>>, ApiStartError> {
+) -> Result<(Vec<JoinHandle<()>>, rtgt_api::server::Api), ApiStartError> {
     let router_api = rtgt_api::server::Api::new(control.clone());
     let mut tasks = Vec::new();
     let token_file = match &api.token_file {
@@ -644,5 +647,5 @@ pub async fn serve_api(
             }
         }));
     }
-    Ok(tasks)
+    Ok((tasks, router_api))
 }

@@ -430,7 +430,7 @@ pub async fn run(opts: Options) -> Result<(), DaemonError> {
         metrics,
     });
     control.start_portals().await.map_err(DaemonError::Portal)?;
-    let api_tasks =
+    let (api_tasks, _api) =
         crate::control::serve_api(control.clone(), &api_config, explicit_api, stop_rx.clone())
             .await?;
     for t in running.registry.targets() {
