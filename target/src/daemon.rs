@@ -460,6 +460,26 @@ mod tests {
     }
 
     #[test]
+    fn saved_configuration_replaces_the_embedded_default() {
+        let dir = tempfile::tempdir().unwrap();
+        let opts = Options {
+            config: None,
+            state_dir: dir.path().to_path_buf(),
+        };
+        assert_eq!(config_file(&opts), dir.path().join("rtgtd.yaml"));
+        assert_eq!(load_config(&opts).unwrap(), Config::embedded_default());
+        let mut c = Config::embedded_default();
+        c.backstores[0].size = Some(config::ByteSize(2 << 30));
+        c.save(&config_file(&opts)).unwrap();
+        assert_eq!(load_config(&opts).unwrap(), c);
+        let explicit = Options {
+            config: Some(dir.path().join("other.yaml")),
+            state_dir: dir.path().to_path_buf(),
+        };
+        assert_eq!(config_file(&explicit), dir.path().join("other.yaml"));
+    }
+
+    #[test]
     fn default_physical_block_sizes() {
         let dir = Path::new("/nonexistent");
         let pbs = |yaml: &str| default_physical_block_size(&backstore(yaml), dir);
