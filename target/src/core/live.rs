@@ -6,18 +6,15 @@
 //! next command sees the new map.
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, OnceLock, RwLock};
+use std::sync::{Arc, RwLock};
 use std::time::Instant;
 
-use metrics::Counter;
-use rtgt_api::metrics::{Histogram, Metrics};
+use rtgt_api::metrics::IoStats;
 
 use crate::scsi::sense::Sense;
 use crate::scsi::{Command, LunMap, Nexus, Response, Status};
 
-/// Command classes of the latency histograms and counters.
-const CLASSES: [&str; 3] = ["read", "write", "other"];
-
+/// Index in [`rtgt_api::metrics::CLASSES`]: read, write or other.
 fn class_of(opcode: u8) -> usize {
     match opcode {
         // READ(6/10/12/16).
@@ -29,118 +26,27 @@ fn class_of(opcode: u8) -> usize {
     }
 }
 
-/// SPC-4 Table 49 sense keys, as metric labels.
-const SENSE_KEYS: [&str; 16] = [
-    "no_sense",
-    "recovered_error",
-    "not_ready",
-    "medium_error",
-    "hardware_error",
-    "illegal_request",
-    "unit_attention",
-    "data_protect",
-    "blank_check",
-    "vendor_specific",
-    "copy_aborted",
-    "aborted_command",
-    "reserved",
-    "volume_overflow",
-    "miscompare",
-    "completed",
-];
-
-/// Counters and latency histograms of one logical unit or one session.
-pub struct IoMetrics {
-    metrics: Metrics,
-    prefix: &'static str,
-    labels: Vec<(&'static str, String)>,
-    commands: [Counter; 3],
-    latency: [Arc<Histogram>; 3],
-    read_bytes: Counter,
-    written_bytes: Counter,
-    /// CHECK CONDITION by sense key, registered at the first error of each key.
-    errors: [OnceLock<Counter>; 16],
-    /// RESERVATION CONFLICT, BUSY, TASK SET FULL and other non-GOOD statuses without sense.
-    status_errors: OnceLock<Counter>,
+/// Index in [`rtgt_api::metrics::ERROR_LABELS`] of a response's error: its sense key, or
+/// `none` for a non-GOOD status without sense data.
+fn error_of(resp: &Response) -> Option<usize> {
+    match resp.status {
+        Status::Good => None,
+        Status::CheckCondition => Some(
+            resp.sense
+                .as_deref()
+                .and_then(Sense::parse)
+                .map_or(0, |(k, _, _)| usize::from(k & 0x0f)),
+        ),
+        _ => Some(16),
+    }
 }
 
-impl IoMetrics {
-    /// `prefix` is `rtgt_lun` or `rtgt_session`.
-    pub fn new(
-        metrics: &Metrics,
-        prefix: &'static str,
-        labels: Vec<(&'static str, String)>,
-    ) -> Arc<IoMetrics> {
-        let with_class = |c: &str| {
-            let mut l = labels.clone();
-            l.push(("class", c.to_string()));
-            l
-        };
-        let (commands, latency, read_bytes, written_bytes) = match prefix {
-            "rtgt_lun" => (
-                CLASSES.map(|c| metrics.counter("rtgt_lun_commands_total", &with_class(c))),
-                CLASSES.map(|c| metrics.histogram("rtgt_lun_latency_seconds", &with_class(c))),
-                metrics.counter("rtgt_lun_read_bytes_total", &labels),
-                metrics.counter("rtgt_lun_written_bytes_total", &labels),
-            ),
-            _ => (
-                CLASSES.map(|c| metrics.counter("rtgt_session_commands_total", &with_class(c))),
-                CLASSES.map(|c| metrics.histogram("rtgt_session_latency_seconds", &with_class(c))),
-                metrics.counter("rtgt_session_read_bytes_total", &labels),
-                metrics.counter("rtgt_session_written_bytes_total", &labels),
-            ),
-        };
-        Arc::new(IoMetrics {
-            metrics: metrics.clone(),
-            prefix,
-            labels,
-            commands,
-            latency,
-            read_bytes,
-            written_bytes,
-            errors: Default::default(),
-            status_errors: OnceLock::new(),
-        })
-    }
+/// Command statistics of one logical unit or one session.
+pub type IoMetrics = IoStats;
 
-    fn error_counter(&self, key: &str) -> Counter {
-        let mut l = self.labels.clone();
-        l.push(("sense_key", key.to_string()));
-        let name = if self.prefix == "rtgt_lun" {
-            "rtgt_lun_errors_total"
-        } else {
-            "rtgt_session_errors_total"
-        };
-        self.metrics.counter(name, &l)
-    }
-
-    fn record(&self, class: usize, seconds: f64, written: u64, resp: &Response) {
-        self.commands[class].increment(1);
-        self.latency[class].record(seconds);
-        if written > 0 {
-            self.written_bytes.increment(written);
-        }
-        if let Some(d) = &resp.data_in {
-            self.read_bytes.increment(d.len() as u64);
-        }
-        match resp.status {
-            Status::Good => {}
-            Status::CheckCondition => {
-                let key = resp
-                    .sense
-                    .as_deref()
-                    .and_then(Sense::parse)
-                    .map_or(0, |(k, _, _)| k & 0x0f) as usize;
-                self.errors[key]
-                    .get_or_init(|| self.error_counter(SENSE_KEYS[key]))
-                    .increment(1);
-            }
-            _ => self
-                .status_errors
-                .get_or_init(|| self.error_counter("none"))
-                .increment(1),
-        }
-    }
+fn record(m: &IoStats, class: usize, seconds: f64, written: u64, resp: &Response) {
+    let read = resp.data_in.as_ref().map_or(0, |d| d.len() as u64);
+    m.record(class, seconds, written, read, error_of(resp));
 }
 
 /// A LUN map with the metrics of its logical units.
@@ -166,7 +72,7 @@ impl LiveLuns {
     ) -> LiveLuns {
         let metrics = registry.as_ref().and_then(|r| r.metrics());
         let session = match (&metrics, session_labels) {
-            (Some(m), Some(labels)) => Some(IoMetrics::new(m, "rtgt_session", labels)),
+            (Some(m), Some(labels)) => Some(m.io_stats("rtgt_session", &labels)),
             _ => None,
         };
         let view = Self::view(map, registry.as_deref());
@@ -219,10 +125,10 @@ impl LiveLuns {
         let resp = view.map.execute(nexus, lun, cmd).await;
         let seconds = start.elapsed().as_secs_f64();
         if let Some(m) = lun_metrics {
-            m.record(class, seconds, written, &resp);
+            record(m, class, seconds, written, &resp);
         }
         if let Some(m) = &self.session {
-            m.record(class, seconds, written, &resp);
+            record(m, class, seconds, written, &resp);
         }
         resp
     }
@@ -241,10 +147,15 @@ mod tests {
 
     #[test]
     fn classes() {
+        use rtgt_api::metrics::{CLASSES, ERROR_LABELS};
         assert_eq!(CLASSES[class_of(0x28)], "read");
         assert_eq!(CLASSES[class_of(0x8a)], "write");
         assert_eq!(CLASSES[class_of(0x12)], "other");
-        assert_eq!(SENSE_KEYS[0x06], "unit_attention");
+        let check = Response::check(&Sense::illegal((0x24, 0)));
+        assert_eq!(
+            error_of(&check).map(|e| ERROR_LABELS[e]),
+            Some("illegal_request")
+        );
     }
 
     fn device(
@@ -277,7 +188,7 @@ mod tests {
     async fn replace_map_and_count_commands() {
         let pool = rtgt_backstore::BufPool::new(8 << 20);
         let registry = super::super::Registry::new();
-        registry.set_metrics(Metrics::new());
+        registry.set_metrics(rtgt_api::metrics::Metrics::new());
         let d0 = device("d0", &pool, 1 << 20);
         let d1 = device("d1", &pool, 2 << 20);
         let mut map = LunMap::default();

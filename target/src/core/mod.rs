@@ -217,9 +217,7 @@ impl Registry {
         let mut map = self.lun_metrics.write().unwrap_or_else(|e| e.into_inner());
         Some(
             map.entry(name.to_string())
-                .or_insert_with(|| {
-                    IoMetrics::new(m, "rtgt_lun", vec![("backstore", name.to_string())])
-                })
+                .or_insert_with(|| m.io_stats("rtgt_lun", &[("backstore", name.to_string())]))
                 .clone(),
         )
     }
