@@ -644,6 +644,10 @@ fn live_changes_under_io() {
     assert!(metrics.contains("rtgt_lun_latency_seconds_bucket{backstore=\"d0\",class=\"read\""));
     assert_eq!(value("rtgt_sessions{transport=\"tcp\"}"), 1.0);
     assert_eq!(
+        value(&format!("rtgt_session_queue_depth{{session=\"{}\"", sa.id)),
+        f64::from(sa.queue_depth)
+    );
+    assert_eq!(
         value("rtgt_lun_capacity_bytes{backstore=\"d0\"}"),
         (32u64 << 20) as f64
     );

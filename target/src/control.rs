@@ -60,8 +60,6 @@ pub struct DaemonControl {
     config: RwLock<Config>,
     objects: tokio::sync::Mutex<Objects>,
     portals: Mutex<BTreeMap<SocketAddr, Portal>>,
-    /// Sessions whose gauges were exported, to zero them once the session is gone.
-    exported_sessions: Mutex<HashSet<String>>,
 }
 
 /// What [`DaemonControl::new`] takes over from the daemon.
@@ -106,7 +104,6 @@ impl DaemonControl {
                 backstores: p.backstores,
             }),
             portals: Mutex::new(BTreeMap::new()),
-            exported_sessions: Mutex::new(HashSet::new()),
         })
     }
 
@@ -506,27 +503,29 @@ impl Control for DaemonControl {
         let sessions = self.sessions();
         let mut by_transport: BTreeMap<String, u64> =
             [("tcp".to_string(), 0), ("iser".to_string(), 0)].into();
-        let mut now = HashSet::new();
+        // Per-session gauges are written here rather than registered, so that a session's
+        // series end with it.
+        let mut depth = String::new();
+        let mut outstanding = String::new();
         for s in &sessions {
             *by_transport.entry(s.transport.clone()).or_default() += 1;
             if s.session_type != "normal" {
                 continue;
             }
-            let l = [("session", s.id.clone())];
-            m.gauge("rtgt_session_queue_depth", &l)
-                .set(f64::from(s.queue_depth));
-            m.gauge("rtgt_session_outstanding_commands", &l)
-                .set(f64::from(s.outstanding));
-            now.insert(s.id.clone());
-        }
-        {
-            let mut exported = lock(&self.exported_sessions);
-            for gone in exported.difference(&now) {
-                let l = [("session", gone.clone())];
-                m.gauge("rtgt_session_queue_depth", &l).set(0.0);
-                m.gauge("rtgt_session_outstanding_commands", &l).set(0.0);
-            }
-            *exported = now;
+            let labels = format!(
+                "session=\"{}\",initiator=\"{}\",transport=\"{}\"",
+                s.id,
+                s.initiator.replace(['\\', '"', '\n'], "_"),
+                s.transport
+            );
+            depth.push_str(&format!(
+                "rtgt_session_queue_depth{{{labels}}} {}\n",
+                s.queue_depth
+            ));
+            outstanding.push_str(&format!(
+                "rtgt_session_outstanding_commands{{{labels}}} {}\n",
+                s.outstanding
+            ));
         }
         for (t, n) in by_transport {
             m.gauge("rtgt_sessions", &[("transport", t)]).set(n as f64);
@@ -539,7 +538,14 @@ impl Control for DaemonControl {
         }
         m.gauge("rtgt_portals_listening", &[])
             .set(lock(&self.portals).len() as f64);
-        m.render()
+        let mut text = m.render();
+        if !depth.is_empty() {
+            text.push_str("# TYPE rtgt_session_queue_depth gauge\n");
+            text.push_str(&depth);
+            text.push_str("\n# TYPE rtgt_session_outstanding_commands gauge\n");
+            text.push_str(&outstanding);
+        }
+        text
     }
 }
 
