@@ -440,6 +440,25 @@ pub fn make_nexus(initiator: &str, isid: &[u8; 6], target: &str, tpgt: u16) -> N
     }
 }
 
+/// The LUN map the registry grants a new normal session now rather than at its login: the
+/// session table's lock orders session creation against a live reconfiguration, which
+/// updates the sessions already in the table, so neither misses a change.
+fn granted_now(s: &SessionSetup) -> LunMap {
+    if s.session_type != SessionType::Normal {
+        return s.luns.clone();
+    }
+    s.registry
+        .target(&s.params.target_name)
+        .and_then(|t| {
+            t.portal_groups
+                .iter()
+                .find(|g| g.tag == s.params.target_portal_group_tag)
+                .and_then(|g| g.admit(&s.params.initiator_name))
+        })
+        .map(|(luns, _)| luns)
+        .unwrap_or_default()
+}
+
 impl Session {
     fn new(tsih: u16, s: SessionSetup, table: Weak<SessionTable>) -> Session {
         let nexus = make_nexus(
@@ -460,7 +479,7 @@ impl Session {
             isid: s.isid,
             session_type: s.session_type,
             nexus,
-            luns: LiveLuns::new(s.luns, Some(s.registry.clone()), labels),
+            luns: LiveLuns::new(granted_now(&s), Some(s.registry.clone()), labels),
             queue_depth: s.queue_depth.max(1),
             transport: s.transport,
             peer: s.peer,
