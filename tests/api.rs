@@ -179,6 +179,7 @@ fn errors_conflicts_and_not_found() {
         )
         .unwrap();
     assert_eq!(r.status, 400);
+    assert_eq!(r.error().unwrap().field.as_deref(), Some("tag"));
     let r = c
         .request(
             "POST",

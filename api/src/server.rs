@@ -205,10 +205,28 @@ impl<T: DeserializeOwned + Send, S: Send + Sync> FromRequestParts<S> for PathPar
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        use axum::extract::path::ErrorKind;
+        use axum::extract::rejection::PathRejection;
+        use axum::extract::RawPathParams;
+        let names: Vec<String> = RawPathParams::from_request_parts(parts, state)
+            .await
+            .map(|raw| raw.iter().map(|(k, _)| k.to_string()).collect())
+            .unwrap_or_default();
         axum::extract::Path::<T>::from_request_parts(parts, state)
             .await
             .map(|p| PathParams(p.0))
-            .map_err(|e| ApiError::bad_request(e.body_text(), None))
+            .map_err(|e| {
+                let field = match &e {
+                    PathRejection::FailedToDeserializePathParams(d) => match d.kind() {
+                        ErrorKind::ParseErrorAtKey { key, .. }
+                        | ErrorKind::InvalidUtf8InPathParam { key } => Some(key.clone()),
+                        ErrorKind::ParseErrorAtIndex { index, .. } => names.get(*index).cloned(),
+                        _ => None,
+                    },
+                    _ => None,
+                };
+                ApiError::bad_request(e.body_text(), field.as_deref())
+            })
     }
 }
 
