@@ -449,7 +449,14 @@ fn kill9_during_a_burst_keeps_an_acknowledged_state() {
         })
     };
     // Let some changes land, then kill without warning.
+    let deadline = Instant::now() + Duration::from_secs(60);
     while acked.load(Ordering::Acquire) < 5 {
+        assert!(
+            !burst.is_finished(),
+            "the burst stopped early:\n{}",
+            d.log()
+        );
+        assert!(Instant::now() < deadline, "changes are not acknowledged");
         std::thread::sleep(Duration::from_millis(5));
     }
     d.kill9();
@@ -560,13 +567,16 @@ fn live_changes_under_io() {
             uas
         })
     };
-    let wait_ios = |n: u64| {
+    let wait_ios = |n: u64, io: &tokio::task::JoinHandle<Vec<(u8, u8)>>| {
         let start = ios.load(Ordering::Relaxed);
+        let deadline = Instant::now() + Duration::from_secs(60);
         while ios.load(Ordering::Relaxed) < start + n {
+            assert!(!io.is_finished(), "the I/O task ended early");
+            assert!(Instant::now() < deadline, "I/O does not progress");
             std::thread::sleep(Duration::from_millis(2));
         }
     };
-    wait_ios(20);
+    wait_ios(20, &io);
     // Add LUN 1.
     c.send(
         "POST",
@@ -574,16 +584,16 @@ fn live_changes_under_io() {
         &serde_json::json!({"lun": 1, "backstore": "spare"}),
     )
     .unwrap();
-    wait_ios(20);
+    wait_ios(20, &io);
     // Remove the other initiator's ACL: only its session ends.
     c.delete(&format!("{}/acls/{}", tpg_path(), INI_B)).unwrap();
-    wait_ios(20);
+    wait_ios(20, &io);
     // Grow LUN 0.
     let mut bs: serde_json::Value = c.get("/api/v1/backstores/d0").unwrap();
     bs["size"] = serde_json::json!("32MiB");
     let back = c.send("PUT", "/api/v1/backstores/d0", &bs).unwrap();
     assert_eq!(back["size"], "32MiB");
-    wait_ios(20);
+    wait_ios(20, &io);
     stop.store(true, Ordering::Release);
     let uas = rt.block_on(io).expect("the I/O task did not fail");
     assert!(
