@@ -60,6 +60,50 @@ pub struct DaemonControl {
     config: RwLock<Config>,
     objects: tokio::sync::Mutex<Objects>,
     portals: Mutex<BTreeMap<SocketAddr, Portal>>,
+    /// RDMA devices whose counters /metrics exports.
+    rdma: Mutex<Vec<(String, RdmaSource)>>,
+}
+
+/// Counters of one RDMA device as /metrics exports them (`rtgt_rdma_*_total{device=...}`).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct RdmaCounters {
+    pub rx_packets: u64,
+    pub tx_packets: u64,
+    pub rx_dropped: u64,
+    pub icrc_errors: u64,
+    pub retransmits: u64,
+    pub naks_sent: u64,
+    pub rnr_naks_sent: u64,
+    pub cm_events: u64,
+}
+
+/// Reads an RDMA device's counters at scrape time.
+pub type RdmaSource = Box<dyn Fn() -> RdmaCounters + Send + Sync>;
+
+/// The Prometheus text of the RDMA devices' counters.
+fn render_rdma(devices: &[(String, RdmaCounters)]) -> String {
+    let mut out = String::new();
+    let families: [(&str, fn(&RdmaCounters) -> u64); 8] = [
+        ("rtgt_rdma_rx_packets_total", |c| c.rx_packets),
+        ("rtgt_rdma_tx_packets_total", |c| c.tx_packets),
+        ("rtgt_rdma_rx_dropped_total", |c| c.rx_dropped),
+        ("rtgt_rdma_icrc_errors_total", |c| c.icrc_errors),
+        ("rtgt_rdma_retransmits_total", |c| c.retransmits),
+        ("rtgt_rdma_naks_sent_total", |c| c.naks_sent),
+        ("rtgt_rdma_rnr_naks_sent_total", |c| c.rnr_naks_sent),
+        ("rtgt_rdma_cm_events_total", |c| c.cm_events),
+    ];
+    if devices.is_empty() {
+        return out;
+    }
+    for (name, get) in families {
+        out.push_str(&format!("# TYPE {name} counter\n"));
+        for (dev, c) in devices {
+            out.push_str(&format!("{name}{{device=\"{dev}\"}} {}\n", get(c)));
+        }
+        out.push('\n');
+    }
+    out
 }
 
 /// What [`DaemonControl::new`] takes over from the daemon.
@@ -104,7 +148,13 @@ impl DaemonControl {
                 backstores: p.backstores,
             }),
             portals: Mutex::new(BTreeMap::new()),
+            rdma: Mutex::new(Vec::new()),
         })
+    }
+
+    /// Exports the counters of an RDMA device (read by `source` at each scrape).
+    pub fn add_rdma_device(&self, device: &str, source: RdmaSource) {
+        lock(&self.rdma).push((device.to_string(), source));
     }
 
     /// The file changes are saved to.
@@ -539,6 +589,11 @@ impl Control for DaemonControl {
         m.gauge("rtgt_portals_listening", &[])
             .set(lock(&self.portals).len() as f64);
         let mut text = m.render();
+        let rdma: Vec<(String, RdmaCounters)> = lock(&self.rdma)
+            .iter()
+            .map(|(name, read)| (name.clone(), read()))
+            .collect();
+        text.push_str(&render_rdma(&rdma));
         if !depth.is_empty() {
             text.push_str("# TYPE rtgt_session_queue_depth gauge\n");
             text.push_str(&depth);
@@ -654,4 +709,25 @@ pub async fn serve_api(
         }));
     }
     Ok((tasks, router_api))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rdma_counters() {
+        assert_eq!(render_rdma(&[]), "");
+        let c = RdmaCounters {
+            rx_packets: 10,
+            icrc_errors: 2,
+            retransmits: 3,
+            ..Default::default()
+        };
+        let text = render_rdma(&[("rtgt0".into(), c)]);
+        assert!(text.contains("# TYPE rtgt_rdma_icrc_errors_total counter"));
+        assert!(text.contains("rtgt_rdma_rx_packets_total{device=\"rtgt0\"} 10"));
+        assert!(text.contains("rtgt_rdma_retransmits_total{device=\"rtgt0\"} 3"));
+        assert!(text.contains("rtgt_rdma_rnr_naks_sent_total{device=\"rtgt0\"} 0"));
+    }
 }
