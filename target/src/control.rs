@@ -83,7 +83,8 @@ pub type RdmaSource = Box<dyn Fn() -> RdmaCounters + Send + Sync>;
 /// The Prometheus text of the RDMA devices' counters.
 fn render_rdma(devices: &[(String, RdmaCounters)]) -> String {
     let mut out = String::new();
-    let families: [(&str, fn(&RdmaCounters) -> u64); 8] = [
+    type Field = fn(&RdmaCounters) -> u64;
+    let families: [(&str, Field); 8] = [
         ("rtgt_rdma_rx_packets_total", |c| c.rx_packets),
         ("rtgt_rdma_tx_packets_total", |c| c.tx_packets),
         ("rtgt_rdma_rx_dropped_total", |c| c.rx_dropped),
