@@ -12,6 +12,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use utoipa::ToSchema;
 
 /// A configuration that could not be used.
 #[derive(Debug, thiserror::Error)]
@@ -86,6 +87,29 @@ impl Serialize for ByteSize {
     }
 }
 
+impl utoipa::PartialSchema for ByteSize {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        use utoipa::openapi::schema::{ObjectBuilder, OneOfBuilder, SchemaType, Type};
+        OneOfBuilder::new()
+            .item(
+                ObjectBuilder::new()
+                    .schema_type(SchemaType::Type(Type::Integer))
+                    .minimum(Some(0)),
+            )
+            .item(
+                ObjectBuilder::new()
+                    .schema_type(SchemaType::Type(Type::String))
+                    .pattern(Some(r"^\s*[0-9]+\s*([kKmMgGtT]([iI]?[bB])?|[bB])?\s*$")),
+            )
+            .description(Some(
+                "A byte count: an integer, or a number with a unit (k, M, G, T, KiB, MiB, GiB, TiB)",
+            ))
+            .into()
+    }
+}
+
+impl ToSchema for ByteSize {}
+
 impl<'de> Deserialize<'de> for ByteSize {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         #[derive(Deserialize)]
@@ -102,7 +126,7 @@ impl<'de> Deserialize<'de> for ByteSize {
 }
 
 /// Where a backstore keeps its blocks.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum BackstoreKind {
     /// A regular file (created sparse when missing); relative paths are in the state directory.
@@ -122,13 +146,14 @@ fn default_true() -> bool {
     true
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Backstore {
     pub name: String,
     #[serde(rename = "type")]
     pub kind: BackstoreKind,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<String>)]
     pub path: Option<PathBuf>,
     /// Required for file (when the file does not exist yet), ramdisk and null.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -170,14 +195,26 @@ fn is_false(b: &bool) -> bool {
     !*b
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Chap {
     pub user: String,
+    /// Write-only: exports and answers show it as `********` unless secrets are asked for;
+    /// a document applied with `********` keeps the current secret.
     pub secret: String,
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+/// Debug output never shows the secret (configurations end up in log lines).
+impl fmt::Debug for Chap {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Chap")
+            .field("user", &self.user)
+            .field("secret", &REDACTED)
+            .finish()
+    }
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Auth {
     /// Credentials the initiator must present.
@@ -194,14 +231,14 @@ impl Auth {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Lun {
     pub lun: u64,
     pub backstore: String,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct MappedLun {
     /// LUN number the initiator sees.
@@ -210,7 +247,7 @@ pub struct MappedLun {
     pub tpg_lun: u64,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Acl {
     pub initiator: String,
@@ -223,7 +260,7 @@ pub struct Acl {
 
 /// iSCSI operational parameters offered by a portal group (RFC 7143 §13). Names are the
 /// RFC's keys; absent keys keep rtgt's defaults.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields, rename_all = "PascalCase")]
 pub struct IscsiParams {
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -279,10 +316,11 @@ pub struct IscsiParams {
     pub nopin_timeout: Option<u32>,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PortalGroup {
     pub tag: u16,
+    #[schema(value_type = Vec<String>, example = json!(["0.0.0.0:3260"]))]
     pub portals: Vec<SocketAddr>,
     #[serde(default, skip_serializing_if = "Auth::is_empty")]
     pub auth: Auth,
@@ -313,7 +351,7 @@ fn is_default<T: Default + PartialEq>(v: &T) -> bool {
     *v == T::default()
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Target {
     /// iSCSI qualified name (`iqn.` or `eui.` or `naa.`).
@@ -323,7 +361,7 @@ pub struct Target {
     pub portal_groups: Vec<PortalGroup>,
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Discovery {
     #[serde(default, skip_serializing_if = "Auth::is_empty")]
@@ -331,7 +369,7 @@ pub struct Discovery {
 }
 
 /// An initiator admitted to an SRP target port.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SrpAcl {
     /// Initiator port identifier: `0x` and 32 hex digits (Linux ib_srp: initiator_ext followed
@@ -347,12 +385,13 @@ fn default_srp_listen() -> Vec<SocketAddr> {
 }
 
 /// An SRP target port reached through RDMA/CM (SRP r16a; Linux ib_srp with `dest=`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SrpPort {
     pub name: String,
     /// RDMA/CM listen addresses (port space RDMA_PS_TCP). Default: 0.0.0.0:5555.
     #[serde(default = "default_srp_listen")]
+    #[schema(value_type = Vec<String>, example = json!(["0.0.0.0:5555"]))]
     pub listen: Vec<SocketAddr>,
     /// Identifier extension (16 hex digits, optional `0x`): the first half of the target
     /// port identifier. Derived from the host and the name when absent.
@@ -385,13 +424,14 @@ pub fn valid_srp_port_name(s: &str) -> bool {
 }
 
 /// The soft-RoCE device that iSER and SRP are served on (UDP 4791).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Rdma {
     #[serde(default = "Rdma::default_enabled")]
     pub enabled: bool,
     /// Addresses served; empty means every address of the host.
     #[serde(default)]
+    #[schema(value_type = Vec<String>, example = json!(["192.0.2.10"]))]
     pub addresses: Vec<IpAddr>,
     /// Ethernet MTU of the links; the RDMA path MTU follows from it (1024 at 1500).
     #[serde(default = "Rdma::default_eth_mtu")]
@@ -448,7 +488,7 @@ impl Default for Rdma {
 }
 
 /// The whole configuration document.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Config {
     #[serde(default)]
@@ -462,6 +502,81 @@ pub struct Config {
     pub srp: Vec<SrpPort>,
     #[serde(default, skip_serializing_if = "is_default")]
     pub rdma: Rdma,
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub api: ApiConfig,
+}
+
+/// The administration API's listeners.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ApiConfig {
+    /// TCP listeners. Any address other than a loopback one requires the bearer token.
+    #[serde(default = "default_api_listen")]
+    #[schema(value_type = Vec<String>, example = json!(["127.0.0.1:8080"]))]
+    pub listen: Vec<SocketAddr>,
+    /// Serve the API on `rtgtd.sock` in the state directory too (no token: file permissions
+    /// guard it).
+    #[serde(default = "default_true")]
+    pub socket: bool,
+    /// File holding the bearer token; default `api-token` in the state directory, created
+    /// with mode 0600 when missing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<String>)]
+    pub token_file: Option<PathBuf>,
+}
+
+fn default_api_listen() -> Vec<SocketAddr> {
+    vec![SocketAddr::from(([127, 0, 0, 1], 8080))]
+}
+
+impl Default for ApiConfig {
+    fn default() -> Self {
+        ApiConfig {
+            listen: default_api_listen(),
+            socket: true,
+            token_file: None,
+        }
+    }
+}
+
+/// Largest ramdisk: its memory is allocated as written, but its index is not.
+pub const MAX_RAMDISK: u64 = 1 << 40;
+
+/// What exports show in place of a CHAP secret.
+pub const REDACTED: &str = "********";
+
+impl Auth {
+    fn chaps_mut(&mut self) -> impl Iterator<Item = &mut Chap> {
+        self.chap.iter_mut().chain(self.mutual_chap.iter_mut())
+    }
+
+    fn redact(&mut self) {
+        for c in self.chaps_mut() {
+            c.secret = REDACTED.into();
+        }
+    }
+
+    /// Replaces [`REDACTED`] secrets by the current ones of the same user.
+    fn restore(&mut self, current: Option<&Auth>) {
+        let find = |user: &str, mutual: bool| {
+            current.and_then(|a| {
+                let c = if mutual { &a.mutual_chap } else { &a.chap };
+                c.as_ref()
+                    .filter(|c| c.user == user)
+                    .map(|c| c.secret.clone())
+            })
+        };
+        if let Some(c) = self.chap.as_mut().filter(|c| c.secret == REDACTED) {
+            if let Some(s) = find(&c.user, false) {
+                c.secret = s;
+            }
+        }
+        if let Some(c) = self.mutual_chap.as_mut().filter(|c| c.secret == REDACTED) {
+            if let Some(s) = find(&c.user, true) {
+                c.secret = s;
+            }
+        }
+    }
 }
 
 /// The configuration rtgtd serves when started without `--config`: one target with LUN 0 on
@@ -536,7 +651,24 @@ impl Config {
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_else(|| "config.yaml".into());
         let tmp = dir.join(format!(".{name}.tmp"));
-        let mut f = std::fs::File::create(&tmp).map_err(err)?;
+        // It holds CHAP secrets: keep the file's mode, or 0600 for a new one.
+        let mode = {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::metadata(file).map_or(0o600, |m| m.permissions().mode() & 0o7777)
+        };
+        let mut f = {
+            use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+            let f = std::fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .mode(mode)
+                .open(&tmp)
+                .map_err(err)?;
+            f.set_permissions(std::fs::Permissions::from_mode(mode))
+                .map_err(err)?;
+            f
+        };
         f.write_all(self.to_yaml().as_bytes()).map_err(err)?;
         f.sync_all().map_err(err)?;
         drop(f);
@@ -545,6 +677,42 @@ impl Config {
             .and_then(|d| d.sync_all())
             .map_err(err)?;
         Ok(())
+    }
+
+    /// A copy with every CHAP secret replaced by [`REDACTED`].
+    pub fn redacted(&self) -> Config {
+        let mut c = self.clone();
+        c.discovery.auth.redact();
+        for t in &mut c.targets {
+            for g in &mut t.portal_groups {
+                g.auth.redact();
+                for a in &mut g.acls {
+                    a.auth.redact();
+                }
+            }
+        }
+        c
+    }
+
+    /// Puts back the secrets of `current` where this document says [`REDACTED`] for the
+    /// same user at the same place, so an exported document can be applied again.
+    pub fn restore_secrets(&mut self, current: &Config) {
+        self.discovery.auth.restore(Some(&current.discovery.auth));
+        for t in &mut self.targets {
+            let ct = current.target(&t.name);
+            for g in &mut t.portal_groups {
+                let cg = ct.and_then(|ct| ct.portal_groups.iter().find(|x| x.tag == g.tag));
+                g.auth.restore(cg.map(|cg| &cg.auth));
+                for a in &mut g.acls {
+                    let ca = cg.and_then(|cg| cg.acls.iter().find(|x| x.initiator == a.initiator));
+                    a.auth.restore(ca.map(|ca| &ca.auth));
+                }
+            }
+        }
+    }
+
+    pub fn target(&self, name: &str) -> Option<&Target> {
+        self.targets.iter().find(|t| t.name == name)
     }
 
     pub fn backstore(&self, name: &str) -> Option<&Backstore> {
@@ -607,6 +775,15 @@ impl Config {
                 }
             }
             if let Some(size) = b.size {
+                if b.kind == BackstoreKind::Ramdisk && size.0 > MAX_RAMDISK {
+                    return Err((
+                        at("size"),
+                        format!(
+                            "{size} is more than a ramdisk may hold ({})",
+                            ByteSize(MAX_RAMDISK)
+                        ),
+                    ));
+                }
                 if size.0 == 0 || !size.0.is_multiple_of(u64::from(b.block_size)) {
                     return Err((
                         at("size"),
@@ -1117,6 +1294,42 @@ mod tests {
     }
 
     #[test]
+    fn secrets_redacted_and_restored() {
+        let text = "discovery:\n  auth:\n    chap: {user: d, secret: discovery-secret}\n";
+        let c = Config::from_yaml(text, Path::new("t.yaml")).unwrap();
+        assert!(!format!("{c:?}").contains("discovery-secret"));
+        let mut r = c.redacted();
+        assert_eq!(r.discovery.auth.chap.as_ref().unwrap().secret, REDACTED);
+        assert!(!r.to_yaml().contains("discovery-secret"));
+        r.restore_secrets(&c);
+        assert_eq!(r, c);
+        // Another user does not inherit the secret.
+        let mut other = c.redacted();
+        other.discovery.auth.chap.as_mut().unwrap().user = "e".into();
+        other.restore_secrets(&c);
+        assert_eq!(other.discovery.auth.chap.as_ref().unwrap().secret, REDACTED);
+        assert!(other.validate().is_err());
+    }
+
+    #[test]
+    fn api_section_and_ramdisk_limit() {
+        let c = Config::from_yaml(
+            "api: {listen: ['0.0.0.0:9000'], socket: false}\n",
+            Path::new("t.yaml"),
+        )
+        .unwrap();
+        assert_eq!(c.api.listen[0].port(), 9000);
+        assert!(!c.api.socket);
+        assert_eq!(
+            Config::default().api.listen[0].to_string(),
+            "127.0.0.1:8080"
+        );
+        assert!(!Config::default().to_yaml().contains("api"));
+        let (path, _) = err_of("backstores:\n  - {name: a, type: ramdisk, size: 2TiB}\n");
+        assert_eq!(path, "backstores[0].size");
+    }
+
+    #[test]
     fn save_is_atomic_and_loadable() {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("rtgt.yaml");
@@ -1124,6 +1337,12 @@ mod tests {
         c.save(&file).unwrap();
         assert_eq!(Config::load(&file).unwrap(), c);
         assert!(!dir.path().join(".rtgt.yaml.tmp").exists());
+        use std::os::unix::fs::PermissionsExt;
+        let mode = |f: &Path| std::fs::metadata(f).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(&file), 0o600, "a new file holding secrets is private");
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o640)).unwrap();
+        c.save(&file).unwrap();
+        assert_eq!(mode(&file), 0o640, "an existing file keeps its mode");
     }
 
     #[test]

@@ -1,6 +1,14 @@
 //! rtgt's administration surface: the configuration model (YAML, laid out like LIO's configfs
-//! tree), its validation and its atomic persistence.
+//! tree), its validation and its atomic persistence; the REST API over a [`Control`] handle
+//! that the daemon implements; Prometheus metrics; the client `rtgtctl` uses.
 
+pub mod client;
 pub mod config;
+pub mod control;
+pub mod lio;
+pub mod metrics;
+pub mod server;
+pub mod token;
 
 pub use config::{Config, ConfigError};
+pub use control::{Change, ChangeReport, Control, ControlError, SessionView};

@@ -16,7 +16,7 @@ mod srp;
 mod transport;
 
 pub use cm_state::transport_cm_state;
-pub use config::config_yaml;
+pub use config::{api_http_reply, api_lio_import, config_yaml};
 pub use iscsi::{iscsi_bhs, iscsi_login, iscsi_text};
 pub use iser::iser_header;
 pub use responder::transport_responder;
@@ -29,6 +29,8 @@ pub type Body = fn(&[u8]);
 
 /// Every target by name (the name of its binary and of its seed directory).
 pub const TARGETS: &[(&str, Body)] = &[
+    ("api_http_reply", api_http_reply),
+    ("api_lio_import", api_lio_import),
     ("config_yaml", config_yaml),
     ("iscsi_bhs", iscsi_bhs),
     ("iscsi_login", iscsi_login),

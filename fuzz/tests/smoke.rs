@@ -240,6 +240,8 @@ macro_rules! smoke_tests {
 }
 
 smoke_tests!(
+    api_http_reply,
+    api_lio_import,
     config_yaml,
     iscsi_bhs,
     iscsi_login,

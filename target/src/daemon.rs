@@ -11,7 +11,6 @@ use std::time::Duration;
 use rtgt_api::config::{self, BackstoreKind, Config};
 use rtgt_backstore::{Backstore, BufPool, FileBackstore, FileOptions, NullBackstore, RamBackstore};
 use rtgt_transport::hca::{Hca, HcaConfig};
-use tokio::net::TcpListener;
 use tracing::{error, info, warn};
 
 use crate::core::{self, Registry};
@@ -44,6 +43,10 @@ pub enum DaemonError {
         #[source]
         source: std::io::Error,
     },
+    #[error("{0}")]
+    Portal(rtgt_api::ControlError),
+    #[error(transparent)]
+    Api(#[from] crate::control::ApiStartError),
 }
 
 /// An error with its sources, for log lines an operator can act on.
@@ -78,6 +81,7 @@ pub struct Running {
     pub pool: Arc<BufPool>,
     /// The soft-RoCE device (UDP 4791) and its connection manager, when enabled and bound.
     pub rdma: Option<Arc<Hca>>,
+    pub device_registry: Arc<DeviceRegistry>,
 }
 
 /// Brings up the soft-RoCE device of `config.rdma`. Failing to (port 4791 taken, e.g. by the
@@ -222,6 +226,48 @@ fn block_device_physical_block_size(path: &Path) -> Option<u32> {
     (pbs.is_power_of_two() && pbs <= 65536).then_some(pbs)
 }
 
+/// Opens one backstore and the logical unit over it.
+pub(crate) async fn open_device(
+    b: &config::Backstore,
+    state_dir: &Path,
+    pool: &Arc<BufPool>,
+    device_registry: &Arc<DeviceRegistry>,
+) -> Result<(Arc<dyn Backstore>, Arc<Device>), DaemonError> {
+    let pr_dir = state_dir.join("pr");
+    let store = open_backstore(b, state_dir).await?;
+    let wwn = b
+        .wwn
+        .as_deref()
+        .map(parse_wwn)
+        .unwrap_or_else(|| derived_wwn(&b.name));
+    let dc = DeviceConfig {
+        name: b.name.clone(),
+        serial: b.serial.clone().unwrap_or_else(|| derived_serial(wwn)),
+        wwn,
+        write_cache: b.write_cache,
+        read_only: b.read_only,
+        thin: b.thin,
+        physical_block_size: Some(
+            b.physical_block_size
+                .and_then(|p| u32::try_from(p.0).ok())
+                .unwrap_or_else(|| default_physical_block_size(b, state_dir)),
+        ),
+        removable: b.removable,
+        sanitize_rate: b
+            .sanitize_rate
+            .map_or(crate::scsi::DEFAULT_SANITIZE_RATE, |r| r.0),
+        pr_file: Some(pr_dir.join(format!("{}.pr", b.name))),
+        registry: Some(device_registry.clone()),
+        ..DeviceConfig::default()
+    };
+    let dev = Device::new(store.clone(), pool.clone(), dc).map_err(|e| DaemonError::Backstore {
+        name: b.name.clone(),
+        message: error_chain(&e),
+    })?;
+    info!(backstore = %b.name, kind = ?b.kind, "backstore ready");
+    Ok((store, dev))
+}
+
 /// Opens every backstore and builds the target registry.
 pub async fn build(config: &Config, state_dir: &Path) -> Result<Running, DaemonError> {
     let pool = BufPool::new(BUFFER_BUDGET);
@@ -234,38 +280,7 @@ pub async fn build(config: &Config, state_dir: &Path) -> Result<Running, DaemonE
     let mut devices = BTreeMap::new();
     let mut backstores = BTreeMap::new();
     for b in &config.backstores {
-        let store = open_backstore(b, state_dir).await?;
-        let wwn = b
-            .wwn
-            .as_deref()
-            .map(parse_wwn)
-            .unwrap_or_else(|| derived_wwn(&b.name));
-        let dc = DeviceConfig {
-            name: b.name.clone(),
-            serial: b.serial.clone().unwrap_or_else(|| derived_serial(wwn)),
-            wwn,
-            write_cache: b.write_cache,
-            read_only: b.read_only,
-            thin: b.thin,
-            physical_block_size: Some(
-                b.physical_block_size
-                    .and_then(|p| u32::try_from(p.0).ok())
-                    .unwrap_or_else(|| default_physical_block_size(b, state_dir)),
-            ),
-            removable: b.removable,
-            sanitize_rate: b
-                .sanitize_rate
-                .map_or(crate::scsi::DEFAULT_SANITIZE_RATE, |r| r.0),
-            pr_file: Some(pr_dir.join(format!("{}.pr", b.name))),
-            registry: Some(device_registry.clone()),
-            ..DeviceConfig::default()
-        };
-        let dev =
-            Device::new(store.clone(), pool.clone(), dc).map_err(|e| DaemonError::Backstore {
-                name: b.name.clone(),
-                message: error_chain(&e),
-            })?;
-        info!(backstore = %b.name, kind = ?b.kind, "backstore ready");
+        let (store, dev) = open_device(b, state_dir, &pool, &device_registry).await?;
         devices.insert(b.name.clone(), dev);
         backstores.insert(b.name.clone(), store);
     }
@@ -274,39 +289,7 @@ pub async fn build(config: &Config, state_dir: &Path) -> Result<Running, DaemonE
     let mut portals = Vec::new();
     let mut iser_portals = Vec::new();
     for t in &config.targets {
-        let mut groups = Vec::new();
         for g in &t.portal_groups {
-            let mut luns = LunMap::default();
-            for l in &g.luns {
-                luns.luns.insert(l.lun, devices[&l.backstore].clone());
-            }
-            let mut acls = HashMap::new();
-            for a in &g.acls {
-                let mapped = if a.mapped_luns.is_empty() {
-                    luns.clone()
-                } else {
-                    let mut m = LunMap::default();
-                    for ml in &a.mapped_luns {
-                        m.luns.insert(ml.lun, luns.luns[&ml.tpg_lun].clone());
-                    }
-                    m
-                };
-                acls.insert(
-                    a.initiator.clone(),
-                    core::Acl {
-                        initiator: a.initiator.clone(),
-                        auth: auth(&a.auth),
-                        luns: mapped,
-                    },
-                );
-            }
-            if g.allow_any_initiator && g.auth.chap.is_none() {
-                warn!(
-                    target = %t.name,
-                    tpg = g.tag,
-                    "portal group admits any initiator without authentication"
-                );
-            }
             for p in &g.portals {
                 if !portals.contains(p) {
                     portals.push(*p);
@@ -315,22 +298,8 @@ pub async fn build(config: &Config, state_dir: &Path) -> Result<Running, DaemonE
                     iser_portals.push(*p);
                 }
             }
-            groups.push(core::PortalGroup {
-                tag: g.tag,
-                portals: g.portals.clone(),
-                auth: auth(&g.auth),
-                acls,
-                allow_any_initiator: g.allow_any_initiator,
-                luns,
-                params: params(&g.params),
-                iser: g.iser,
-            });
         }
-        registry.set_target(core::Target {
-            name: t.name.clone(),
-            alias: t.alias.clone(),
-            portal_groups: groups,
-        });
+        registry.set_target(build_target(t, &devices));
     }
     registry.set_discovery_auth(auth(&config.discovery.auth));
     crate::srp::service::register_ports(config, &devices, &registry);
@@ -343,7 +312,64 @@ pub async fn build(config: &Config, state_dir: &Path) -> Result<Running, DaemonE
         iser_portals,
         pool,
         rdma,
+        device_registry,
     })
+}
+
+/// The runtime target for a configured one; `devices` holds every backstore it uses.
+pub(crate) fn build_target(
+    t: &config::Target,
+    devices: &BTreeMap<String, Arc<Device>>,
+) -> core::Target {
+    let mut groups = Vec::new();
+    for g in &t.portal_groups {
+        let mut luns = LunMap::default();
+        for l in &g.luns {
+            luns.luns.insert(l.lun, devices[&l.backstore].clone());
+        }
+        let mut acls = HashMap::new();
+        for a in &g.acls {
+            let mapped = if a.mapped_luns.is_empty() {
+                luns.clone()
+            } else {
+                let mut m = LunMap::default();
+                for ml in &a.mapped_luns {
+                    m.luns.insert(ml.lun, luns.luns[&ml.tpg_lun].clone());
+                }
+                m
+            };
+            acls.insert(
+                a.initiator.clone(),
+                core::Acl {
+                    initiator: a.initiator.clone(),
+                    auth: auth(&a.auth),
+                    luns: mapped,
+                },
+            );
+        }
+        if g.allow_any_initiator && g.auth.chap.is_none() {
+            warn!(
+                target = %t.name,
+                tpg = g.tag,
+                "portal group admits any initiator without authentication"
+            );
+        }
+        groups.push(core::PortalGroup {
+            tag: g.tag,
+            portals: g.portals.clone(),
+            auth: auth(&g.auth),
+            acls,
+            allow_any_initiator: g.allow_any_initiator,
+            luns,
+            params: params(&g.params),
+            iser: g.iser,
+        });
+    }
+    core::Target {
+        name: t.name.clone(),
+        alias: t.alias.clone(),
+        portal_groups: groups,
+    }
 }
 
 fn chap(c: &Option<config::Chap>) -> Option<core::ChapCredentials> {
@@ -353,7 +379,7 @@ fn chap(c: &Option<config::Chap>) -> Option<core::ChapCredentials> {
     })
 }
 
-fn auth(a: &config::Auth) -> core::Auth {
+pub(crate) fn auth(a: &config::Auth) -> core::Auth {
     core::Auth {
         chap: chap(&a.chap),
         mutual: chap(&a.mutual_chap),
@@ -383,10 +409,24 @@ fn params(p: &config::IscsiParams) -> core::IscsiParams {
     }
 }
 
-/// Loads the configuration named by `opts` (or the embedded default).
+/// Where API changes are saved: the configuration file, or `rtgtd.yaml` in the state
+/// directory when rtgtd serves the embedded default.
+pub fn config_file(opts: &Options) -> PathBuf {
+    opts.config
+        .clone()
+        .unwrap_or_else(|| opts.state_dir.join(crate::control::STATE_CONFIG))
+}
+
+/// Loads the configuration named by `opts`, or the one saved in the state directory, or
+/// the embedded default.
 pub fn load_config(opts: &Options) -> Result<Config, DaemonError> {
     match &opts.config {
         Some(file) => Ok(Config::load(file)?),
+        None if config_file(opts).exists() => {
+            let file = config_file(opts);
+            info!(file = %file.display(), "serving the configuration saved in the state directory");
+            Ok(Config::load(&file)?)
+        }
         None => {
             warn!(
                 state_dir = %opts.state_dir.display(),
@@ -426,8 +466,8 @@ async fn report_rdma(iser: IserServer, mut stop: tokio::sync::watch::Receiver<bo
     }
 }
 
-/// Waits for SIGTERM or SIGINT; on each SIGHUP re-reads the configuration file in between.
-async fn serve_signals(opts: &Options, notifier: &Notifier) {
+/// Waits for SIGTERM or SIGINT; on each SIGHUP applies the configuration file in between.
+async fn serve_signals(opts: &Options, notifier: &Notifier, api: &rtgt_api::server::Api) {
     use tokio::signal::unix::{signal, SignalKind};
     let mut term = signal(SignalKind::terminate()).expect("install the SIGTERM handler");
     let mut int = signal(SignalKind::interrupt()).expect("install the SIGINT handler");
@@ -438,7 +478,7 @@ async fn serve_signals(opts: &Options, notifier: &Notifier) {
             _ = int.recv() => return info!("SIGINT: shutting down"),
             _ = hup.recv() => {
                 notifier.send(&format!("RELOADING=1\nMONOTONIC_USEC={}", monotonic_usec()));
-                reload(opts);
+                reload(opts, api).await;
                 notifier.send("READY=1\nSTATUS=serving");
             }
         }
@@ -456,19 +496,90 @@ fn monotonic_usec() -> u64 {
     ts.tv_sec as u64 * 1_000_000 + ts.tv_nsec as u64 / 1_000
 }
 
-/// SIGHUP: re-reads and validates the configuration file.
-fn reload(opts: &Options) {
-    let Some(file) = &opts.config else {
+/// SIGHUP: applies the configuration file (the one rtgtd was started with, or the one it
+/// saves in the state directory) as `PUT /api/v1/config` would: only what differs changes,
+/// and a file that does not validate leaves everything as it is.
+async fn reload(opts: &Options, api: &rtgt_api::server::Api) {
+    let file = config_file(opts);
+    if opts.config.is_none() && !file.exists() {
         return info!("SIGHUP: running on the embedded default, nothing to reload");
+    }
+    let config = match Config::load(&file) {
+        Ok(c) => c,
+        Err(e) => {
+            return error!(
+                config = %file.display(),
+                error = %error_chain(&e),
+                "SIGHUP: configuration rejected, keeping the running one"
+            )
+        }
     };
-    match Config::load(file) {
-        Ok(_) => info!(config = %file.display(), "SIGHUP: configuration re-read"),
+    match api.apply(config).await {
+        Ok(report) => {
+            for c in &report.changes {
+                info!(action = %c.action, object = %c.object, name = %c.name, "SIGHUP: changed");
+            }
+            info!(config = %file.display(), changes = report.changes.len(), "SIGHUP: configuration applied");
+        }
         Err(e) => error!(
             config = %file.display(),
-            error = %error_chain(&e),
-            "SIGHUP: configuration rejected, keeping the running one"
+            error = %e,
+            "SIGHUP: configuration not applied, keeping the running one"
         ),
     }
+}
+
+/// Exports the soft-RoCE device's and its connection manager's counters at /metrics.
+fn export_rdma_counters(control: &crate::control::DaemonControl, hca: &Arc<Hca>) {
+    let name = hca.device().name().to_string();
+    let hca = hca.clone();
+    control.add_rdma_device(
+        &name,
+        Box::new(move || {
+            let d = hca.device().stats();
+            let cm = hca.cm().stats();
+            let msgs = |m: &rtgt_transport::cm::MsgCounts| {
+                m.req + m.mra + m.rej + m.rep + m.rtu + m.dreq + m.drep + m.other
+            };
+            crate::control::RdmaCounters {
+                rx_packets: d.rx_packets,
+                tx_packets: d.tx_packets,
+                rx_dropped: d.rx_dropped,
+                icrc_errors: d.rx_bad_icrc,
+                retransmits: d.retransmits,
+                naks_sent: d.naks_sent,
+                rnr_naks_sent: d.rnr_naks_sent,
+                cm_events: msgs(&cm.sent) + msgs(&cm.received),
+            }
+        }),
+    );
+}
+
+/// Starts iSER on the portals of the groups that serve it, when the RDMA device is up.
+fn start_iser(
+    running: &Running,
+    server: &IscsiServer,
+    stop: &tokio::sync::watch::Receiver<bool>,
+    tasks: &mut Vec<tokio::task::JoinHandle<()>>,
+) -> Option<IserServer> {
+    let hca = running.rdma.as_ref()?;
+    if running.iser_portals.is_empty() {
+        return None;
+    }
+    let iser = IserServer::new(server.shared(), hca.clone())
+        .map_err(|e| warn!(error = %e, "iSER unavailable"))
+        .ok()?;
+    for addr in &running.iser_portals {
+        info!(portal = %addr, "iSER portal listening");
+        let (iser, stop, addr) = (iser.clone(), stop.clone(), *addr);
+        tasks.push(tokio::spawn(async move {
+            if let Err(e) = iser.serve(addr, stop).await {
+                error!(portal = %addr, error = %e, "iSER portal failed");
+            }
+        }));
+    }
+    tasks.push(tokio::spawn(report_rdma(iser.clone(), stop.clone())));
+    Some(iser)
 }
 
 /// Runs the daemon until SIGTERM or SIGINT.
@@ -484,55 +595,35 @@ pub async fn run(opts: Options) -> Result<(), DaemonError> {
         running.pool.clone(),
     ));
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-
+    let metrics = rtgt_api::metrics::Metrics::new();
+    running.registry.set_metrics(metrics.clone());
+    let explicit_api = config.api != config::ApiConfig::default();
+    let api_config = config.api.clone();
+    let control = crate::control::DaemonControl::new(crate::control::ControlParts {
+        state_dir: opts.state_dir.clone(),
+        file: config_file(&opts),
+        config,
+        registry: running.registry.clone(),
+        server: (*server).clone(),
+        pool: running.pool.clone(),
+        device_registry: running.device_registry.clone(),
+        devices: running.devices.clone(),
+        backstores: running.backstores.clone(),
+        metrics,
+    });
+    if let Some(hca) = &running.rdma {
+        export_rdma_counters(&control, hca);
+    }
+    control.start_portals().await.map_err(DaemonError::Portal)?;
     let mut tasks = Vec::new();
-    for addr in &running.portals {
-        let listener = TcpListener::bind(addr)
-            .await
-            .map_err(|source| DaemonError::Listen {
-                addr: *addr,
-                source,
-            })?;
-        info!(portal = %addr, "iSCSI portal listening");
-        let server = server.clone();
-        let stop = stop_rx.clone();
-        let addr = *addr;
-        tasks.push(tokio::spawn(async move {
-            if let Err(e) = server.serve(listener, stop).await {
-                error!(portal = %addr, error = %e, "iSCSI portal failed");
-            }
-        }));
-    }
-    let iser = match &running.rdma {
-        Some(hca) if !running.iser_portals.is_empty() => {
-            match IserServer::new(server.shared(), hca.clone()) {
-                Ok(s) => Some(s),
-                Err(e) => {
-                    warn!(error = %e, "iSER unavailable");
-                    None
-                }
-            }
-        }
-        _ => None,
-    };
-    if let Some(iser) = &iser {
-        for addr in &running.iser_portals {
-            info!(portal = %addr, "iSER portal listening");
-            let iser = iser.clone();
-            let stop = stop_rx.clone();
-            let addr = *addr;
-            tasks.push(tokio::spawn(async move {
-                if let Err(e) = iser.serve(addr, stop).await {
-                    error!(portal = %addr, error = %e, "iSER portal failed");
-                }
-            }));
-        }
-        tasks.push(tokio::spawn(report_rdma(iser.clone(), stop_rx.clone())));
-    }
+    let iser = start_iser(&running, &server, &stop_rx, &mut tasks);
+    let srp = crate::srp::service::start_in_daemon(&running);
+    let (api_tasks, api) =
+        crate::control::serve_api(control.clone(), &api_config, explicit_api, stop_rx.clone())
+            .await?;
     for t in running.registry.targets() {
         info!(target = %t.name, "target ready");
     }
-    let srp = crate::srp::service::start_in_daemon(&running);
     let notifier = Arc::new(Notifier::from_env().unwrap_or_else(|e| {
         warn!(error = %e, "NOTIFY_SOCKET unusable: not notifying the service manager");
         Notifier::disabled()
@@ -544,7 +635,7 @@ pub async fn run(opts: Options) -> Result<(), DaemonError> {
         running.portals.len()
     ));
 
-    serve_signals(&opts, &notifier).await;
+    serve_signals(&opts, &notifier, &api).await;
     notifier.send("STOPPING=1\nSTATUS=stopping");
     if let Some(w) = watchdog {
         w.abort();
@@ -557,17 +648,14 @@ pub async fn run(opts: Options) -> Result<(), DaemonError> {
     if let Some(iser) = &iser {
         iser.drain(Duration::from_secs(5)).await;
     }
-    for t in tasks {
+    control.stop_portals().await;
+    for t in tasks.into_iter().chain(api_tasks) {
         let _ = t.await;
     }
     if let Some(hca) = &running.rdma {
         hca.shutdown();
     }
-    for (name, store) in &running.backstores {
-        if let Err(e) = store.flush().await {
-            error!(backstore = %name, error = %error_chain(&e), "flush at shutdown failed");
-        }
-    }
+    control.flush_all().await;
     info!("stopped");
     Ok(())
 }
@@ -602,6 +690,26 @@ mod tests {
             assert!(hca.is_running());
             hca.shutdown();
         }
+    }
+
+    #[test]
+    fn saved_configuration_replaces_the_embedded_default() {
+        let dir = tempfile::tempdir().unwrap();
+        let opts = Options {
+            config: None,
+            state_dir: dir.path().to_path_buf(),
+        };
+        assert_eq!(config_file(&opts), dir.path().join("rtgtd.yaml"));
+        assert_eq!(load_config(&opts).unwrap(), Config::embedded_default());
+        let mut c = Config::embedded_default();
+        c.backstores[0].size = Some(config::ByteSize(2 << 30));
+        c.save(&config_file(&opts)).unwrap();
+        assert_eq!(load_config(&opts).unwrap(), c);
+        let explicit = Options {
+            config: Some(dir.path().join("other.yaml")),
+            state_dir: dir.path().to_path_buf(),
+        };
+        assert_eq!(config_file(&explicit), dir.path().join("other.yaml"));
     }
 
     #[test]

@@ -5,9 +5,13 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, OnceLock, RwLock};
 
 use crate::scsi::LunMap;
+
+pub mod live;
+
+pub use live::{IoMetrics, LiveLuns, LunView};
 
 /// CHAP credentials (RFC 7143 §12.1.3). `mutual` holds the target's own name and secret
 /// for mutual authentication.
@@ -188,6 +192,10 @@ pub struct Registry {
     discovery_auth: RwLock<Auth>,
     /// SRP target ports by name.
     srp_ports: RwLock<HashMap<String, Arc<SrpTargetPort>>>,
+    /// The daemon's metric registry, when it exports metrics.
+    metrics: OnceLock<rtgt_api::metrics::Metrics>,
+    /// Per logical unit metrics, by backstore name.
+    lun_metrics: RwLock<HashMap<String, Arc<IoMetrics>>>,
 }
 
 impl Registry {
@@ -234,6 +242,34 @@ impl Registry {
             .read()
             .unwrap_or_else(|e| e.into_inner())
             .clone()
+    }
+
+    /// Records command metrics of every session created from now on in `metrics`.
+    pub fn set_metrics(&self, metrics: rtgt_api::metrics::Metrics) {
+        let _ = self.metrics.set(metrics);
+    }
+
+    pub fn metrics(&self) -> Option<rtgt_api::metrics::Metrics> {
+        self.metrics.get().cloned()
+    }
+
+    /// The metrics of the logical unit over backstore `name`.
+    pub fn lun_metrics(&self, name: &str) -> Option<Arc<IoMetrics>> {
+        let m = self.metrics.get()?;
+        if let Some(x) = self
+            .lun_metrics
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(name)
+        {
+            return Some(x.clone());
+        }
+        let mut map = self.lun_metrics.write().unwrap_or_else(|e| e.into_inner());
+        Some(
+            map.entry(name.to_string())
+                .or_insert_with(|| m.io_stats("rtgt_lun", &[("backstore", name.to_string())]))
+                .clone(),
+        )
     }
 
     pub fn set_discovery_auth(&self, auth: Auth) {

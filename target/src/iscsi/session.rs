@@ -13,7 +13,7 @@ use bytes::Bytes;
 use rtgt_backstore::{BufPool, IoBuf};
 use tokio::sync::{watch, Notify};
 
-use crate::core::Registry;
+use crate::core::{LiveLuns, Registry};
 use crate::scsi::{Device, LunMap, Nexus, TaskAttr};
 
 use super::params::{SessionParams, SessionType, TransportKind};
@@ -377,7 +377,8 @@ pub struct Session {
     pub session_type: SessionType,
     pub params: SessionParams,
     pub nexus: Nexus,
-    pub luns: LunMap,
+    /// The LUN map, replaced in place by a live reconfiguration.
+    pub luns: LiveLuns,
     pub queue_depth: u32,
     pub transport: TransportKind,
     pub peer: SocketAddr,
@@ -439,6 +440,25 @@ pub fn make_nexus(initiator: &str, isid: &[u8; 6], target: &str, tpgt: u16) -> N
     }
 }
 
+/// The LUN map the registry grants a new normal session now rather than at its login: the
+/// session table's lock orders session creation against a live reconfiguration, which
+/// updates the sessions already in the table, so neither misses a change.
+fn granted_now(s: &SessionSetup) -> LunMap {
+    if s.session_type != SessionType::Normal {
+        return s.luns.clone();
+    }
+    s.registry
+        .target(&s.params.target_name)
+        .and_then(|t| {
+            t.portal_groups
+                .iter()
+                .find(|g| g.tag == s.params.target_portal_group_tag)
+                .and_then(|g| g.admit(&s.params.initiator_name))
+        })
+        .map(|(luns, _)| luns)
+        .unwrap_or_default()
+}
+
 impl Session {
     fn new(tsih: u16, s: SessionSetup, table: Weak<SessionTable>) -> Session {
         let nexus = make_nexus(
@@ -447,12 +467,19 @@ impl Session {
             &s.params.target_name,
             s.params.target_portal_group_tag,
         );
+        let labels = (s.session_type == SessionType::Normal).then(|| {
+            vec![
+                ("session", format!("iscsi-{tsih}")),
+                ("initiator", s.params.initiator_name.clone()),
+                ("target", s.params.target_name.clone()),
+            ]
+        });
         Session {
             tsih,
             isid: s.isid,
             session_type: s.session_type,
             nexus,
-            luns: s.luns,
+            luns: LiveLuns::new(granted_now(&s), Some(s.registry.clone()), labels),
             queue_depth: s.queue_depth.max(1),
             transport: s.transport,
             peer: s.peer,
@@ -608,7 +635,7 @@ impl Session {
     /// Devices mapped into this session, each once.
     pub fn devices(&self) -> Vec<Arc<Device>> {
         let mut out: Vec<Arc<Device>> = Vec::new();
-        for d in self.luns.luns.values() {
+        for d in self.luns.current().map.luns.values() {
             if !out.iter().any(|o| Arc::ptr_eq(o, d)) {
                 out.push(d.clone());
             }
@@ -670,7 +697,8 @@ impl Session {
     /// the target's sessions once the response is out.
     pub async fn task_management(&self, req: &super::pdu::TaskMgmtRequest) -> u8 {
         let lun = crate::scsi::lun_from_bytes(&req.lun);
-        let lun_known = self.luns.luns.contains_key(&lun);
+        let luns = self.luns.current();
+        let lun_known = luns.contains(lun);
         match req.function {
             tmf::ABORT_TASK => {
                 let Some(task) = self.task(req.ref_task_tag) else {
@@ -687,7 +715,7 @@ impl Session {
                     return tmf::TASK_DOES_NOT_EXIST;
                 }
                 task.abort();
-                if let Some(dev) = self.luns.luns.get(&lun) {
+                if let Some(dev) = luns.map.luns.get(&lun) {
                     dev.abort_task(&self.nexus, u64::from(task.itt));
                 }
                 task.finished().await;
@@ -698,7 +726,7 @@ impl Session {
                     return tmf::LUN_DOES_NOT_EXIST;
                 }
                 let waits = self.abort_tasks(|t| t.lun == lun);
-                if let Some(dev) = self.luns.luns.get(&lun) {
+                if let Some(dev) = luns.map.luns.get(&lun) {
                     dev.abort_task_set(Some(&self.nexus));
                 }
                 for t in waits {
@@ -707,7 +735,7 @@ impl Session {
                 tmf::FUNCTION_COMPLETE
             }
             tmf::CLEAR_TASK_SET | tmf::LOGICAL_UNIT_RESET => {
-                let Some(dev) = self.luns.luns.get(&lun).cloned() else {
+                let Some(dev) = luns.map.luns.get(&lun).cloned() else {
                     return tmf::LUN_DOES_NOT_EXIST;
                 };
                 // The task set is shared by every nexus of the logical unit (TST=000b).
@@ -715,6 +743,8 @@ impl Session {
                 for s in self.other_target_sessions() {
                     let same: Vec<u64> = s
                         .luns
+                        .current()
+                        .map
                         .luns
                         .iter()
                         .filter(|(_, d)| Arc::ptr_eq(d, &dev))

@@ -582,6 +582,15 @@ impl Device {
             .post_all(UnitAttention::ReportedLunsChanged, None);
     }
 
+    /// Establishes `ua` for one I_T nexus that has used this logical unit (live
+    /// reconfiguration of that nexus's LUN map). A nexus that has not used it yet gets
+    /// POWER ON OCCURRED on its first command anyway.
+    pub fn unit_attention(&self, nexus: &Nexus, ua: UnitAttention) {
+        if let Some(n) = self.lock().nexuses.get_mut(&nexus.id) {
+            n.ua.push(ua);
+        }
+    }
+
     /// Clears a pending REPORTED LUNS DATA HAS CHANGED (REPORT LUNS, SPC-4 6.33).
     fn clear_reported_luns_ua(&self, nexus: &Nexus) {
         if let Some(n) = self.lock().nexuses.get_mut(&nexus.id) {

@@ -1,0 +1,118 @@
+//! The handle the REST API acts through. The daemon implements it over the running target;
+//! this crate knows nothing of fabrics, sessions or devices beyond what is here.
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+use crate::config::Config;
+
+/// One change that an apply made to the running target.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct Change {
+    /// `added`, `removed`, `changed` or `resized`.
+    pub action: String,
+    /// `backstore`, `target`, `portal_group`, `portal`, `lun`, `acl`, `auth`, `params`,
+    /// `discovery` or `api`.
+    pub object: String,
+    /// The object's path, e.g. `iqn.2025-01.io.rtgt:t/tpg1/lun/0`.
+    pub name: String,
+    /// Sessions affected (unit attentions sent or sessions ended), when any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
+}
+
+/// What an apply changed, in the order it changed it; empty when the document equals the
+/// running configuration.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct ChangeReport {
+    pub changes: Vec<Change>,
+}
+
+impl ChangeReport {
+    pub fn push(&mut self, action: &str, object: &str, name: impl Into<String>) {
+        self.changes.push(Change {
+            action: action.into(),
+            object: object.into(),
+            name: name.into(),
+            detail: None,
+        });
+    }
+
+    pub fn push_detail(
+        &mut self,
+        action: &str,
+        object: &str,
+        name: impl Into<String>,
+        detail: impl Into<String>,
+    ) {
+        self.changes.push(Change {
+            action: action.into(),
+            object: object.into(),
+            name: name.into(),
+            detail: Some(detail.into()),
+        });
+    }
+}
+
+/// A live session as the API shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct SessionView {
+    /// Identifier for `DELETE /api/v1/sessions/{id}`, e.g. `iscsi-3`.
+    pub id: String,
+    pub initiator: String,
+    pub target: String,
+    /// `tcp`, `iser` or `srp`.
+    pub transport: String,
+    /// `normal` or `discovery`.
+    pub session_type: String,
+    /// iSCSI ISID as 12 hex digits (iSCSI sessions).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub isid: Option<String>,
+    pub peer: String,
+    pub local: String,
+    /// Commands the session may have in flight.
+    pub queue_depth: u32,
+    /// Commands in flight now.
+    pub outstanding: u32,
+    pub commands: u64,
+    pub bytes_in: u64,
+    pub bytes_out: u64,
+    pub uptime_seconds: u64,
+}
+
+/// Why the running target refused a configuration.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ControlError {
+    /// The document cannot be served as written (HTTP 422): a backstore file that cannot
+    /// be opened, a size a device cannot take.
+    #[error("{field}: {message}")]
+    Invalid { field: String, message: String },
+    /// It conflicts with the running state (HTTP 409): a portal address in use, a change
+    /// that needs a backstore out of use.
+    #[error("{field}: {message}")]
+    Conflict { field: String, message: String },
+    /// The target failed on its side (HTTP 500): the configuration file cannot be saved.
+    #[error("{0}")]
+    Internal(String),
+}
+
+/// The running target, as the API acts on it. Implementations serialize `apply` calls.
+#[async_trait]
+pub trait Control: Send + Sync + 'static {
+    /// The configuration being served.
+    fn config(&self) -> Config;
+    /// Makes the running target match `config` (validated by the caller), changing only
+    /// what differs, and saves it. On error nothing was saved and every change already
+    /// made was undone as far as possible; the report lists what changed.
+    async fn apply(&self, config: Config) -> Result<ChangeReport, ControlError>;
+    /// The live sessions.
+    fn sessions(&self) -> Vec<SessionView>;
+    /// Ends a session at once. Returns whether it existed.
+    fn force_logout(&self, id: &str) -> bool;
+    /// Whether every configured portal is listening.
+    fn ready(&self) -> bool;
+    /// The Prometheus text exposition of the target's metrics.
+    fn metrics(&self) -> String;
+}

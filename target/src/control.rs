@@ -1,0 +1,734 @@
+//! The daemon side of the administration API: [`rtgt_api::Control`] over the running
+//! target — declarative apply with live changes, persistence, sessions and metrics.
+//!
+//! An apply first does everything that can fail without touching the running target
+//! (opening new backstores, binding new portals), then resizes, then makes the
+//! changes that cannot fail: targets in the registry, LUN maps of live sessions with
+//! REPORTED LUNS DATA HAS CHANGED, sessions whose ACL went away ended, listeners started
+//! and stopped. Last it saves the document atomically.
+
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, RwLock};
+
+use async_trait::async_trait;
+use rtgt_api::config::{self, Config};
+use rtgt_api::metrics::Metrics;
+use rtgt_api::{ChangeReport, Control, ControlError, SessionView};
+use rtgt_backstore::{Backstore, BufPool};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tracing::{error, info, warn};
+
+use crate::core::Registry;
+use crate::daemon::{build_target, error_chain, open_device};
+use crate::iscsi::{IscsiServer, SessionType};
+use crate::scsi::{Device, DeviceRegistry, UnitAttention};
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A listening portal.
+struct Portal {
+    stop: watch::Sender<bool>,
+    task: JoinHandle<()>,
+}
+
+/// A backstore opened by an apply: name, store, logical unit, and whether it replaces
+/// one of the same name.
+type Opened = (String, Arc<dyn Backstore>, Arc<Device>, bool);
+
+/// The running objects an apply changes, under one lock.
+struct Objects {
+    devices: BTreeMap<String, Arc<Device>>,
+    backstores: BTreeMap<String, Arc<dyn Backstore>>,
+}
+
+/// The running target as the API sees it.
+pub struct DaemonControl {
+    state_dir: PathBuf,
+    /// Where every change is saved.
+    file: PathBuf,
+    registry: Arc<Registry>,
+    server: IscsiServer,
+    pool: Arc<BufPool>,
+    device_registry: Arc<DeviceRegistry>,
+    metrics: Metrics,
+    config: RwLock<Config>,
+    objects: tokio::sync::Mutex<Objects>,
+    portals: Mutex<BTreeMap<SocketAddr, Portal>>,
+    /// RDMA devices whose counters /metrics exports.
+    rdma: Mutex<Vec<(String, RdmaSource)>>,
+}
+
+/// Counters of one RDMA device as /metrics exports them (`rtgt_rdma_*_total{device=...}`).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct RdmaCounters {
+    pub rx_packets: u64,
+    pub tx_packets: u64,
+    pub rx_dropped: u64,
+    pub icrc_errors: u64,
+    pub retransmits: u64,
+    pub naks_sent: u64,
+    pub rnr_naks_sent: u64,
+    pub cm_events: u64,
+}
+
+/// Reads an RDMA device's counters at scrape time.
+pub type RdmaSource = Box<dyn Fn() -> RdmaCounters + Send + Sync>;
+
+/// The Prometheus text of the RDMA devices' counters.
+fn render_rdma(devices: &[(String, RdmaCounters)]) -> String {
+    let mut out = String::new();
+    type Field = fn(&RdmaCounters) -> u64;
+    let families: [(&str, Field); 8] = [
+        ("rtgt_rdma_rx_packets_total", |c| c.rx_packets),
+        ("rtgt_rdma_tx_packets_total", |c| c.tx_packets),
+        ("rtgt_rdma_rx_dropped_total", |c| c.rx_dropped),
+        ("rtgt_rdma_icrc_errors_total", |c| c.icrc_errors),
+        ("rtgt_rdma_retransmits_total", |c| c.retransmits),
+        ("rtgt_rdma_naks_sent_total", |c| c.naks_sent),
+        ("rtgt_rdma_rnr_naks_sent_total", |c| c.rnr_naks_sent),
+        ("rtgt_rdma_cm_events_total", |c| c.cm_events),
+    ];
+    if devices.is_empty() {
+        return out;
+    }
+    for (name, get) in families {
+        out.push_str(&format!("# TYPE {name} counter\n"));
+        for (dev, c) in devices {
+            out.push_str(&format!("{name}{{device=\"{dev}\"}} {}\n", get(c)));
+        }
+        out.push('\n');
+    }
+    out
+}
+
+/// What [`DaemonControl::new`] takes over from the daemon.
+pub struct ControlParts {
+    pub state_dir: PathBuf,
+    pub file: PathBuf,
+    pub config: Config,
+    pub registry: Arc<Registry>,
+    pub server: IscsiServer,
+    pub pool: Arc<BufPool>,
+    pub device_registry: Arc<DeviceRegistry>,
+    pub devices: BTreeMap<String, Arc<Device>>,
+    pub backstores: BTreeMap<String, Arc<dyn Backstore>>,
+    pub metrics: Metrics,
+}
+
+fn portals_of(c: &Config) -> BTreeSet<SocketAddr> {
+    c.targets
+        .iter()
+        .flat_map(|t| t.portal_groups.iter())
+        .flat_map(|g| g.portals.iter().copied())
+        .collect()
+}
+
+fn invalid(field: String, message: String) -> ControlError {
+    ControlError::Invalid { field, message }
+}
+
+impl DaemonControl {
+    pub fn new(p: ControlParts) -> Arc<DaemonControl> {
+        Arc::new(DaemonControl {
+            state_dir: p.state_dir,
+            file: p.file,
+            registry: p.registry,
+            server: p.server,
+            pool: p.pool,
+            device_registry: p.device_registry,
+            metrics: p.metrics,
+            config: RwLock::new(p.config),
+            objects: tokio::sync::Mutex::new(Objects {
+                devices: p.devices,
+                backstores: p.backstores,
+            }),
+            portals: Mutex::new(BTreeMap::new()),
+            rdma: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// Exports the counters of an RDMA device (read by `source` at each scrape).
+    pub fn add_rdma_device(&self, device: &str, source: RdmaSource) {
+        lock(&self.rdma).push((device.to_string(), source));
+    }
+
+    /// The file changes are saved to.
+    pub fn file(&self) -> &Path {
+        &self.file
+    }
+
+    async fn bind(addr: SocketAddr) -> Result<TcpListener, ControlError> {
+        TcpListener::bind(addr)
+            .await
+            .map_err(|e| ControlError::Conflict {
+                field: "portals".into(),
+                message: format!("portal {addr}: cannot listen: {e}"),
+            })
+    }
+
+    fn serve_portal(&self, addr: SocketAddr, listener: TcpListener) {
+        let (stop, stop_rx) = watch::channel(false);
+        let server = self.server.clone();
+        let task = tokio::spawn(async move {
+            if let Err(e) = server.serve(listener, stop_rx).await {
+                error!(portal = %addr, error = %e, "iSCSI portal failed");
+            }
+        });
+        info!(portal = %addr, "iSCSI portal listening");
+        lock(&self.portals).insert(addr, Portal { stop, task });
+    }
+
+    /// Starts the listeners of every portal of the configuration.
+    pub async fn start_portals(&self) -> Result<(), ControlError> {
+        let wanted = portals_of(&self.config());
+        for addr in wanted {
+            let l = Self::bind(addr).await?;
+            self.serve_portal(addr, l);
+        }
+        Ok(())
+    }
+
+    /// Waits for the portal listeners to stop (after the server's shutdown).
+    pub async fn stop_portals(&self) {
+        let portals = std::mem::take(&mut *lock(&self.portals));
+        for (_, p) in portals {
+            let _ = p.stop.send(true);
+            let _ = p.task.await;
+        }
+    }
+
+    /// Flushes every backstore (at shutdown).
+    pub async fn flush_all(&self) {
+        let objects = self.objects.lock().await;
+        for (name, store) in &objects.backstores {
+            if let Err(e) = store.flush().await {
+                error!(backstore = %name, error = %error_chain(&e), "flush at shutdown failed");
+            }
+        }
+    }
+
+    /// Gives every live session the LUN map its portal group now grants, with REPORTED
+    /// LUNS DATA HAS CHANGED where it changed; ends the sessions no longer admitted.
+    fn update_sessions(&self, report: &mut ChangeReport) {
+        for s in self.server.shared().sessions.all() {
+            if s.session_type != SessionType::Normal || s.has_ended() {
+                continue;
+            }
+            let id = format!("iscsi-{}", s.tsih);
+            let grant = self
+                .registry
+                .target(&s.params.target_name)
+                .and_then(|t| {
+                    t.portal_groups
+                        .iter()
+                        .find(|g| g.tag == s.params.target_portal_group_tag)
+                        .cloned()
+                })
+                .and_then(|g| g.admit(&s.params.initiator_name));
+            let Some((map, _)) = grant else {
+                info!(session = %id, initiator = %s.params.initiator_name, "session no longer admitted: ending it");
+                self.server.force_logout(s.tsih);
+                report.push_detail(
+                    "ended",
+                    "session",
+                    id,
+                    format!("{} is no longer admitted", s.params.initiator_name),
+                );
+                continue;
+            };
+            let old = s.luns.current();
+            let same = old.map.luns.len() == map.luns.len()
+                && old
+                    .map
+                    .luns
+                    .iter()
+                    .zip(map.luns.iter())
+                    .all(|((la, da), (lb, db))| la == lb && Arc::ptr_eq(da, db));
+            if same {
+                continue;
+            }
+            let devices: Vec<Arc<Device>> = map.luns.values().cloned().collect();
+            s.luns.replace(map);
+            for d in old.map.luns.values() {
+                if !devices.iter().any(|n| Arc::ptr_eq(n, d)) {
+                    d.nexus_loss(&s.nexus);
+                }
+            }
+            for d in &devices {
+                d.unit_attention(&s.nexus, UnitAttention::ReportedLunsChanged);
+            }
+            report.push_detail(
+                "changed",
+                "session",
+                id,
+                "LUN map changed: REPORTED LUNS DATA HAS CHANGED",
+            );
+        }
+    }
+
+    fn report_target_diff(report: &mut ChangeReport, old: &config::Target, new: &config::Target) {
+        for g in &new.portal_groups {
+            let path = format!("{}/tpg{}", new.name, g.tag);
+            let Some(o) = old.portal_groups.iter().find(|x| x.tag == g.tag) else {
+                report.push("added", "portal_group", path);
+                continue;
+            };
+            for p in g.portals.iter().filter(|p| !o.portals.contains(p)) {
+                report.push("added", "portal", format!("{path}/{p}"));
+            }
+            for p in o.portals.iter().filter(|p| !g.portals.contains(p)) {
+                report.push("removed", "portal", format!("{path}/{p}"));
+            }
+            for l in &g.luns {
+                match o.luns.iter().find(|x| x.lun == l.lun) {
+                    None => report.push("added", "lun", format!("{path}/lun/{}", l.lun)),
+                    Some(x) if x != l => {
+                        report.push("changed", "lun", format!("{path}/lun/{}", l.lun))
+                    }
+                    _ => {}
+                }
+            }
+            for l in o
+                .luns
+                .iter()
+                .filter(|l| !g.luns.iter().any(|x| x.lun == l.lun))
+            {
+                report.push("removed", "lun", format!("{path}/lun/{}", l.lun));
+            }
+            for a in &g.acls {
+                match o.acls.iter().find(|x| x.initiator == a.initiator) {
+                    None => report.push("added", "acl", format!("{path}/acl/{}", a.initiator)),
+                    Some(x) if x != a => {
+                        report.push("changed", "acl", format!("{path}/acl/{}", a.initiator))
+                    }
+                    _ => {}
+                }
+            }
+            for a in o
+                .acls
+                .iter()
+                .filter(|a| !g.acls.iter().any(|x| x.initiator == a.initiator))
+            {
+                report.push("removed", "acl", format!("{path}/acl/{}", a.initiator));
+            }
+            if g.auth != o.auth {
+                report.push("changed", "auth", path.clone());
+            }
+            if g.allow_any_initiator != o.allow_any_initiator || g.params != o.params {
+                report.push("changed", "params", path.clone());
+            }
+        }
+        for o in &old.portal_groups {
+            if !new.portal_groups.iter().any(|g| g.tag == o.tag) {
+                report.push(
+                    "removed",
+                    "portal_group",
+                    format!("{}/tpg{}", new.name, o.tag),
+                );
+            }
+        }
+        if old.alias != new.alias {
+            report.push("changed", "target", new.name.clone());
+        }
+    }
+
+    async fn apply_locked(
+        &self,
+        objects: &mut Objects,
+        new: Config,
+    ) -> Result<ChangeReport, ControlError> {
+        let old = self.config();
+        let mut report = ChangeReport::default();
+        let uses = |c: &Config, name: &str| {
+            c.targets
+                .iter()
+                .flat_map(|t| t.portal_groups.iter())
+                .any(|g| g.luns.iter().any(|l| l.backstore == name))
+        };
+
+        // 1. What can fail, without touching the running target.
+        let mut opened: Vec<Opened> = Vec::new();
+        let mut resizes: Vec<(usize, String, u64)> = Vec::new();
+        for (i, b) in new.backstores.iter().enumerate() {
+            let replace = match old.backstore(&b.name) {
+                None => false,
+                Some(o) if o == b => continue,
+                Some(o) => {
+                    let mut same_but_size = o.clone();
+                    same_but_size.size = b.size;
+                    if same_but_size == *b {
+                        if let Some(size) = b.size {
+                            resizes.push((i, b.name.clone(), size.0));
+                            continue;
+                        }
+                    }
+                    if uses(&old, &b.name) {
+                        return Err(ControlError::Conflict {
+                            field: format!("backstores[{i}]"),
+                            message: format!(
+                                "backstore {:?} is in use: only its size can change while a LUN maps it",
+                                b.name
+                            ),
+                        });
+                    }
+                    true
+                }
+            };
+            let (store, dev) = open_device(b, &self.state_dir, &self.pool, &self.device_registry)
+                .await
+                .map_err(|e| invalid(format!("backstores[{i}]"), error_chain(&e)))?;
+            opened.push((b.name.clone(), store, dev, replace));
+        }
+        let running: BTreeSet<SocketAddr> = lock(&self.portals).keys().copied().collect();
+        let wanted = portals_of(&new);
+        let mut bound = Vec::new();
+        for addr in wanted.difference(&running) {
+            bound.push((*addr, Self::bind(*addr).await?));
+        }
+        for (i, name, size) in &resizes {
+            let store = &objects.backstores[name];
+            let bs = u64::from(store.info().block_size);
+            store.resize(size / bs).await.map_err(|e| {
+                invalid(
+                    format!("backstores[{i}].size"),
+                    format!("cannot resize {name:?}: {}", error_chain(&e)),
+                )
+            })?;
+            objects.devices[name].capacity_changed();
+            info!(backstore = %name, size, "backstore resized");
+            report.push_detail(
+                "resized",
+                "backstore",
+                name.clone(),
+                "CAPACITY DATA HAS CHANGED",
+            );
+        }
+
+        // 2. Changes that cannot fail.
+        let mut reopened = HashSet::new();
+        for (name, store, dev, replace) in opened {
+            report.push(
+                if replace { "changed" } else { "added" },
+                "backstore",
+                name.clone(),
+            );
+            if replace {
+                reopened.insert(name.clone());
+            }
+            objects.devices.insert(name.clone(), dev);
+            objects.backstores.insert(name, store);
+        }
+        for t in &new.targets {
+            let before = old.target(&t.name);
+            let touches_reopened = t
+                .portal_groups
+                .iter()
+                .flat_map(|g| g.luns.iter())
+                .any(|l| reopened.contains(&l.backstore));
+            if before == Some(t) && !touches_reopened {
+                continue;
+            }
+            self.registry.set_target(build_target(t, &objects.devices));
+            match before {
+                None => report.push("added", "target", t.name.clone()),
+                Some(o) => Self::report_target_diff(&mut report, o, t),
+            }
+        }
+        for t in &old.targets {
+            if new.target(&t.name).is_none() {
+                self.registry.remove_target(&t.name);
+                report.push("removed", "target", t.name.clone());
+            }
+        }
+        if new.discovery != old.discovery {
+            self.registry
+                .set_discovery_auth(crate::daemon::auth(&new.discovery.auth));
+            report.push("changed", "discovery", "discovery");
+        }
+        self.update_sessions(&mut report);
+        for (addr, l) in bound {
+            self.serve_portal(addr, l);
+        }
+        for addr in running.difference(&wanted) {
+            if let Some(p) = lock(&self.portals).remove(addr) {
+                let _ = p.stop.send(true);
+                info!(portal = %addr, "iSCSI portal stopped");
+            }
+        }
+        for b in &old.backstores {
+            if new.backstore(&b.name).is_none() {
+                objects.devices.remove(&b.name);
+                if let Some(store) = objects.backstores.remove(&b.name) {
+                    if let Err(e) = store.flush().await {
+                        warn!(backstore = %b.name, error = %error_chain(&e), "flush of a removed backstore failed");
+                    }
+                }
+                report.push("removed", "backstore", b.name.clone());
+            }
+        }
+        if new.api != old.api {
+            report.push_detail(
+                "changed",
+                "api",
+                "api",
+                "API listeners change when rtgtd restarts",
+            );
+        }
+
+        // 3. Persistence.
+        if new != old {
+            new.save(&self.file)
+                .map_err(|e| ControlError::Internal(error_chain(&e)))?;
+        }
+        *self.config.write().unwrap_or_else(|e| e.into_inner()) = new;
+        Ok(report)
+    }
+}
+
+#[async_trait]
+impl Control for DaemonControl {
+    fn config(&self) -> Config {
+        self.config
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    async fn apply(&self, config: Config) -> Result<ChangeReport, ControlError> {
+        let mut objects = self.objects.lock().await;
+        let report = self.apply_locked(&mut objects, config).await?;
+        for c in &report.changes {
+            info!(action = %c.action, object = %c.object, name = %c.name, "applied");
+        }
+        Ok(report)
+    }
+
+    fn sessions(&self) -> Vec<SessionView> {
+        self.server
+            .sessions()
+            .into_iter()
+            .map(|s| SessionView {
+                id: format!("iscsi-{}", s.tsih),
+                initiator: s.initiator,
+                target: s.target,
+                transport: s.transport.to_string(),
+                session_type: match s.session_type {
+                    SessionType::Normal => "normal".into(),
+                    SessionType::Discovery => "discovery".into(),
+                },
+                isid: Some(s.isid),
+                peer: s.peer.to_string(),
+                local: s.local.to_string(),
+                queue_depth: s.queue_depth,
+                outstanding: s.outstanding,
+                commands: s.commands,
+                bytes_in: s.bytes_in,
+                bytes_out: s.bytes_out,
+                uptime_seconds: s.uptime.as_secs(),
+            })
+            .collect()
+    }
+
+    fn force_logout(&self, id: &str) -> bool {
+        id.strip_prefix("iscsi-")
+            .and_then(|t| t.parse::<u16>().ok())
+            .is_some_and(|tsih| self.server.force_logout(tsih))
+    }
+
+    fn ready(&self) -> bool {
+        let wanted = portals_of(&self.config());
+        let portals = lock(&self.portals);
+        wanted
+            .iter()
+            .all(|a| portals.get(a).is_some_and(|p| !p.task.is_finished()))
+    }
+
+    fn metrics(&self) -> String {
+        let m = &self.metrics;
+        let sessions = self.sessions();
+        let mut by_transport: BTreeMap<String, u64> =
+            [("tcp".to_string(), 0), ("iser".to_string(), 0)].into();
+        // Per-session gauges are written here rather than registered, so that a session's
+        // series end with it.
+        let mut depth = String::new();
+        let mut outstanding = String::new();
+        for s in &sessions {
+            *by_transport.entry(s.transport.clone()).or_default() += 1;
+            if s.session_type != "normal" {
+                continue;
+            }
+            let labels = format!(
+                "session=\"{}\",initiator=\"{}\",transport=\"{}\"",
+                s.id,
+                s.initiator.replace(['\\', '"', '\n'], "_"),
+                s.transport
+            );
+            depth.push_str(&format!(
+                "rtgt_session_queue_depth{{{labels}}} {}\n",
+                s.queue_depth
+            ));
+            outstanding.push_str(&format!(
+                "rtgt_session_outstanding_commands{{{labels}}} {}\n",
+                s.outstanding
+            ));
+        }
+        for (t, n) in by_transport {
+            m.gauge("rtgt_sessions", &[("transport", t)]).set(n as f64);
+        }
+        if let Ok(objects) = self.objects.try_lock() {
+            for (name, d) in &objects.devices {
+                m.gauge("rtgt_lun_capacity_bytes", &[("backstore", name.clone())])
+                    .set((d.num_blocks() * u64::from(d.block_size())) as f64);
+            }
+        }
+        m.gauge("rtgt_portals_listening", &[])
+            .set(lock(&self.portals).len() as f64);
+        let mut text = m.render();
+        let rdma: Vec<(String, RdmaCounters)> = lock(&self.rdma)
+            .iter()
+            .map(|(name, read)| (name.clone(), read()))
+            .collect();
+        text.push_str(&render_rdma(&rdma));
+        if !depth.is_empty() {
+            text.push_str("# TYPE rtgt_session_queue_depth gauge\n");
+            text.push_str(&depth);
+            text.push_str("\n# TYPE rtgt_session_outstanding_commands gauge\n");
+            text.push_str(&outstanding);
+        }
+        text
+    }
+}
+
+/// Name of the configuration file in the state directory when rtgtd runs without
+/// `--config`.
+pub const STATE_CONFIG: &str = "rtgtd.yaml";
+/// Name of the API's unix socket in the state directory.
+pub const API_SOCKET: &str = "rtgtd.sock";
+/// Default name of the token file in the state directory.
+pub const TOKEN_FILE: &str = "api-token";
+
+/// Why the API could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiStartError {
+    #[error("API listener {addr}: {source}")]
+    Listen {
+        addr: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("API token file {file}: {source}")]
+    Token {
+        file: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Starts the API listeners of `api`: TCP (a bearer token on any address other than
+/// loopback) and the unix socket in the state directory. The listeners stop when `stop`
+/// turns true. With the default listener (no `api` section), a port in use is a warning:
+/// the socket still serves.
+///
+/// Returns the listener tasks and the API handle, whose [`rtgt_api::server::Api::apply`]
+/// applies a whole document in turn with API requests.
+pub async fn serve_api(
+    control: Arc<DaemonControl>,
+    api: &config::ApiConfig,
+    explicit: bool,
+    stop: watch::Receiver<bool>,
+) -> Result<(Vec<JoinHandle<()>>, rtgt_api::server::Api), ApiStartError> {
+    let router_api = rtgt_api::server::Api::new(control.clone());
+    let mut tasks = Vec::new();
+    let token_file = match &api.token_file {
+        Some(f) if f.is_relative() => control.state_dir.join(f),
+        Some(f) => f.clone(),
+        None => control.state_dir.join(TOKEN_FILE),
+    };
+    let mut token: Option<String> = None;
+    let wait = |mut rx: watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|s| *s).await;
+    };
+    for addr in &api.listen {
+        let listener = match TcpListener::bind(addr).await {
+            Ok(l) => l,
+            Err(source) if !explicit => {
+                warn!(listener = %addr, error = %source, "API port unavailable: serving the API on the unix socket only");
+                continue;
+            }
+            Err(source) => {
+                return Err(ApiStartError::Listen {
+                    addr: addr.to_string(),
+                    source,
+                })
+            }
+        };
+        let needs_token = !addr.ip().is_loopback();
+        if needs_token && token.is_none() {
+            token = Some(
+                rtgt_api::token::load_or_create(&token_file).map_err(|source| {
+                    ApiStartError::Token {
+                        file: token_file.clone(),
+                        source,
+                    }
+                })?,
+            );
+        }
+        let router = router_api.router(if needs_token { token.clone() } else { None });
+        info!(listener = %listener.local_addr().unwrap_or(*addr), token = needs_token, "API listening");
+        let stop = wait(stop.clone());
+        tasks.push(tokio::spawn(async move {
+            if let Err(e) = rtgt_api::server::serve_tcp(listener, router, stop).await {
+                error!(error = %e, "API listener failed");
+            }
+        }));
+    }
+    if api.socket {
+        let path = control.state_dir.join(API_SOCKET);
+        let _ = std::fs::remove_file(&path);
+        let listener =
+            tokio::net::UnixListener::bind(&path).map_err(|source| ApiStartError::Listen {
+                addr: path.display().to_string(),
+                source,
+            })?;
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let _ = std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600));
+        }
+        info!(socket = %path.display(), "API listening");
+        let router = router_api.router(None);
+        let stop = wait(stop.clone());
+        tasks.push(tokio::spawn(async move {
+            if let Err(e) = rtgt_api::server::serve_unix(listener, router, stop).await {
+                error!(error = %e, "API socket failed");
+            }
+        }));
+    }
+    Ok((tasks, router_api))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rdma_counters() {
+        assert_eq!(render_rdma(&[]), "");
+        let c = RdmaCounters {
+            rx_packets: 10,
+            icrc_errors: 2,
+            retransmits: 3,
+            ..Default::default()
+        };
+        let text = render_rdma(&[("rtgt0".into(), c)]);
+        assert!(text.contains("# TYPE rtgt_rdma_icrc_errors_total counter"));
+        assert!(text.contains("rtgt_rdma_rx_packets_total{device=\"rtgt0\"} 10"));
+        assert!(text.contains("rtgt_rdma_retransmits_total{device=\"rtgt0\"} 3"));
+        assert!(text.contains("rtgt_rdma_rnr_naks_sent_total{device=\"rtgt0\"} 0"));
+    }
+}

@@ -1,0 +1,243 @@
+//! The LUN map of a live I_T nexus, which an administrator may change while commands run,
+//! and the per-command metrics recorded on the way through.
+//!
+//! A command takes a snapshot of the map (one uncontended read lock and a reference count)
+//! and runs against it, so a change never alters the map under a command in flight; the
+//! next command sees the new map.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, RwLock};
+use std::time::Instant;
+
+use rtgt_api::metrics::IoStats;
+
+use crate::scsi::sense::Sense;
+use crate::scsi::{Command, LunMap, Nexus, Response, Status};
+
+/// Index in [`rtgt_api::metrics::CLASSES`]: read, write or other.
+fn class_of(opcode: u8) -> usize {
+    match opcode {
+        // READ(6/10/12/16).
+        0x08 | 0x28 | 0xa8 | 0x88 => 0,
+        // WRITE(6/10/12/16), WRITE AND VERIFY(10/12/16), WRITE SAME(10/16), COMPARE AND
+        // WRITE, WRITE ATOMIC(16).
+        0x0a | 0x2a | 0xaa | 0x8a | 0x2e | 0xae | 0x8e | 0x41 | 0x93 | 0x89 | 0x9c => 1,
+        _ => 2,
+    }
+}
+
+/// Index in [`rtgt_api::metrics::ERROR_LABELS`] of a response's error: its sense key, or
+/// `none` for a non-GOOD status without sense data.
+fn error_of(resp: &Response) -> Option<usize> {
+    match resp.status {
+        Status::Good => None,
+        Status::CheckCondition => Some(
+            resp.sense
+                .as_deref()
+                .and_then(Sense::parse)
+                .map_or(0, |(k, _, _)| usize::from(k & 0x0f)),
+        ),
+        _ => Some(16),
+    }
+}
+
+/// Command statistics of one logical unit or one session.
+pub type IoMetrics = IoStats;
+
+fn record(m: &IoStats, class: usize, seconds: f64, written: u64, resp: &Response) {
+    let read = resp.data_in.as_ref().map_or(0, |d| d.len() as u64);
+    m.record(class, seconds, written, read, error_of(resp));
+}
+
+/// A LUN map with the metrics of its logical units.
+pub struct LunView {
+    pub map: LunMap,
+    lun_metrics: BTreeMap<u64, Arc<IoMetrics>>,
+}
+
+/// The LUN map of one I_T nexus, replaceable while the nexus runs.
+pub struct LiveLuns {
+    current: RwLock<Arc<LunView>>,
+    session: Option<Arc<IoMetrics>>,
+    registry: Option<Arc<super::Registry>>,
+}
+
+impl LiveLuns {
+    /// A map whose commands are counted in `registry`'s metrics (when it has any), per
+    /// logical unit and, with `session_labels`, per session.
+    pub fn new(
+        map: LunMap,
+        registry: Option<Arc<super::Registry>>,
+        session_labels: Option<Vec<(&'static str, String)>>,
+    ) -> LiveLuns {
+        let metrics = registry.as_ref().and_then(|r| r.metrics());
+        let session = match (&metrics, session_labels) {
+            (Some(m), Some(labels)) => Some(m.io_stats("rtgt_session", &labels)),
+            _ => None,
+        };
+        let view = Self::view(map, registry.as_deref());
+        LiveLuns {
+            current: RwLock::new(Arc::new(view)),
+            session,
+            registry,
+        }
+    }
+
+    fn view(map: LunMap, registry: Option<&super::Registry>) -> LunView {
+        let lun_metrics = match registry {
+            Some(r) => map
+                .luns
+                .iter()
+                .filter_map(|(l, d)| r.lun_metrics(&d.config().name).map(|m| (*l, m)))
+                .collect(),
+            None => BTreeMap::new(),
+        };
+        LunView { map, lun_metrics }
+    }
+
+    /// The map now in force.
+    pub fn current(&self) -> Arc<LunView> {
+        self.current
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Replaces the map; returns the previous one.
+    pub fn replace(&self, map: LunMap) -> Arc<LunView> {
+        let view = Arc::new(Self::view(map, self.registry.as_deref()));
+        std::mem::replace(
+            &mut *self.current.write().unwrap_or_else(|e| e.into_inner()),
+            view,
+        )
+    }
+
+    /// Executes a command against the current map, recording its metrics.
+    pub async fn execute(&self, nexus: &Nexus, lun: u64, cmd: Command) -> Response {
+        let view = self.current();
+        let lun_metrics = view.lun_metrics.get(&lun);
+        if lun_metrics.is_none() && self.session.is_none() {
+            return view.map.execute(nexus, lun, cmd).await;
+        }
+        let class = class_of(cmd.cdb.first().copied().unwrap_or(0xff));
+        let written = cmd.data_out.as_ref().map_or(0, |b| b.len() as u64);
+        let start = Instant::now();
+        let resp = view.map.execute(nexus, lun, cmd).await;
+        let seconds = start.elapsed().as_secs_f64();
+        if let Some(m) = lun_metrics {
+            record(m, class, seconds, written, &resp);
+        }
+        if let Some(m) = &self.session {
+            record(m, class, seconds, written, &resp);
+        }
+        resp
+    }
+}
+
+impl LunView {
+    /// Whether `lun` is mapped.
+    pub fn contains(&self, lun: u64) -> bool {
+        self.map.luns.contains_key(&lun)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn classes() {
+        use rtgt_api::metrics::{CLASSES, ERROR_LABELS};
+        assert_eq!(CLASSES[class_of(0x28)], "read");
+        assert_eq!(CLASSES[class_of(0x8a)], "write");
+        assert_eq!(CLASSES[class_of(0x12)], "other");
+        let check = Response::check(&Sense::illegal((0x24, 0)));
+        assert_eq!(
+            error_of(&check).map(|e| ERROR_LABELS[e]),
+            Some("illegal_request")
+        );
+    }
+
+    fn device(
+        name: &str,
+        pool: &Arc<rtgt_backstore::BufPool>,
+        size: u64,
+    ) -> Arc<crate::scsi::Device> {
+        crate::scsi::Device::new(
+            Arc::new(rtgt_backstore::RamBackstore::new(size, 512)),
+            pool.clone(),
+            crate::scsi::DeviceConfig {
+                name: name.into(),
+                ..Default::default()
+            },
+        )
+        .unwrap()
+    }
+
+    fn cmd(cdb: &[u8], in_len: u32) -> Command {
+        Command {
+            cdb: cdb.to_vec(),
+            data_out: None,
+            expected_in_len: in_len,
+            attr: Default::default(),
+            tag: 1,
+        }
+    }
+
+    #[tokio::test]
+    async fn replace_map_and_count_commands() {
+        let pool = rtgt_backstore::BufPool::new(8 << 20);
+        let registry = super::super::Registry::new();
+        registry.set_metrics(rtgt_api::metrics::Metrics::new());
+        let d0 = device("d0", &pool, 1 << 20);
+        let d1 = device("d1", &pool, 2 << 20);
+        let mut map = LunMap::default();
+        map.luns.insert(0, d0.clone());
+        let live = LiveLuns::new(
+            map.clone(),
+            Some(registry.clone()),
+            Some(vec![("session", "s1".into())]),
+        );
+        let nexus = crate::iscsi::session::make_nexus("iqn.2025-01.io.rtgt:i", &[0; 6], "t", 1);
+        let tur = [0u8; 6];
+        // The first command of a nexus reports POWER ON; the second succeeds.
+        let r = live.execute(&nexus, 0, cmd(&tur, 0)).await;
+        assert_eq!(r.status, Status::CheckCondition);
+        assert_eq!(
+            live.execute(&nexus, 0, cmd(&tur, 0)).await.status,
+            Status::Good
+        );
+        assert!(!live.current().contains(1));
+        let unmapped = live.execute(&nexus, 1, cmd(&tur, 0)).await;
+        assert_eq!(unmapped.status, Status::CheckCondition);
+
+        map.luns.insert(1, d1.clone());
+        let old = live.replace(map);
+        assert!(!old.contains(1));
+        assert!(live.current().contains(1));
+        let rc10 = [0x25u8, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+        let mut r = live.execute(&nexus, 1, cmd(&rc10, 8)).await;
+        if r.status == Status::CheckCondition {
+            r = live.execute(&nexus, 1, cmd(&rc10, 8)).await;
+        }
+        assert_eq!(r.status, Status::Good);
+        let d = r.data_in.unwrap();
+        assert_eq!(
+            u32::from_be_bytes(d[0..4].try_into().unwrap()),
+            (2 << 20) / 512 - 1
+        );
+
+        let text = registry.metrics().unwrap().render();
+        assert!(
+            text.contains("rtgt_lun_commands_total{backstore=\"d0\",class=\"other\"} 2"),
+            "{text}"
+        );
+        assert!(
+            text.contains("rtgt_lun_errors_total{backstore=\"d0\",sense_key=\"unit_attention\"} 1")
+        );
+        assert!(text
+            .contains("rtgt_session_errors_total{session=\"s1\",sense_key=\"illegal_request\"} 1"));
+        assert!(text.contains("rtgt_lun_read_bytes_total{backstore=\"d1\"} 8"));
+        assert!(text.contains("rtgt_lun_latency_seconds_count{backstore=\"d1\",class=\"other\"}"));
+    }
+}

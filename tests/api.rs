@@ -1,0 +1,869 @@
+//! The administration API end to end against a running rtgtd: error answers, secrets,
+//! the bearer token, persistence across kill -9, live LUN add / resize / ACL removal under
+//! I/O from the in-repo initiator, portals, sessions, metrics, rtgtctl and schemathesis.
+
+mod common;
+
+use std::net::TcpStream;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use common::{free_port, in_ci, prerequisite};
+use rtgt_api::client::{segment, Client, ClientError};
+use rtgt_api::config::Config;
+use rtgt_api::{ChangeReport, SessionView};
+use rtgt_target::iscsi::initiator::{LoginConfig, ScsiResult, Session};
+
+const TARGET: &str = "iqn.2025-01.io.rtgt:api";
+const INI_A: &str = "iqn.2025-01.io.rtgt:host-a";
+const INI_B: &str = "iqn.2025-01.io.rtgt:host-b";
+const SECRET: &str = "chap-secret-never-shown";
+
+/// rtgtd with its own state directory and API socket; killed on drop.
+struct Daemon {
+    child: Option<Child>,
+    dir: PathBuf,
+    config: PathBuf,
+}
+
+impl Daemon {
+    fn start(name: &str, config: &str) -> Daemon {
+        let dir = std::env::temp_dir().join(format!("rtgt-api-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("rtgt.yaml");
+        std::fs::write(&file, config).unwrap();
+        let mut d = Daemon {
+            child: None,
+            dir,
+            config: file,
+        };
+        d.spawn();
+        d
+    }
+
+    fn spawn(&mut self) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join("rtgtd.log"))
+            .unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_rtgtd"))
+            .arg("--config")
+            .arg(&self.config)
+            .arg("--state-dir")
+            .arg(&self.dir)
+            .env("RUST_LOG", "info")
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("start rtgtd");
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Ok(r) = self.client().request("GET", "/api/v1/ready", None, &[]) {
+                if r.status == 200 {
+                    return;
+                }
+            }
+            if let Some(Ok(Some(st))) = self.child.as_mut().map(|c| c.try_wait()) {
+                panic!("rtgtd exited with {st}:\n{}", self.log());
+            }
+            assert!(
+                Instant::now() < deadline,
+                "rtgtd not ready:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn client(&self) -> Client {
+        Client::unix(self.dir.join("rtgtd.sock"))
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("rtgtd.log")).unwrap_or_default()
+    }
+
+    fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        self.kill9();
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        } else {
+            eprintln!("rtgtd state and log kept in {}", self.dir.display());
+        }
+    }
+}
+
+fn base_config(port: u16, api: &str) -> String {
+    format!(
+        "\
+backstores:
+  - {{name: d0, type: file, path: d0.img, size: 16MiB}}
+  - {{name: spare, type: ramdisk, size: 8MiB}}
+targets:
+  - name: {TARGET}
+    portal_groups:
+      - tag: 1
+        portals: ['127.0.0.1:{port}']
+        params: {{NopInInterval: 0}}
+        luns: [{{lun: 0, backstore: d0}}]
+        acls:
+          - initiator: {INI_A}
+          - initiator: {INI_B}
+{api}"
+    )
+}
+
+const NO_TCP_API: &str = "api: {listen: []}\n";
+
+fn status_of(r: Result<serde_json::Value, ClientError>) -> (u16, Option<String>) {
+    match r {
+        Err(ClientError::Http { status, field, .. }) => (status, field),
+        Ok(v) => panic!("expected an error, got {v}"),
+        Err(e) => panic!("expected an HTTP error, got {e}"),
+    }
+}
+
+fn tpg_path() -> String {
+    format!("/api/v1/targets/{}/tpgs/1", segment(TARGET))
+}
+
+#[test]
+fn errors_conflicts_and_not_found() {
+    let d = Daemon::start("errors", &base_config(free_port(), NO_TCP_API));
+    let c = d.client();
+    assert_eq!(
+        c.get::<serde_json::Value>("/api/v1/health").unwrap()["status"],
+        "ok"
+    );
+    // 404: unknown route and unknown objects, as JSON.
+    let r = c.request("GET", "/api/v1/nothing", None, &[]).unwrap();
+    assert_eq!(r.status, 404);
+    assert!(r.error().is_some(), "{}", r.text());
+    assert_eq!(
+        status_of(c.get("/api/v1/backstores/nope")).0,
+        404,
+        "unknown backstore"
+    );
+    assert_eq!(status_of(c.get("/api/v1/targets/iqn.2025-01.x:y")).0, 404);
+    assert_eq!(status_of(c.get(&format!("{}/luns/7", tpg_path()))).0, 404);
+    assert_eq!(
+        c.request("DELETE", "/api/v1/sessions/iscsi-999", None, &[])
+            .unwrap()
+            .status,
+        404
+    );
+    // 400: malformed path parameter and JSON.
+    let r = c
+        .request(
+            "GET",
+            &format!("/api/v1/targets/{}/tpgs/notanumber", segment(TARGET)),
+            None,
+            &[],
+        )
+        .unwrap();
+    assert_eq!(r.status, 400);
+    assert_eq!(r.error().unwrap().field.as_deref(), Some("tag"));
+    let r = c
+        .request(
+            "POST",
+            "/api/v1/backstores",
+            Some("application/json"),
+            b"{\"name\":",
+        )
+        .unwrap();
+    assert_eq!(r.status, 400);
+    // 415 and 413.
+    let r = c
+        .request("POST", "/api/v1/backstores", Some("text/plain"), b"x")
+        .unwrap();
+    assert_eq!(r.status, 415);
+    let big = vec![b' '; 2 << 20];
+    let r = c
+        .request("PUT", "/api/v1/config", Some("application/yaml"), &big)
+        .unwrap();
+    assert_eq!(r.status, 413);
+    // 422 naming the field.
+    let bad = serde_json::json!({"name": "x", "type": "tape"});
+    assert_eq!(
+        status_of(c.send("POST", "/api/v1/backstores", &bad)),
+        (422, Some("type".into()))
+    );
+    let bad = serde_json::json!({"name": "x", "type": "ramdisk", "size": 1000});
+    assert_eq!(
+        status_of(c.send("POST", "/api/v1/backstores", &bad)),
+        (422, Some("size".into()))
+    );
+    let bad = serde_json::json!({"lun": 3, "backstore": "missing"});
+    assert_eq!(
+        status_of(c.send("POST", &format!("{}/luns", tpg_path()), &bad)),
+        (422, Some("backstore".into()))
+    );
+    let bad = serde_json::json!({"initiator": "not-an-iqn"});
+    assert_eq!(
+        status_of(c.send("POST", &format!("{}/acls", tpg_path()), &bad)),
+        (422, Some("initiator".into()))
+    );
+    // A file backstore the daemon cannot create is the client's problem, not a 5xx.
+    let bad = serde_json::json!({"name": "x", "type": "file", "path": "/nonexistent/dir/x.img", "size": "1M"});
+    let (st, field) = status_of(c.send("POST", "/api/v1/backstores", &bad));
+    assert_eq!(st, 422);
+    assert!(field.unwrap().starts_with("backstores["));
+    // 409: duplicates, LUN taken, backstore in use, last portal.
+    let dup = serde_json::json!({"name": "d0", "type": "ramdisk", "size": "1M"});
+    assert_eq!(
+        status_of(c.send("POST", "/api/v1/backstores", &dup)),
+        (409, Some("name".into()))
+    );
+    let taken = serde_json::json!({"lun": 0, "backstore": "spare"});
+    assert_eq!(
+        status_of(c.send("POST", &format!("{}/luns", tpg_path()), &taken)),
+        (409, Some("lun".into()))
+    );
+    assert_eq!(
+        status_of(
+            c.delete("/api/v1/backstores/d0")
+                .map(|_| serde_json::Value::Null)
+        )
+        .0,
+        409
+    );
+    let dup = serde_json::json!({"initiator": INI_A});
+    assert_eq!(
+        status_of(c.send("POST", &format!("{}/acls", tpg_path()), &dup)).0,
+        409
+    );
+    // Nothing of that changed the configuration.
+    let cfg: Config = c.get("/api/v1/config").unwrap();
+    assert_eq!(cfg.backstores.len(), 2);
+    assert_eq!(cfg.targets[0].portal_groups[0].luns.len(), 1);
+    // Deleting what is not in use works.
+    c.delete("/api/v1/backstores/spare").unwrap();
+    assert_eq!(status_of(c.get("/api/v1/backstores/spare")).0, 404);
+    // The OpenAPI document is served.
+    let doc: serde_json::Value = c.get("/api/v1/openapi.json").unwrap();
+    assert!(doc["paths"]["/api/v1/backstores"]["post"].is_object());
+    assert!(!d.log().contains("panicked"));
+}
+
+#[test]
+fn secrets_are_write_only_and_apply_is_declarative() {
+    let d = Daemon::start("secrets", &base_config(free_port(), NO_TCP_API));
+    let c = d.client();
+    let auth = serde_json::json!({"chap": {"user": "host-a", "secret": SECRET}});
+    let shown = c
+        .send("PUT", &format!("{}/acls/{}/auth", tpg_path(), INI_A), &auth)
+        .unwrap();
+    assert_eq!(shown["chap"]["secret"], "********");
+    let acl: serde_json::Value = c.get(&format!("{}/acls/{}", tpg_path(), INI_A)).unwrap();
+    assert_eq!(acl["auth"]["chap"]["user"], "host-a");
+    assert_eq!(acl["auth"]["chap"]["secret"], "********");
+    let export = c
+        .request("GET", "/api/v1/config", None, &[])
+        .unwrap()
+        .text();
+    assert!(!export.contains(SECRET), "{export}");
+    let full = c
+        .request("GET", "/api/v1/config?secrets=true", None, &[])
+        .unwrap()
+        .text();
+    assert!(full.contains(SECRET));
+    assert!(!d.log().contains(SECRET), "a secret reached the log");
+    // The saved file keeps it (a restart needs it).
+    assert!(std::fs::read_to_string(&d.config).unwrap().contains(SECRET));
+
+    // Applying the redacted export changes nothing and keeps the secret.
+    let redacted: Config = c.get("/api/v1/config").unwrap();
+    let report = c.apply_yaml(&redacted.to_yaml()).unwrap();
+    assert!(report.changes.is_empty(), "{report:?}");
+    let full: Config = c.get("/api/v1/config?secrets=true").unwrap();
+    let acl = &full.targets[0].portal_groups[0].acls[0];
+    assert_eq!(acl.auth.chap.as_ref().unwrap().secret, SECRET);
+
+    // A document with a new LUN and a removed ACL changes just that.
+    let mut next = redacted.clone();
+    next.backstores.push(rtgt_api::config::Backstore {
+        name: "more".into(),
+        kind: rtgt_api::config::BackstoreKind::Ramdisk,
+        path: None,
+        size: Some(rtgt_api::config::ByteSize(4 << 20)),
+        block_size: 512,
+        read_only: false,
+        wwn: None,
+        serial: None,
+        thin: true,
+        write_cache: true,
+        physical_block_size: None,
+        removable: false,
+        sanitize_rate: None,
+    });
+    let g = &mut next.targets[0].portal_groups[0];
+    g.luns.push(rtgt_api::config::Lun {
+        lun: 5,
+        backstore: "more".into(),
+    });
+    g.acls.retain(|a| a.initiator != INI_B);
+    let report: ChangeReport = c.apply_yaml(&next.to_yaml()).unwrap();
+    let seen: Vec<(String, String)> = report
+        .changes
+        .iter()
+        .map(|c| (c.action.clone(), c.object.clone()))
+        .collect();
+    assert_eq!(
+        seen,
+        vec![
+            ("added".into(), "backstore".into()),
+            ("added".into(), "lun".into()),
+            ("removed".into(), "acl".into()),
+        ],
+        "{report:?}"
+    );
+    // JSON documents are accepted too, and a bad one names its field.
+    let r = c
+        .request(
+            "PUT",
+            "/api/v1/config",
+            Some("application/json"),
+            br#"{"backstores": [{"name": "a", "type": "null", "sise": 1}]}"#,
+        )
+        .unwrap();
+    assert_eq!(r.status, 422);
+    assert_eq!(
+        r.error().unwrap().field.as_deref(),
+        Some("backstores[0].sise")
+    );
+    let r = c
+        .request(
+            "PUT",
+            "/api/v1/config",
+            Some("application/yaml"),
+            b"targets:\n  - name: iqn.2025-01.io.rtgt:x\n    portal_groups:\n      - tag: 1\n        portals: ['127.0.0.1:1']\n        luns: [{lun: 0, backstore: nope}]\n",
+        )
+        .unwrap();
+    assert_eq!(r.status, 422);
+    assert_eq!(r.error().unwrap().field.as_deref(), Some("backstore"));
+}
+
+#[test]
+fn token_guards_other_than_loopback() {
+    let (open, guarded) = (free_port(), free_port());
+    let api = format!("api:\n  listen: ['127.0.0.1:{open}', '0.0.0.0:{guarded}']\n");
+    let d = Daemon::start("token", &base_config(free_port(), &api));
+    let token_file = d.dir.join("api-token");
+    let mode = std::fs::metadata(&token_file).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600);
+    let token = std::fs::read_to_string(&token_file)
+        .unwrap()
+        .trim()
+        .to_string();
+    let at = |port: u16, t: Option<&str>| {
+        Client::url(&format!("http://127.0.0.1:{port}"))
+            .unwrap()
+            .with_token(t.map(str::to_string))
+    };
+    let status = |c: Client, path: &str| c.request("GET", path, None, &[]).unwrap().status;
+    assert_eq!(status(at(guarded, None), "/api/v1/config"), 401);
+    assert_eq!(
+        status(at(guarded, Some("0123456789abcdef0123")), "/api/v1/config"),
+        401
+    );
+    assert_eq!(status(at(guarded, None), "/metrics"), 401);
+    assert_eq!(status(at(guarded, Some(&token)), "/api/v1/config"), 200);
+    assert_eq!(status(at(guarded, None), "/api/v1/health"), 200);
+    let r = at(guarded, None)
+        .request("DELETE", "/api/v1/backstores/spare", None, &[])
+        .unwrap();
+    assert_eq!(r.status, 401);
+    assert_eq!(r.header("www-authenticate"), Some("Bearer"));
+    assert_eq!(status(at(open, None), "/api/v1/config"), 200);
+    // Nothing was deleted by the refused request.
+    let cfg: Config = d.client().get("/api/v1/config").unwrap();
+    assert_eq!(cfg.backstores.len(), 2);
+}
+
+/// The state after `k` steps of the burst in [`kill9_during_a_burst_keeps_an_acknowledged_state`].
+fn burst_state(base: &Config, k: usize) -> Config {
+    let mut c = base.clone();
+    for i in 0..k {
+        c.backstores.push(rtgt_api::config::Backstore {
+            name: format!("b{i}"),
+            kind: rtgt_api::config::BackstoreKind::Null,
+            path: None,
+            size: Some(rtgt_api::config::ByteSize(1 << 20)),
+            block_size: 512,
+            read_only: false,
+            wwn: None,
+            serial: None,
+            thin: true,
+            write_cache: true,
+            physical_block_size: None,
+            removable: false,
+            sanitize_rate: None,
+        });
+        c.targets[0].portal_groups[0]
+            .luns
+            .push(rtgt_api::config::Lun {
+                lun: 100 + i as u64,
+                backstore: format!("b{i}"),
+            });
+    }
+    c
+}
+
+#[test]
+fn kill9_during_a_burst_keeps_an_acknowledged_state() {
+    let mut d = Daemon::start("persist", &base_config(free_port(), NO_TCP_API));
+    let c = d.client();
+    let base: Config = c.get("/api/v1/config?secrets=true").unwrap();
+    let acked = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let burst = {
+        let (c, acked, stop, base) = (c.clone(), acked.clone(), stop.clone(), base.clone());
+        std::thread::spawn(move || {
+            // Each step is one whole-document apply: a backstore and its LUN together.
+            for k in 1..=200 {
+                if stop.load(Ordering::Acquire) {
+                    break;
+                }
+                match c.apply_yaml(&burst_state(&base, k).to_yaml()) {
+                    Ok(_) => acked.store(k as u64, Ordering::Release),
+                    Err(_) => break,
+                }
+            }
+        })
+    };
+    // Let some changes land, then kill without warning.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while acked.load(Ordering::Acquire) < 5 {
+        assert!(
+            !burst.is_finished(),
+            "the burst stopped early:\n{}",
+            d.log()
+        );
+        assert!(Instant::now() < deadline, "changes are not acknowledged");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    d.kill9();
+    stop.store(true, Ordering::Release);
+    burst.join().unwrap();
+    let acked_then = acked.load(Ordering::Acquire) as usize;
+    // The file is whole, and is the last acknowledged state or the one in flight.
+    let on_disk = Config::load(&d.config).expect("the saved configuration loads");
+    let k = on_disk.backstores.len() - base.backstores.len();
+    assert!(
+        k == acked_then || k == acked_then + 1,
+        "saved state {k}, acknowledged {acked_then}"
+    );
+    assert_eq!(on_disk, burst_state(&base, k));
+    // A restart serves it.
+    d.spawn();
+    let restored: Config = d.client().get("/api/v1/config?secrets=true").unwrap();
+    assert_eq!(restored, burst_state(&base, k));
+    let leftovers: Vec<_> = std::fs::read_dir(&d.dir)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".tmp"))
+        .collect();
+    assert!(leftovers.len() <= 1);
+}
+
+fn login(port: u16, initiator: &str, isid: u8) -> LoginConfig {
+    let _ = port;
+    LoginConfig {
+        initiator_name: initiator.into(),
+        isid: [0x80, 0, 0, 0, 0, isid],
+        target_name: Some(TARGET.into()),
+        ..LoginConfig::default()
+    }
+}
+
+fn read_capacity16(r: &ScsiResult) -> (u64, u32) {
+    let d = &r.data;
+    (
+        u64::from_be_bytes(d[0..8].try_into().unwrap()) + 1,
+        u32::from_be_bytes(d[8..12].try_into().unwrap()),
+    )
+}
+
+const READ_CAPACITY16: [u8; 16] = [0x9e, 0x10, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 32, 0, 0];
+const REPORT_LUNS: [u8; 12] = [0xa0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0];
+
+/// Runs a command, retrying after unit attentions as an initiator does; returns the
+/// result and the unit attentions seen.
+async fn run(
+    s: &Session,
+    lun: u64,
+    cdb: &[u8],
+    data: Option<Bytes>,
+    len: u32,
+    uas: &mut Vec<(u8, u8)>,
+) -> ScsiResult {
+    for _ in 0..8 {
+        let r = s
+            .command(lun, cdb, data.clone(), len)
+            .await
+            .expect("command");
+        match r.sense_key() {
+            Some((6, asc, ascq)) if r.status == 2 => uas.push((asc, ascq)),
+            _ => return r,
+        }
+    }
+    panic!("unit attentions do not stop");
+}
+
+#[test]
+fn live_changes_under_io() {
+    let port = free_port();
+    let d = Daemon::start("live", &base_config(port, NO_TCP_API));
+    let c = d.client();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let addr = format!("127.0.0.1:{port}").parse().unwrap();
+    let (a, b) = rt.block_on(async {
+        (
+            Session::connect(addr, login(port, INI_A, 1)).await.unwrap(),
+            Session::connect(addr, login(port, INI_B, 2)).await.unwrap(),
+        )
+    });
+    let a = Arc::new(a);
+    let stop = Arc::new(AtomicBool::new(false));
+    let ios = Arc::new(AtomicU64::new(0));
+    // Writer: write a pattern, read it back, compare, over and over on LUN 0.
+    let io = {
+        let (a, stop, ios) = (a.clone(), stop.clone(), ios.clone());
+        rt.spawn(async move {
+            let mut uas = Vec::new();
+            let mut i: u32 = 0;
+            while !stop.load(Ordering::Acquire) {
+                let lba = (i % 4096) * 8;
+                let pattern: Vec<u8> = (0..4096u32).map(|x| (x ^ i) as u8).collect();
+                let mut w = [0x2a, 0, 0, 0, 0, 0, 0, 0, 8, 0];
+                w[2..6].copy_from_slice(&lba.to_be_bytes());
+                let r = run(&a, 0, &w, Some(Bytes::from(pattern.clone())), 0, &mut uas).await;
+                assert!(r.is_good(), "WRITE failed during live changes: {r:?}");
+                let mut rd = w;
+                rd[0] = 0x28;
+                let r = run(&a, 0, &rd, None, 4096, &mut uas).await;
+                assert!(r.is_good(), "READ failed during live changes: {r:?}");
+                assert_eq!(r.data, pattern, "data mismatch at LBA {lba}");
+                ios.fetch_add(1, Ordering::Relaxed);
+                i = i.wrapping_add(1);
+            }
+            uas
+        })
+    };
+    let wait_ios = |n: u64, io: &tokio::task::JoinHandle<Vec<(u8, u8)>>| {
+        let start = ios.load(Ordering::Relaxed);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while ios.load(Ordering::Relaxed) < start + n {
+            assert!(!io.is_finished(), "the I/O task ended early");
+            assert!(Instant::now() < deadline, "I/O does not progress");
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    };
+    wait_ios(20, &io);
+    // Add LUN 1.
+    c.send(
+        "POST",
+        &format!("{}/luns", tpg_path()),
+        &serde_json::json!({"lun": 1, "backstore": "spare"}),
+    )
+    .unwrap();
+    wait_ios(20, &io);
+    // Remove the other initiator's ACL: only its session ends.
+    c.delete(&format!("{}/acls/{}", tpg_path(), INI_B)).unwrap();
+    wait_ios(20, &io);
+    // Grow LUN 0.
+    let mut bs: serde_json::Value = c.get("/api/v1/backstores/d0").unwrap();
+    bs["size"] = serde_json::json!("32MiB");
+    let back = c.send("PUT", "/api/v1/backstores/d0", &bs).unwrap();
+    assert_eq!(back["size"], "32MiB");
+    wait_ios(20, &io);
+    stop.store(true, Ordering::Release);
+    let uas = rt.block_on(io).expect("the I/O task did not fail");
+    assert!(
+        uas.contains(&(0x3f, 0x0e)),
+        "REPORTED LUNS DATA HAS CHANGED: {uas:?}"
+    );
+    assert!(
+        uas.contains(&(0x2a, 0x09)),
+        "CAPACITY DATA HAS CHANGED: {uas:?}"
+    );
+    rt.block_on(async {
+        let mut uas = Vec::new();
+        let r = run(&a, 0, &REPORT_LUNS, None, 256, &mut uas).await;
+        assert!(r.is_good());
+        assert_eq!(&r.data[0..4], &16u32.to_be_bytes(), "two LUNs reported");
+        assert_eq!(&r.data[16..18], &[0, 1]);
+        let r = run(&a, 0, &READ_CAPACITY16, None, 32, &mut uas).await;
+        assert_eq!(read_capacity16(&r), (32 << 20 >> 9, 512));
+        let r = run(&a, 1, &READ_CAPACITY16, None, 32, &mut uas).await;
+        assert_eq!(read_capacity16(&r), (8 << 20 >> 9, 512));
+        // B's session was ended by the target.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !b.is_closed() && b.nop(b"x").await.is_ok() {
+            assert!(Instant::now() < deadline, "B's session is still open");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        // And B cannot log in again.
+        assert!(Session::connect(addr, login(port, INI_B, 3)).await.is_err());
+    });
+
+    // Sessions: A is listed with its counters; metrics count its commands.
+    let sessions: Vec<SessionView> = c.get("/api/v1/sessions").unwrap();
+    let sa = sessions
+        .iter()
+        .find(|s| s.initiator == INI_A)
+        .expect("A's session is listed");
+    assert_eq!(sa.transport, "tcp");
+    assert_eq!(sa.target, TARGET);
+    assert!(sa.commands > 0 && sa.queue_depth > 0);
+    assert!(!sessions.iter().any(|s| s.initiator == INI_B));
+    let metrics = c.get_text("/metrics").unwrap();
+    let value = |line_start: &str| -> f64 {
+        metrics
+            .lines()
+            .find(|l| l.starts_with(line_start))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("{line_start} missing from\n{metrics}"))
+    };
+    assert!(value("rtgt_lun_commands_total{backstore=\"d0\",class=\"write\"}") >= 80.0);
+    assert!(value("rtgt_lun_written_bytes_total{backstore=\"d0\"}") >= 80.0 * 4096.0);
+    assert!(
+        value(&format!(
+            "rtgt_session_commands_total{{session=\"{}\"",
+            sa.id
+        )) >= 1.0
+    );
+    assert!(value("rtgt_lun_errors_total{backstore=\"d0\",sense_key=\"unit_attention\"}") >= 2.0);
+    assert!(metrics.contains("rtgt_lun_latency_seconds_bucket{backstore=\"d0\",class=\"read\""));
+    assert_eq!(value("rtgt_sessions{transport=\"tcp\"}"), 1.0);
+    assert_eq!(
+        value(&format!("rtgt_session_queue_depth{{session=\"{}\"", sa.id)),
+        f64::from(sa.queue_depth)
+    );
+    assert_eq!(
+        value("rtgt_lun_capacity_bytes{backstore=\"d0\"}"),
+        (32u64 << 20) as f64
+    );
+
+    // Force logout.
+    c.delete(&format!("/api/v1/sessions/{}", sa.id)).unwrap();
+    rt.block_on(async {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !a.is_closed() && a.nop(b"x").await.is_ok() {
+            assert!(Instant::now() < deadline, "A's session is still open");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    });
+    assert!(!d.log().contains("panicked"));
+}
+
+#[test]
+fn portals_start_and_stop_live() {
+    let d = Daemon::start("portals", &base_config(free_port(), NO_TCP_API));
+    let c = d.client();
+    let extra = free_port();
+    let addr = format!("127.0.0.1:{extra}");
+    c.send(
+        "POST",
+        &format!("{}/portals", tpg_path()),
+        &serde_json::json!({"address": addr}),
+    )
+    .unwrap();
+    assert!(TcpStream::connect(&addr).is_ok(), "the new portal listens");
+    let r = c
+        .send(
+            "POST",
+            &format!("{}/portals", tpg_path()),
+            &serde_json::json!({"address": addr}),
+        )
+        .map(|_| serde_json::Value::Null);
+    assert_eq!(status_of(r).0, 409);
+    c.delete(&format!("{}/portals/{}", tpg_path(), segment(&addr)))
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while TcpStream::connect(&addr).is_ok() {
+        assert!(
+            Instant::now() < deadline,
+            "the removed portal still listens"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // A portal on an address in use is a conflict, not a server error.
+    let busy = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let r = c
+        .send(
+            "POST",
+            &format!("{}/portals", tpg_path()),
+            &serde_json::json!({"address": busy.local_addr().unwrap().to_string()}),
+        )
+        .map(|_| serde_json::Value::Null);
+    assert_eq!(status_of(r).0, 409);
+    let r = c.request("GET", "/api/v1/ready", None, &[]).unwrap();
+    assert_eq!(r.status, 200);
+}
+
+/// rtgtctl (a binary of rtgt-api) next to rtgtd, built when missing.
+fn rtgtctl_bin() -> PathBuf {
+    let bin = Path::new(env!("CARGO_BIN_EXE_rtgtd")).with_file_name("rtgtctl");
+    let built = Command::new(env!("CARGO"))
+        .args(["build", "-q", "-p", "rtgt-api", "--bin", "rtgtctl"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .status()
+        .expect("run cargo");
+    assert!(built.success(), "cannot build rtgtctl");
+    bin
+}
+
+fn rtgtctl(d: &Daemon, args: &[&str]) -> (bool, String, String) {
+    static BIN: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    let out = Command::new(BIN.get_or_init(rtgtctl_bin))
+        .arg("--socket")
+        .arg(d.dir.join("rtgtd.sock"))
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run rtgtctl");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn rtgtctl_commands() {
+    let d = Daemon::start("ctl", &base_config(free_port(), NO_TCP_API));
+    let (ok, out, err) = rtgtctl(&d, &["backstores", "list"]);
+    assert!(ok, "{err}");
+    assert!(
+        out.starts_with("NAME") && out.contains("d0") && out.contains("16MiB"),
+        "{out}"
+    );
+    let (ok, _, err) = rtgtctl(
+        &d,
+        &[
+            "backstores",
+            "create",
+            "r1",
+            "--type",
+            "ramdisk",
+            "--size",
+            "4M",
+        ],
+    );
+    assert!(ok, "{err}");
+    let (ok, _, err) = rtgtctl(&d, &["luns", "add", TARGET, "3", "r1"]);
+    assert!(ok, "{err}");
+    let (ok, out, _) = rtgtctl(&d, &["--json", "luns", "list", TARGET]);
+    assert!(ok);
+    let luns: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(luns[1]["lun"], 3);
+    let (ok, _, err) = rtgtctl(&d, &["backstores", "resize", "r1", "8M"]);
+    assert!(ok, "{err}");
+    let (ok, _, err) = rtgtctl(&d, &["luns", "add", TARGET, "3", "r1"]);
+    assert!(!ok);
+    assert!(err.contains("409") && err.contains("taken"), "{err}");
+    let (ok, out, _) = rtgtctl(&d, &["export"]);
+    assert!(ok);
+    let exported = Config::from_yaml(&out, Path::new("export")).unwrap();
+    assert_eq!(exported.backstores[2].size.unwrap().0, 8 << 20);
+    let (ok, _, err) = rtgtctl(
+        &d,
+        &[
+            "acls",
+            "add",
+            TARGET,
+            "iqn.2025-01.io.rtgt:host-c",
+            "--chap-user",
+            "c",
+            "--chap-secret",
+            SECRET,
+        ],
+    );
+    assert!(ok, "{err}");
+    let (_, out, _) = rtgtctl(&d, &["acls", "list", TARGET]);
+    assert!(out.contains("chap:c") && !out.contains(SECRET), "{out}");
+    let (ok, out, _) = rtgtctl(&d, &["sessions", "list"]);
+    assert!(ok && out.starts_with("ID"), "{out}");
+    // apply FILE: the (redacted) export applied again changes nothing; an older one
+    // changes back exactly what differs.
+    let (ok, now, _) = rtgtctl(&d, &["export"]);
+    assert!(
+        ok && now.contains("********") && !now.contains(SECRET),
+        "{now}"
+    );
+    let file = d.dir.join("export.yaml");
+    std::fs::write(&file, &now).unwrap();
+    let (ok, out, err) = rtgtctl(&d, &["apply", file.to_str().unwrap()]);
+    assert!(ok, "{err}");
+    assert_eq!(out.trim(), "no changes");
+    std::fs::write(&file, exported.to_yaml()).unwrap();
+    let (ok, out, err) = rtgtctl(&d, &["apply", file.to_str().unwrap()]);
+    assert!(ok, "{err}");
+    assert_eq!(
+        out.trim(),
+        format!("removed acl {TARGET}/tpg1/acl/iqn.2025-01.io.rtgt:host-c")
+    );
+    let (ok, out, _) = rtgtctl(&d, &["status"]);
+    assert!(ok && out.contains("ready"));
+    // import-lio works offline.
+    let lio = d.dir.join("saveconfig.json");
+    std::fs::write(
+        &lio,
+        r#"{"storage_objects": [{"name": "r", "plugin": "ramdisk", "size": 1048576}],
+            "targets": [{"fabric": "iscsi", "wwn": "iqn.2003-01.org.linux-iscsi.h:sn.1",
+              "tpgs": [{"tag": 1, "attributes": {"generate_node_acls": 1},
+                "portals": [{"ip_address": "0.0.0.0", "port": 3260}],
+                "luns": [{"index": 0, "storage_object": "/backstores/ramdisk/r"}]}]}]}"#,
+    )
+    .unwrap();
+    let (ok, out, err) = rtgtctl(&d, &["import-lio", lio.to_str().unwrap()]);
+    assert!(ok, "{err}");
+    let c = Config::from_yaml(&out, Path::new("import")).unwrap();
+    assert!(c.targets[0].portal_groups[0].allow_any_initiator);
+}
+
+/// schemathesis (PyPI) against the OpenAPI document of a running rtgtd: no server error,
+/// no answer that violates the document.
+#[test]
+fn schemathesis_finds_no_server_error() {
+    if !prerequisite("schemathesis", &["schemathesis", "--version"]) {
+        return;
+    }
+    let port = free_port();
+    let api = format!("api:\n  listen: ['127.0.0.1:{port}']\n");
+    let d = Daemon::start("schemathesis", &base_config(free_port(), &api));
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/api/schemathesis.sh");
+    let out = Command::new("bash")
+        .arg(&script)
+        .arg(format!("http://127.0.0.1:{port}"))
+        .current_dir(&d.dir)
+        .output()
+        .expect("run schemathesis");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "schemathesis failed:\n{text}");
+    assert!(!d.log().contains("panicked"));
+    let _ = in_ci();
+}
