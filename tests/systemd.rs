@@ -3,6 +3,7 @@
 
 mod common;
 
+use std::net::TcpStream;
 use std::os::unix::net::UnixDatagram;
 use std::path::Path;
 use std::process::Command;
@@ -70,7 +71,19 @@ fn notifies_ready_watchdog_and_stopping() {
     for _ in 0..3 {
         expect_line(&sock, "WATCHDOG=1", &rtgtd);
     }
-    // SIGHUP (systemctl reload) re-reads the configuration and reports ready again.
+    // SIGHUP (systemctl reload) applies the edited file: a second portal starts listening.
+    let port2 = free_port();
+    let edited = config.replace(
+        &format!("portals: ['127.0.0.1:{port}']"),
+        &format!("portals: ['127.0.0.1:{port}', '127.0.0.1:{port2}']"),
+    );
+    assert_ne!(edited, config);
+    std::fs::write(
+        rtgtd.dir.join("rtgt.yaml"),
+        format!("{edited}rdma: {{enabled: false}}\n"),
+    )
+    .unwrap();
+    assert!(TcpStream::connect(("127.0.0.1", port2)).is_err());
     // SAFETY: kill(2) on the pid of a child we own and have not reaped.
     unsafe { libc::kill(rtgtd.child.id() as libc::pid_t, libc::SIGHUP) };
     let reloading = expect_line(&sock, "RELOADING=1", &rtgtd);
@@ -82,6 +95,27 @@ fn notifies_ready_watchdog_and_stopping() {
     assert!(
         rtgtd.is_running(),
         "SIGHUP ended rtgtd:\n{}",
+        rtgtd.log_text()
+    );
+    assert!(
+        TcpStream::connect(("127.0.0.1", port2)).is_ok(),
+        "the reloaded portal does not listen:\n{}",
+        rtgtd.log_text()
+    );
+    // A file that does not validate changes nothing and rtgtd keeps serving.
+    std::fs::write(
+        rtgtd.dir.join("rtgt.yaml"),
+        "targets: [{name: 'not an iqn'}]\n",
+    )
+    .unwrap();
+    // SAFETY: as above.
+    unsafe { libc::kill(rtgtd.child.id() as libc::pid_t, libc::SIGHUP) };
+    expect_line(&sock, "READY=1", &rtgtd);
+    assert!(rtgtd.is_running());
+    assert!(TcpStream::connect(("127.0.0.1", port2)).is_ok());
+    assert!(
+        rtgtd.log_text().contains("SIGHUP: configuration rejected"),
+        "{}",
         rtgtd.log_text()
     );
     assert_eq!(rtgtd.stop(), Some(0), "{}", rtgtd.log_text());
