@@ -776,27 +776,26 @@ async fn unanswered_req_times_out_and_table_is_bounded() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn multi_address_hca_over_udp() {
     use rtgt_transport::hca::HcaConfig;
-    // Ports of our own, so that parallel tests (and rdma_rxe on 4791) do not collide.
-    let base = 40000 + (std::process::id() % 5000) as u16 * 2;
+    // Ports of our own (free ones the kernel picks), so that parallel tests and rdma_rxe on
+    // 4791 do not collide.
+    let free = |ip: [u8; 4]| {
+        std::net::UdpSocket::bind((IpAddr::from(ip), 0))
+            .and_then(|s| s.local_addr())
+            .unwrap()
+            .port()
+    };
+    let (pa, pb) = (free([127, 0, 0, 2]), free([127, 0, 0, 3]));
     let mut ca = HcaConfig::new(vec![
         IpAddr::from([127, 0, 0, 1]),
         IpAddr::from([127, 0, 0, 2]),
     ]);
-    ca.port = base;
-    ca.peer_port = base + 1;
+    ca.port = pa;
+    ca.peer_port = pb;
     let mut cb = HcaConfig::new(vec![IpAddr::from([127, 0, 0, 3])]);
-    cb.port = base + 1;
-    cb.peer_port = base;
-    let (a, b) = match (Hca::open(&ca), Hca::open(&cb)) {
-        (Ok(a), Ok(b)) => (a, b),
-        (a, b) => {
-            eprintln!(
-                "skipping: cannot bind UDP ports {base}/{}: {a:?} {b:?}",
-                base + 1
-            );
-            return;
-        }
-    };
+    cb.port = pb;
+    cb.peer_port = pa;
+    let a = Hca::open(&ca).unwrap();
+    let b = Hca::open(&cb).unwrap();
     assert_eq!(a.addrs().len(), 2);
     // b connects to a's second address: the REP and the RC traffic must come from it.
     let mut l = a
@@ -955,4 +954,69 @@ async fn cycles_over_a_faulty_link() {
         assert_eq!(a.device().live_qps(), 1, "seed {seed}");
         assert_eq!(b.device().live_qps(), 1, "seed {seed}");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn first_packet_establishes_without_rtu() {
+    let (a, b, ra, rb) = tapped(CmLimits::default());
+    // Every RTU is lost, and the passive side's REP timer is long (4 s): the first SEND from
+    // the active side is what establishes the connection.
+    ra.lock().unwrap().drop.insert(RTU, u32::MAX);
+    let (ua, ub) = (ulp(a.device()), ulp(b.device()));
+    let mut l = b.cm().listen(SocketAddr::new(ip(2), 4600)).unwrap();
+    let p = ConnParams {
+        cm_response_timeout: 20,
+        ..hello()
+    };
+    rtgt_transport::cm::prepare_qp(&ub.qp).unwrap();
+    ub.qp
+        .post_recv(RecvWr {
+            wr_id: 5,
+            sg_list: vec![ub.mr.sge(0, BUF as u32)],
+        })
+        .unwrap();
+    let (ca, cb) = tokio::join!(
+        async {
+            let c = a
+                .cm()
+                .connect(&ua.qp, SocketAddr::new(ip(2), 4600), p.clone())
+                .await
+                .unwrap();
+            ua.region.write(BUF, b"first");
+            ua.qp
+                .post_send(SendWr::new(6, SendOp::Send, vec![ua.mr.sge(BUF, 5)]))
+                .unwrap();
+            c
+        },
+        async {
+            let req = l.accept().await.unwrap();
+            req.accept(&ub.qp, fast()).await.unwrap()
+        }
+    );
+    assert_eq!(
+        count(&rb, REP),
+        1,
+        "established by the REP timer, not the packet"
+    );
+    assert!(count(&ra, RTU) >= 1);
+    let r = wc(&ub.cq).await;
+    assert_eq!((r.wr_id, r.byte_len), (5, 5));
+    assert_eq!(b.cm().stats().live_connections, 1);
+    drop((ca, cb));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vanished_peer_ends_the_connection() {
+    let (a, b) = pair(None, CmLimits::default());
+    let (ua, ub) = (ulp(a.device()), ulp(b.device()));
+    let (ca, _cb) = connect(&a, &b, &ua, &ub, 4700, hello()).await;
+    // b disappears without a DREQ (its device stops); a's next SEND runs out of retries.
+    b.shutdown();
+    ua.qp
+        .post_send(SendWr::new(1, SendOp::Send, vec![ua.mr.sge(BUF, 100)]))
+        .unwrap();
+    let w = wc(&ua.cq).await;
+    assert_eq!(w.status, WcStatus::RetryExcErr);
+    done(&ca).await;
+    assert_eq!(a.cm().stats().sent.dreq, 1);
 }

@@ -39,6 +39,15 @@ const TID_HIGH: u64 = 0x5254 << 32;
 const MRA_SERVICE_TIMEOUT: u8 = 22;
 /// How often established connections are checked for a QP that went to the error state.
 const QP_CHECK: Duration = Duration::from_millis(500);
+/// The transport retry count a connected QP gets: the REQ's, but at most 6, because this
+/// engine (like rxe) retries forever at 7, and a peer that vanished without a DREQ must end
+/// the connection (QP error, then DREQ) rather than hold its resources for good.
+fn qp_retry_count(requested: u8) -> u8 {
+    requested.min(6)
+}
+
+/// How often QPs whose REP waits for an RTU are looked at for a first received packet.
+const FIRST_PACKET_PROBE: Duration = Duration::from_millis(20);
 /// MADs waiting to be sent; beyond it they are dropped (and retransmitted by the timers).
 const OUT_LIMIT: usize = 4096;
 
@@ -141,6 +150,9 @@ pub(crate) struct Core {
     /// (peer address, remote communication ID) → local ID.
     remote: HashMap<(IpAddr, u32), u32>,
     pub out: VecDeque<Outgoing>,
+    /// While REPs wait for their RTU: when to look whether a QP already received (which
+    /// establishes the connection without the RTU).
+    probe_at: Option<Instant>,
     stats: CmStats,
     next_id: u32,
     rng: u64,
@@ -188,6 +200,7 @@ impl Core {
             conns: HashMap::new(),
             remote: HashMap::new(),
             out: VecDeque::new(),
+            probe_at: None,
             stats: CmStats::default(),
             next_id: (rng as u32) | 1,
             rng,
@@ -238,7 +251,11 @@ impl Core {
 
     /// The earliest timer.
     pub fn next_deadline(&self) -> Option<Instant> {
-        self.conns.values().filter_map(|c| c.deadline).min()
+        self.conns
+            .values()
+            .filter_map(|c| c.deadline)
+            .chain(self.probe_at)
+            .min()
     }
 
     fn send(&mut self, src: IpAddr, dst: IpAddr, m: &Mad) -> Box<[u8; mad::MAD_LEN]> {
@@ -822,6 +839,22 @@ impl Core {
     // ---- timers ----------------------------------------------------------------------------
 
     pub fn tick(&mut self, now: Instant) {
+        if self.probe_at.is_some_and(|t| t <= now) {
+            self.probe_at = None;
+            let waiting: Vec<u32> = self
+                .conns
+                .values()
+                .filter(|c| c.state == State::RepSent)
+                .map(|c| c.local_id)
+                .collect();
+            let mut left = false;
+            for id in waiting {
+                left |= !self.check_first_packet(id, now);
+            }
+            if left {
+                self.probe_at = Some(now + FIRST_PACKET_PROBE);
+            }
+        }
         let due: Vec<u32> = self
             .conns
             .values()
@@ -1037,6 +1070,7 @@ impl Core {
         c.qpn = qpn;
         c.rep_psn = rep_psn;
         c.state = State::RepSent;
+        self.probe_at.get_or_insert(now + FIRST_PACKET_PROBE);
         c.last = Some(bytes);
         // The peer answers within its own "local CM response timeout".
         c.timeout = cm_timeout(req.local_cm_response_timeout);
@@ -1098,7 +1132,7 @@ impl Core {
             path.local_ack_timeout
         }
         .min(31);
-        a.retry_cnt = req.retry_count.min(7);
+        a.retry_cnt = qp_retry_count(req.retry_count);
         // The RNR retry count we announce in the REP is the one our QP uses too.
         a.rnr_retry = p.rnr_retry_count.min(7);
         a.max_rd_atomic = initiator_depth;
@@ -1148,7 +1182,7 @@ impl Core {
         a.qp_state = Some(QpState::Rts);
         a.sq_psn = r.starting_psn;
         a.timeout = req.primary_path.local_ack_timeout.min(31);
-        a.retry_cnt = req.retry_count.min(7);
+        a.retry_cnt = qp_retry_count(req.retry_count);
         a.rnr_retry = r.rnr_retry_count.min(7);
         a.max_rd_atomic = r
             .responder_resources

@@ -19,6 +19,32 @@
 //!
 //! Replies leave from the address the peer connected to. Every table is bounded
 //! ([`CmLimits`]).
+//!
+//! A passive consumer (an iSER or SRP target) looks like this:
+//!
+//! ```no_run
+//! # async fn serve(hca: &rtgt_transport::hca::Hca) -> Result<(), Box<dyn std::error::Error>> {
+//! use rtgt_transport::cm::{prepare_qp, ConnParams};
+//! use rtgt_transport::verbs::{QpInitAttr, QpType};
+//!
+//! let dev = hca.device();
+//! let mut listener = hca.cm().listen("0.0.0.0:3260".parse()?)?;
+//! while let Some(req) = listener.accept().await {
+//!     // req.private_data(): the initiator's bytes after the cma header.
+//!     let pd = dev.alloc_pd()?;
+//!     let cq = dev.create_cq(256)?;
+//!     let qp = pd.create_qp(QpInitAttr::new(QpType::Rc, &cq, &cq))?;
+//!     prepare_qp(&qp)?; // INIT: receives can be posted before the peer may send
+//!     let params = ConnParams {
+//!         private_data: vec![0x80, 0, 0, 0],
+//!         ..ConnParams::default()
+//!     };
+//!     let conn = req.accept(&qp, params).await?;
+//!     conn.disconnected().await; // DREQ, QP error or conn.disconnect()
+//! }
+//! # Ok(())
+//! # }
+//! ```
 
 mod core;
 pub(crate) mod gsi;

@@ -1,7 +1,7 @@
 # shellcheck shell=bash
 # Host side of cm-abort: a persistent `rtgt-rdma rping -s -P`, whose live QP count and CM
 # counters the guest reads from /lab/rtgt-server.stats while it kills its client.
-# shellcheck source=../../lib/cm-host.sh
+# shellcheck source=SCRIPTDIR/../../lib/cm-host.sh
 source "$LAB_DIR/lib/cm-host.sh"
 
 host_setup() {

@@ -1,7 +1,7 @@
 # shellcheck shell=bash
 # Host side of cm-churn: a persistent `rtgt-rdma rping -s -P -V`; the guest connects, pings and
 # disconnects CM_CYCLES times and then checks that rtgt is back to its idle QP count.
-# shellcheck source=../../lib/cm-host.sh
+# shellcheck source=SCRIPTDIR/../../lib/cm-host.sh
 source "$LAB_DIR/lib/cm-host.sh"
 
 CM_CYCLES=${CM_CYCLES:-50}

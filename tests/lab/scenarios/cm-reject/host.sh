@@ -1,7 +1,7 @@
 # shellcheck shell=bash
 # Host side of cm-reject: `rtgt-rdma rping -s -P` listens on port 7174 only; the guest's
 # connects to another port must be answered with REJ "invalid service ID" at once.
-# shellcheck source=../../lib/cm-host.sh
+# shellcheck source=SCRIPTDIR/../../lib/cm-host.sh
 source "$LAB_DIR/lib/cm-host.sh"
 
 CM_ATTEMPTS=${CM_ATTEMPTS:-3}

@@ -3,7 +3,7 @@
 # rping -s` serves one guest rping client per size (it checks every buffer it reads against
 # rping's pattern, the guest's -V checks the echo); then the guest runs rping -s and
 # `rtgt-rdma rping -c` connects to it, once per size, checking the echo.
-# shellcheck source=../../lib/cm-host.sh
+# shellcheck source=SCRIPTDIR/../../lib/cm-host.sh
 source "$LAB_DIR/lib/cm-host.sh"
 
 CM_SIZES=${CM_SIZES:-"64 4096 65535"}
@@ -49,7 +49,7 @@ host_run() {
             return 1
         }
         lab_signal "host-client-$size"
-        lab_report "rtgt client, guest rping server, $size bytes x $CM_COUNT: echo checked"
+        lab_report "rtgt client, guest rping server: $(grep -m1 '^[0-9]* pings of' "$LAB_RESULTS/$name.log"), echo checked"
     done
 }
 

@@ -560,6 +560,7 @@ async fn ping(
     let mut done = 0u32;
     let mut n = 0u32;
     let mut sink = vec![0u8; size];
+    let start = Instant::now();
     while a.count == 0 || n < a.count {
         let pattern = ping_pattern(n, size);
         c.region.write(START_OFF, &pattern);
@@ -585,6 +586,11 @@ async fn ping(
         done += 1;
         n += 1;
     }
+    let secs = start.elapsed().as_secs_f64();
+    println!(
+        "{done} pings of {size} bytes in {secs:.2} s ({:.0} us per ping)",
+        secs * 1e6 / f64::from(done.max(1))
+    );
     conn.disconnect();
     Ok(done)
 }
