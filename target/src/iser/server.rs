@@ -2,7 +2,7 @@
 //! portals), answered as ib_isert does (PROTOCOLS.md §6 and the LIO capture: REP private data
 //! 0x80 | 0x40 when the initiator ruled out send with invalidate, initiator depth up to the
 //! REQ's responder resources, responder resources 0, retry 7, RNR retry 7), each served by
-//! [`serve`] on a QP sized from the portal group's queue depth.
+//! [`super::conn::serve_until`] on a QP sized from the portal group's queue depth.
 
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
