@@ -1,10 +1,10 @@
 //! Full feature phase on one connection (RFC 7143 §4, §11), independent of the transport.
 //!
-//! A connection driver (TCP in [`super::conn_tcp`], later iSER) reads PDUs and hands them to
-//! [`Conn::receive`]; everything it must do differently per transport sits behind
-//! [`ConnDriver`]: queueing PDUs for transmission, obtaining solicited write data (R2T and
-//! Data-Out on TCP, RDMA READ on iSER) and delivering read data with the status (Data-In on
-//! TCP, RDMA WRITE on iSER).
+//! A connection driver (TCP in [`super::conn_tcp`], iSER in [`crate::iser::conn`]) reads
+//! PDUs and hands them to [`Conn::receive`]; everything it must do differently per transport
+//! sits behind [`ConnDriver`]: queueing PDUs for transmission, obtaining solicited write data
+//! (R2T and Data-Out on TCP, RDMA READ on iSER) and delivering read data with the status
+//! (Data-In on TCP, RDMA WRITE on iSER).
 
 use std::future::Future;
 use std::ops::Range;

@@ -6,9 +6,10 @@
 //!   state machine and SendTargets — none of them touch a socket;
 //! - [`session`]: CmdSN window, task table, task management, the session table;
 //! - [`conn`]: full feature phase of one connection, written against the
-//!   [`conn::ConnDriver`] trait so that TCP ([`conn_tcp`]) and iSER can share it;
+//!   [`conn::ConnDriver`] trait, which TCP ([`conn_tcp`]) and iSER ([`crate::iser`]) share;
 //! - [`server`]: accept loop, session creation and reinstatement, daemon controls;
-//! - [`initiator`]: an initiator (login, discovery, commands, task management).
+//! - [`initiator`]: an initiator (login, discovery, commands, task management) over TCP or
+//!   iSER.
 
 pub mod chap;
 pub mod conn;

@@ -405,6 +405,11 @@ pub enum SessionType {
     Discovery,
 }
 
+/// The largest data segment an iSER target receives (TargetRecvDataSegmentLength it accepts):
+/// the size of its posted receive buffers beyond the headers, as LIO's 8 KiB. Data beyond the
+/// immediate part moves by RDMA READ, so larger buffers would only cost memory.
+pub const ISER_MAX_RECV_DATA: u32 = 8192;
+
 /// The connection driver a login runs on; decides the iSER keys (RFC 7145 §6.3).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum TransportKind {
@@ -684,11 +689,15 @@ impl TargetNegotiator {
                 }
             }
             "TargetRecvDataSegmentLength" | "InitiatorRecvDataSegmentLength" => {
-                // LIO and ib_isert answer the minimum of both (PROTOCOLS.md §6).
-                let ours = self
+                // LIO and ib_isert answer the minimum of both (PROTOCOLS.md §6). What the
+                // target receives is also bounded by its iSER receive buffers.
+                let mut ours = self
                     .ours
                     .max_recv_data_segment_length
                     .clamp(512, 16_777_215) as u64;
+                if key == "TargetRecvDataSegmentLength" {
+                    ours = ours.min(ISER_MAX_RECV_DATA as u64);
+                }
                 match parse_number(value) {
                     Some(v) if (512..=16_777_215).contains(&v) => {
                         let r = v.min(ours).to_string();
@@ -939,6 +948,32 @@ mod tests {
         assert!(p.rdma_extensions);
         assert_eq!(p.max_recv_data_segment_length, 8192);
         assert!(n.closing_declarations().is_empty());
+    }
+
+    #[test]
+    fn iser_receive_limit() {
+        let mut n = TargetNegotiator::new(
+            IscsiParams::default(),
+            TransportKind::Iser,
+            SessionType::Normal,
+        );
+        assert_eq!(
+            n.respond("TargetRecvDataSegmentLength", "262144")
+                .unwrap()
+                .as_deref(),
+            Some("8192")
+        );
+        assert_eq!(
+            TargetNegotiator::new(
+                IscsiParams::default(),
+                TransportKind::Iser,
+                SessionType::Normal
+            )
+            .respond("TargetRecvDataSegmentLength", "4096")
+            .unwrap()
+            .as_deref(),
+            Some("4096")
+        );
     }
 
     #[test]

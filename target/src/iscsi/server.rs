@@ -26,7 +26,7 @@ pub const MAX_SESSIONS: usize = 4096;
 /// How long a reinstatement waits for the old session to end.
 const REINSTATE_WAIT: Duration = Duration::from_secs(10);
 
-/// State shared by every connection driver of a server (TCP now, iSER later).
+/// State shared by every connection driver of a server (TCP and iSER).
 pub struct ServerShared {
     pub registry: Arc<Registry>,
     pub pool: Arc<BufPool>,

@@ -191,8 +191,8 @@ struct Op {
 
 pub(crate) enum Hold {
     None,
-    Buf(#[allow(dead_code)] IoBuf),
-    Mr(#[allow(dead_code)] Mr),
+    Buf(#[allow(dead_code)] Arc<IoBuf>),
+    Mr(#[allow(dead_code)] Arc<Mr>),
 }
 
 /// The send side: QP, slots for target PDUs, queue credits and operations in flight.
@@ -555,59 +555,37 @@ impl IserDriver {
         self.pool_mrs.as_ref()?.sge(buf, off, len)
     }
 
-    /// RDMA WRITE of `buf` to the initiator's read buffer, in chunks; the buffer is released
-    /// when the last chunk completes.
+    /// RDMA WRITE of `buf` to the initiator's read buffer, in chunks. Every chunk holds the
+    /// buffer (or the region owning it) until it completes.
     async fn write_data(&self, buf: IoBuf, to: Stag) -> Result<(), IscsiError> {
+        enum Src {
+            Pool(Arc<IoBuf>),
+            Owned(Arc<Mr>),
+        }
         let len = buf.len();
-        let pooled = self.local_sge(&buf, 0, 0).is_some();
-        let mut chunks = Vec::new();
+        let src = if self.local_sge(&buf, 0, 0).is_some() {
+            Src::Pool(Arc::new(buf))
+        } else {
+            // Outside the slabs: a region that owns the buffer.
+            let mr = mem::owned_mr(&self.link.pd, buf).map_err(|e| {
+                tracing::warn!(error = %e, "registering a data-in buffer");
+                IscsiError::Protocol("buffer registration")
+            })?;
+            Src::Owned(Arc::new(mr))
+        };
         let mut off = 0;
         while off < len {
             let n = RDMA_CHUNK.min(len - off);
-            chunks.push((off, n));
-            off += n;
-        }
-        if pooled {
-            let last = chunks.len().saturating_sub(1);
-            let mut buf = Some(buf);
-            for (i, (off, n)) in chunks.into_iter().enumerate() {
-                self.link.credit(&self.link.sq).await?;
-                let b = buf.as_ref().ok_or(IscsiError::Closed)?;
-                let sge = self
-                    .local_sge(b, off, n as u32)
-                    .ok_or(IscsiError::Protocol("buffer registration"))?;
-                let hold = if i == last {
-                    buf.take().map(Hold::Buf).unwrap_or(Hold::None)
-                } else {
-                    Hold::None
-                };
-                self.link.post_rdma(
-                    SendOp::RdmaWrite {
-                        remote_addr: to.va.wrapping_add(off as u64),
-                        rkey: to.stag,
-                    },
-                    sge,
-                    hold,
-                    false,
-                )?;
-            }
-            return Ok(());
-        }
-        // Outside the slabs: a region that owns the buffer, released with the last chunk.
-        let mr = mem::owned_mr(&self.link.pd, buf).map_err(|e| {
-            tracing::warn!(error = %e, "registering a data-in buffer");
-            IscsiError::Protocol("buffer registration")
-        })?;
-        let mut mr = Some(mr);
-        let last = chunks.len().saturating_sub(1);
-        for (i, (off, n)) in chunks.into_iter().enumerate() {
             self.link.credit(&self.link.sq).await?;
-            let m = mr.as_ref().ok_or(IscsiError::Closed)?;
-            let sge = m.sge(off, n as u32);
-            let hold = if i == last {
-                mr.take().map(Hold::Mr).unwrap_or(Hold::None)
-            } else {
-                Hold::None
+            let (sge, hold) = match &src {
+                Src::Pool(b) => match self.local_sge(b, off, n as u32) {
+                    Some(sge) => (sge, Hold::Buf(b.clone())),
+                    None => {
+                        self.link.sq.add_permits(1);
+                        return Err(IscsiError::Protocol("buffer registration"));
+                    }
+                },
+                Src::Owned(m) => (m.sge(off, n as u32), Hold::Mr(m.clone())),
             };
             self.link.post_rdma(
                 SendOp::RdmaWrite {
@@ -618,6 +596,7 @@ impl IserDriver {
                 hold,
                 false,
             )?;
+            off += n;
         }
         Ok(())
     }

@@ -2,7 +2,7 @@
 //! portals), answered as ib_isert does (PROTOCOLS.md §6 and the LIO capture: REP private data
 //! 0x80 | 0x40 when the initiator ruled out send with invalidate, initiator depth up to the
 //! REQ's responder resources, responder resources 0, retry 7, RNR retry 7), each served by
-//! [`serve`] on a QP sized from the portal group's queue depth.
+//! [`super::conn::serve_until`] on a QP sized from the portal group's queue depth.
 
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
@@ -19,6 +19,7 @@ use super::conn::{serve_until, Endpoint, IserStats, Peer, Sizing};
 use super::header::CmHeader;
 use super::mem::PoolMrs;
 use crate::iscsi::login::LOGIN_MAX_DATA;
+use crate::iscsi::params::ISER_MAX_RECV_DATA;
 use crate::iscsi::server::ServerShared;
 
 /// The most RDMA READs one connection keeps in flight (rxe's max_qp_rd_atom).
@@ -114,14 +115,10 @@ impl IserServer {
         best.unwrap_or(DEFAULT_QUEUE_DEPTH)
     }
 
-    fn max_recv_data(&self, local: SocketAddr) -> u32 {
-        let mut best = LOGIN_MAX_DATA as u32;
-        for t in self.shared.registry.targets() {
-            if let Some(g) = crate::iscsi::login::choose_portal_group(&t, local) {
-                best = best.max(g.params.max_recv_data_segment_length);
-            }
-        }
-        best
+    /// Receive buffers hold a login PDU (8 KiB) and the largest data segment the login can
+    /// agree to ([`ISER_MAX_RECV_DATA`]).
+    fn max_recv_data(&self) -> u32 {
+        (LOGIN_MAX_DATA as u32).max(ISER_MAX_RECV_DATA)
     }
 
     async fn connection(self, req: ConnectRequest) {
@@ -131,7 +128,7 @@ impl IserServer {
         let read_depth = req.responder_resources().clamp(1, MAX_READ_DEPTH);
         let sizing = Sizing::new(
             self.queue_depth(local),
-            self.max_recv_data(local),
+            self.max_recv_data(),
             read_depth as u32,
         );
         let ep = match Endpoint::new(&self.pd, sizing) {
