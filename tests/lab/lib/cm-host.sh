@@ -38,6 +38,20 @@ cm_stat() {
     awk -v k="$2" '$1 == k { print $2 }' "$LAB_SHARE/$1.stats" 2>/dev/null
 }
 
+# cm_stat_at_least NAME KEY MIN: waits (up to 5 s: the server rewrites its stats file five
+# times a second, so a count may lag the guest's report) until KEY reaches MIN; prints the
+# last value read and fails if it never did.
+cm_stat_at_least() {
+    local v i
+    for ((i = 0; i < 50; i++)); do
+        v=$(cm_stat "$1" "$2")
+        ((${v:-0} >= $3)) && break
+        sleep 0.1
+    done
+    echo "${v:-0}"
+    ((${v:-0} >= $3))
+}
+
 # cm_check_logs: no panic in any rtgt-rdma log.
 cm_check_logs() {
     if grep -l 'panicked' "$LAB_RESULTS"/rtgt-*.log 2>/dev/null; then
