@@ -57,12 +57,12 @@ lab_rxe_add() {
     lab_retry 30 bash -c "rdma link show $name/1 | grep -q ACTIVE"
 }
 
-# lab_files_create DEV: ext4 on the first 200 MiB of DEV, files of several sizes with their
-# sha256 in /tmp/lab-sums (for lab_files_verify). The space behind the file system stays free
-# for raw-device tests.
+# lab_files_create DEV [FS_SIZE]: ext4 on the first FS_SIZE (default 200M) of DEV, files of
+# several sizes with their sha256 in /tmp/lab-sums (for lab_files_verify). The space behind the
+# file system stays free for raw-device tests.
 lab_files_create() {
     local dev=$1 i
-    mkfs.ext4 -q -F "$dev" 200M
+    mkfs.ext4 -q -F "$dev" "${2:-200M}"
     mkdir -p /mnt/disk
     mount "$dev" /mnt/disk
     for i in 1 2 3 4 5 6; do

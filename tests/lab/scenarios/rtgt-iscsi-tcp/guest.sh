@@ -45,38 +45,17 @@ lab_step "wwid $wwid"
 
 lab_step "mkfs.ext4 and files"
 # The file system keeps to the first 200 MiB; fio verifies the space behind it.
-mkfs.ext4 -q -F "$dev" 200M
-mkdir -p /mnt/disk
-mount "$dev" /mnt/disk
-for i in 1 2 3 4 5 6; do
-    head -c $((i * 1024 * 1024 + i * 513)) /dev/urandom >"/mnt/disk/file$i"
-done
-mkdir /mnt/disk/small
-for i in $(seq 1 40); do head -c $((i * 97)) /dev/urandom >"/mnt/disk/small/s$i"; done
-(cd /mnt/disk && find . -type f -print0 | sort -z | xargs -0 sha256sum) >/tmp/sums
-umount /mnt/disk
-echo 3 >/proc/sys/vm/drop_caches
-verify_files() {
-    mount "$dev" /mnt/disk
-    (cd /mnt/disk && sha256sum --quiet -c /tmp/sums) || lab_fail "checksums differ ($1)"
-    umount /mnt/disk
-}
+lab_files_create "$dev"
 lab_step "remount and verify sha256"
-verify_files "after remount"
+lab_files_verify "$dev" "after remount"
 
-fio_verify() { # NAME RW BS IODEPTH OFFSET SIZE
-    fio --name="$1" --filename="$dev" --rw="$2" --bs="$3" --iodepth="$4" --offset="$5" --size="$6" \
-        --verify=crc32c --verify_fatal=1 --ioengine=libaio --direct=1 --eta=never \
-        --output="$LAB_OUT/fio-$1.txt" || { cat "$LAB_OUT/fio-$1.txt"; lab_fail "fio $1 failed"; }
-    grep -q 'err= 0' "$LAB_OUT/fio-$1.txt" || lab_fail "fio $1 reported errors"
-}
 lab_step "fio verify: randwrite and randrw, bs 4k/64k/1m, iodepth 1/32"
 for rw in randwrite randrw; do
     for bs in 4k 64k 1m; do
         for qd in 1 32; do
             size=8m
             [[ $bs == 1m ]] && size=32m
-            fio_verify "$rw-$bs-qd$qd" "$rw" "$bs" "$qd" 256m "$size"
+            lab_fio_verify "$dev" "$rw-$bs-qd$qd" "$rw" "$bs" "$qd" 256m "$size"
         done
     done
 done
@@ -90,19 +69,19 @@ set_auth node.session.auth.username_in "$MUTUAL_USER"
 set_auth node.session.auth.password_in "$MUTUAL_SECRET"
 iscsiadm "${node[@]}" --login
 dev=$(lab_iscsi_disk "$portal" "$TARGET_IQN" 0 60) || lab_fail "no disk after mutual CHAP login"
-verify_files "after re-login"
+lab_files_verify "$dev" "after re-login"
 
 lab_step "rtgtd stopped with SIGTERM and restarted"
 lab_signal restart-term
 lab_wait restarted-term 120 || lab_fail "host did not restart rtgtd"
-fio_verify after-term randwrite 4k 16 300m 16m
-verify_files "after SIGTERM restart"
+lab_fio_verify "$dev" after-term randwrite 4k 16 300m 16m
+lab_files_verify "$dev" "after SIGTERM restart"
 
 lab_step "rtgtd killed with SIGKILL and restarted"
 lab_signal restart-kill
 lab_wait restarted-kill 120 || lab_fail "host did not restart rtgtd"
-fio_verify after-kill randrw 64k 16 320m 16m
-verify_files "after kill -9 restart"
+lab_fio_verify "$dev" after-kill randrw 64k 16 320m 16m
+lab_files_verify "$dev" "after kill -9 restart"
 
 lab_step "logout"
 iscsiadm "${node[@]}" --logout

@@ -17,31 +17,11 @@ lab_step "disk $dev: $bytes bytes"
 cat /sys/class/srp_remote_ports/port-*/port_id >"$LAB_OUT/port_id.txt" || true
 
 lab_step "mkfs.ext4 and files"
-mkfs.ext4 -q -F "$dev" 64M
-mkdir -p /mnt/disk
-mount "$dev" /mnt/disk
-for i in 1 2 3 4; do
-    head -c $((i * 1024 * 1024 + i * 513)) /dev/urandom >"/mnt/disk/file$i"
-done
-mkdir /mnt/disk/small
-for i in $(seq 1 30); do head -c $((i * 97)) /dev/urandom >"/mnt/disk/small/s$i"; done
-(cd /mnt/disk && find . -type f -print0 | sort -z | xargs -0 sha256sum) >/tmp/sums
-umount /mnt/disk
-echo 3 >/proc/sys/vm/drop_caches
-verify_files() {
-    mount "$dev" /mnt/disk
-    (cd /mnt/disk && sha256sum --quiet -c /tmp/sums) || lab_fail "checksums differ ($1)"
-    umount /mnt/disk
-}
+# The file system keeps to the first 64 MiB; fio verifies the space behind it.
+lab_files_create "$dev" 64M
 lab_step "remount and verify sha256"
-verify_files "after remount"
+lab_files_verify "$dev" "after remount"
 
-fio_verify() { # NAME RW BS IODEPTH OFFSET SIZE
-    fio --name="$1" --filename="$dev" --rw="$2" --bs="$3" --iodepth="$4" --offset="$5" --size="$6" \
-        --verify=crc32c --verify_fatal=1 --ioengine=libaio --direct=1 --eta=never \
-        --output="$LAB_OUT/fio-$1.txt" || { cat "$LAB_OUT/fio-$1.txt"; lab_fail "fio $1 failed"; }
-    grep -q 'err= 0' "$LAB_OUT/fio-$1.txt" || lab_fail "fio $1 reported errors"
-}
 lab_step "fio verify: randwrite and randrw; bs 512/4k/64k/1m; iodepth 1/16/64"
 for rw in randwrite randrw; do
     for bs in 512 4k 64k 1m; do
@@ -52,7 +32,7 @@ for rw in randwrite randrw; do
                 64k) size=4m ;;
                 1m) size=16m ;;
             esac
-            fio_verify "$rw-$bs-qd$qd" "$rw" "$bs" "$qd" 96m "$size"
+            lab_fio_verify "$dev" "$rw-$bs-qd$qd" "$rw" "$bs" "$qd" 96m "$size"
         done
     done
 done
@@ -64,7 +44,7 @@ lab_retry 30 bash -c "! test -e /sys/class/block/$name" || lab_fail "disk still 
 lab_step "add_target again"
 lab_srp_add_target "$SRP_TARGET" || lab_fail "second add_target failed"
 dev=$(lab_wwn_disk "$DISK_WWN" 60) || lab_fail "no disk after the second add_target"
-verify_files "after add_target again"
-fio_verify again randrw 64k 16 96m 8m
+lab_files_verify "$dev" "after add_target again"
+lab_fio_verify "$dev" again randrw 64k 16 96m 8m
 lab_srp_remove_all || lab_fail "remote port not deleted at the end"
 lab_step "rtgt-srp done"
