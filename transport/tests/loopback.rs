@@ -46,55 +46,14 @@ fn side(name: &str, addr: IpAddr, buf: usize) -> (Device, Pd, Cq, Qp, Arc<Region
 }
 
 fn connect_qp(qp: &Qp, remote: IpAddr, dest_qpn: u32, mtu: Mtu, sq_psn: u32, rq_psn: u32) {
-    let mut a = QpAttr {
-        qp_state: Some(QpState::Init),
-        qp_access_flags: Some(
-            Access::LOCAL_WRITE
-                | Access::REMOTE_WRITE
-                | Access::REMOTE_READ
-                | Access::REMOTE_ATOMIC,
-        ),
-        port_num: 1,
-        ..Default::default()
-    };
-    qp.modify(
-        &a,
-        QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::ACCESS_FLAGS,
+    qp.to_init(
+        Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC,
     )
     .unwrap();
-    a.qp_state = Some(QpState::Rtr);
-    a.av = AddressVector::new(remote);
-    a.path_mtu = Some(mtu);
-    a.dest_qp_num = dest_qpn;
-    a.rq_psn = rq_psn;
-    a.max_dest_rd_atomic = 16;
-    a.min_rnr_timer = 1;
-    qp.modify(
-        &a,
-        QpAttrMask::STATE
-            | QpAttrMask::AV
-            | QpAttrMask::PATH_MTU
-            | QpAttrMask::DEST_QPN
-            | QpAttrMask::RQ_PSN
-            | QpAttrMask::MAX_DEST_RD_ATOMIC
-            | QpAttrMask::MIN_RNR_TIMER,
-    )
-    .unwrap();
-    a.qp_state = Some(QpState::Rts);
-    a.sq_psn = sq_psn;
-    a.timeout = 14;
-    a.retry_cnt = 7;
-    a.rnr_retry = 7;
-    a.max_rd_atomic = 16;
-    qp.modify(
-        &a,
-        QpAttrMask::STATE
-            | QpAttrMask::SQ_PSN
-            | QpAttrMask::TIMEOUT
-            | QpAttrMask::RETRY_CNT
-            | QpAttrMask::RNR_RETRY
-            | QpAttrMask::MAX_QP_RD_ATOMIC,
-    )
+    qp.to_rts(&RcPath {
+        mtu,
+        ..RcPath::new(remote, dest_qpn, rq_psn, sq_psn)
+    })
     .unwrap();
 }
 

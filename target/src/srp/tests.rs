@@ -202,42 +202,11 @@ fn login_req(initiator: u8, multi: bool) -> LoginReq {
 }
 
 fn to_rtr_rts(qp: &Qp, remote: IpAddr, dest_qpn: u32, sq_psn: u32, rq_psn: u32) {
-    let mut a = QpAttr {
-        qp_state: Some(QpState::Rtr),
-        av: AddressVector::new(remote),
-        path_mtu: Some(Mtu::Mtu1024),
-        dest_qp_num: dest_qpn,
-        rq_psn,
-        max_dest_rd_atomic: 16,
-        min_rnr_timer: 1,
-        ..Default::default()
-    };
-    qp.modify(
-        &a,
-        QpAttrMask::STATE
-            | QpAttrMask::AV
-            | QpAttrMask::PATH_MTU
-            | QpAttrMask::DEST_QPN
-            | QpAttrMask::RQ_PSN
-            | QpAttrMask::MAX_DEST_RD_ATOMIC
-            | QpAttrMask::MIN_RNR_TIMER,
-    )
-    .unwrap();
-    a.qp_state = Some(QpState::Rts);
-    a.sq_psn = sq_psn;
-    a.timeout = 8;
-    a.retry_cnt = 7;
-    a.rnr_retry = 7;
-    a.max_rd_atomic = 4;
-    qp.modify(
-        &a,
-        QpAttrMask::STATE
-            | QpAttrMask::SQ_PSN
-            | QpAttrMask::TIMEOUT
-            | QpAttrMask::RETRY_CNT
-            | QpAttrMask::RNR_RETRY
-            | QpAttrMask::MAX_QP_RD_ATOMIC,
-    )
+    qp.to_rts(&RcPath {
+        timeout: 8,
+        max_rd_atomic: 4,
+        ..RcPath::new(remote, dest_qpn, rq_psn, sq_psn)
+    })
     .unwrap();
 }
 

@@ -6,6 +6,7 @@
 //! ([`crate::rc`]) runs when the device is driven ([`Device::drive`], [`Device::poll`],
 //! [`Device::receive`]).
 
+pub mod connect;
 pub mod cq;
 pub mod device;
 pub mod mem;
@@ -13,6 +14,7 @@ pub mod mr;
 pub mod qp;
 pub mod types;
 
+pub use connect::RcPath;
 pub use cq::{Cq, NotifyKind};
 pub use device::{
     Ah, Device, DeviceConfig, EventQueue, Mr, Pd, Qp, QpInitAttr, Srq, Stats, GSI_QKEY,
