@@ -128,3 +128,22 @@ lab_wwn_disk() {
     udevadm settle --timeout=30 >/dev/null 2>&1 || true
     readlink -f "$link"
 }
+
+# lab_rping TIMEOUT_S LOG ARGS...: rdma-core's rping with ARGS, its output in LOG. rping's
+# client exits 255 now and then after a complete run: its CM event thread is still reading the
+# event channel that the main thread destroys at exit ("rdma_get_cm_event: Bad file
+# descriptor" after the DISCONNECT event). That exit counts as success when nothing else in
+# the log is wrong; any other failure (a data mismatch with -V included) does not.
+lab_rping() {
+    local timeout=$1 log=$2 status=0
+    shift 2
+    timeout "$timeout" rping "$@" >"$log" 2>&1 || status=$?
+    ((status == 0)) && return 0
+    if ((status == 255)) && [[ $(tail -n1 "$log") == "rdma_get_cm_event: Bad file descriptor" ]] &&
+        grep -q 'DISCONNECT EVENT' "$log" &&
+        ! grep -v 'rdma_get_cm_event: Bad file descriptor' "$log" | grep -qiE 'mismatch|error|fail|wait for'; then
+        echo "lab: rping exit race after a complete run (status 255), counted as success" >>"$log"
+        return 0
+    fi
+    return "$status"
+}

@@ -34,7 +34,7 @@ for round in 1 2; do
 done
 
 lab_step "a second client"
-timeout 120 rping -c -a "$LAB_HOST_IP" -C 20 -S 65535 -V >"$LAB_OUT/rping-after.log" 2>&1 ||
+lab_rping 120 "$LAB_OUT/rping-after.log" -c -a "$LAB_HOST_IP" -C 20 -S 65535 -V ||
     { cat "$LAB_OUT/rping-after.log"; lab_fail "rping after the aborts failed"; }
 wait_stat live_qps "$idle" 60 || lab_fail "rtgt kept the QP of the good client: $(cat $stats)"
 lab_signal guest-done "2 clients killed mid-transfer, QPs released (live QPs back to $idle), a third served; $(stat pings) pings"

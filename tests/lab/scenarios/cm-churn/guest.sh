@@ -15,7 +15,7 @@ echo "rtgt idle: $idle live QPs"
 lab_step "$CM_CYCLES connect/transfer/disconnect cycles"
 start=$(date +%s%N)
 for ((i = 1; i <= CM_CYCLES; i++)); do
-    timeout 60 rping -c -a "$LAB_HOST_IP" -C 5 -S 4096 -V >"$LAB_OUT/rping-$i.log" 2>&1 ||
+    lab_rping 60 "$LAB_OUT/rping-$i.log" -c -a "$LAB_HOST_IP" -C 5 -S 4096 -V ||
         { cat "$LAB_OUT/rping-$i.log"; lab_fail "cycle $i failed"; }
 done
 ms=$((($(date +%s%N) - start) / 1000000))

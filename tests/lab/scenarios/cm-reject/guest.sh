@@ -12,7 +12,7 @@ lab_wait host-server 300 || lab_fail "the host did not start rtgt-rdma rping"
 # A first connect to the open port resolves the host's address (ARP, route), which takes
 # seconds under TCG and is not what is measured here.
 lab_step "rping to the open port"
-timeout 120 rping -c -a "$LAB_HOST_IP" -C 10 -S 1024 -V >"$LAB_OUT/rping-open-1.log" 2>&1 ||
+lab_rping 120 "$LAB_OUT/rping-open-1.log" -c -a "$LAB_HOST_IP" -C 10 -S 1024 -V ||
     { cat "$LAB_OUT/rping-open-1.log"; lab_fail "rping to the open port failed"; }
 
 worst=0
@@ -33,7 +33,7 @@ for ((i = 1; i <= CM_ATTEMPTS; i++)); do
 done
 
 lab_step "rping to the open port again"
-timeout 120 rping -c -a "$LAB_HOST_IP" -C 10 -S 1024 -V >"$LAB_OUT/rping-open-2.log" 2>&1 ||
+lab_rping 120 "$LAB_OUT/rping-open-2.log" -c -a "$LAB_HOST_IP" -C 10 -S 1024 -V ||
     { cat "$LAB_OUT/rping-open-2.log"; lab_fail "rping to the open port failed"; }
 lab_signal guest-done "slowest reject $worst ms"
 

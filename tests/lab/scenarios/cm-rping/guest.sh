@@ -16,7 +16,7 @@ for size in $CM_SIZES; do
     # The data of small pings is printed (-v) too.
     ((size <= 64)) && verbose=(-v)
     start=$(date +%s%N)
-    timeout 300 rping -c -a "$LAB_HOST_IP" -C "$CM_COUNT" -S "$size" -V "${verbose[@]}" >"$log" 2>&1 ||
+    lab_rping 300 "$log" -c -a "$LAB_HOST_IP" -C "$CM_COUNT" -S "$size" -V "${verbose[@]}" ||
         { tail -20 "$log"; lab_fail "rping client ($size bytes) failed"; }
     end=$(date +%s%N)
     tail -3 "$log"
