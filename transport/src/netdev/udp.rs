@@ -118,7 +118,7 @@ impl UdpNetDev {
             socket: tokio::net::UdpSocket::from_std(std_sock)?,
             local,
             peer_port: roce::UDP_PORT,
-            buf: vec![0u8; 65536 + sys::VNET_HDR_LEN],
+            buf: vec![0u8; 65536 + sys::VNET_HDR_LEN + 64],
             batch_bufs: (0..BATCH).map(|_| vec![0u8; rx_buf]).collect(),
             rx_pool: Vec::new(),
             tx_bufs: Vec::new(),
@@ -158,8 +158,8 @@ impl UdpNetDev {
         };
         let mut n = 0;
         while n < max {
-            let len = match sys::packet_recv(afd.get_ref(), &mut self.buf) {
-                Ok(Some(len)) => len,
+            let (link, len) = match sys::packet_recv(afd.get_ref(), &mut self.buf) {
+                Ok(Some(v)) => v,
                 Ok(None) => continue,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                 Err(e) => return Err(e),
@@ -175,7 +175,9 @@ impl UdpNetDev {
                 sys::VNET_GSO_UDP_L4 => usize::from(u16::from_le_bytes([hdr[4], hdr[5]])),
                 _ => continue,
             };
-            let d = &self.buf[sys::VNET_HDR_LEN..len];
+            let Some(d) = self.buf.get(sys::VNET_HDR_LEN + link..len) else {
+                continue;
+            };
             let Ok(dg) = Datagram::split(d) else {
                 continue;
             };
@@ -678,7 +680,8 @@ mod sys {
         }
     }
 
-    /// An AF_PACKET datagram socket for IPv4 on interface `ifname`, non-blocking.
+    /// An AF_PACKET raw socket for IPv4 on interface `ifname`, non-blocking, with a virtio-net
+    /// header in front of each frame (`PACKET_VNET_HDR` needs a raw socket).
     pub(super) fn packet_socket(ifname: &str) -> io::Result<std::os::fd::OwnedFd> {
         use std::os::fd::FromRawFd;
         let name = std::ffi::CString::new(ifname)
@@ -693,7 +696,7 @@ mod sys {
         let fd = unsafe {
             libc::socket(
                 libc::AF_PACKET,
-                libc::SOCK_DGRAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+                libc::SOCK_RAW | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
                 i32::from(proto),
             )
         };
@@ -753,9 +756,14 @@ mod sys {
     pub(super) const VNET_GSO_UDP_L4: u8 = 5;
     pub(super) const VNET_GSO_ECN: u8 = 0x80;
 
-    /// One datagram from a packet socket into `buf`: `Some(len)` for an incoming packet,
-    /// `None` for one this host sent (seen on loopback and by taps), `WouldBlock` when empty.
-    pub(super) fn packet_recv(fd: &impl AsRawFd, buf: &mut [u8]) -> io::Result<Option<usize>> {
+    /// One frame from a packet socket into `buf`: `Some((link-layer header length, frame
+    /// length))` for an incoming frame (virtio-net header, link-layer header, IP datagram),
+    /// `None` for one this host sent (seen on loopback and by taps) or of an unknown link
+    /// type, `WouldBlock` when empty.
+    pub(super) fn packet_recv(
+        fd: &impl AsRawFd,
+        buf: &mut [u8],
+    ) -> io::Result<Option<(usize, usize)>> {
         // SAFETY: sockaddr_ll is plain old data; all-zero is valid.
         let mut sll: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
         let mut len = std::mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t;
@@ -778,7 +786,13 @@ mod sys {
         if sll.sll_pkttype == libc::PACKET_OUTGOING || n > buf.len() {
             return Ok(None);
         }
-        Ok(Some(n))
+        // The link-layer header between the virtio-net header and the IP header.
+        let link = match sll.sll_hatype {
+            libc::ARPHRD_ETHER | libc::ARPHRD_LOOPBACK => 14,
+            libc::ARPHRD_NONE => 0,
+            _ => return Ok(None),
+        };
+        Ok(Some((link, n)))
     }
 
     /// Sends `msgs` (UDP payload `.0` to `.1`); returns how many went out.
