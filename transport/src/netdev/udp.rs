@@ -630,12 +630,10 @@ fn wrap_into(from: SocketAddr, local: SocketAddr, payload: &[u8], out: &mut Vec<
     };
     let n = payload.len();
     out.clear();
-    out.resize(ip.header_len() + udp::HEADER_LEN + n, 0);
-    let Ok(hl) = datagram::emit_headers(&ip, from.port(), local.port(), n, out) else {
-        return false;
-    };
-    out[hl..].copy_from_slice(payload);
-    true
+    // Room for the headers, then the payload copied once (no zero-fill of its bytes).
+    out.resize(ip.header_len() + udp::HEADER_LEN, 0);
+    out.extend_from_slice(payload);
+    datagram::emit_headers(&ip, from.port(), local.port(), n, out).is_ok()
 }
 
 /// `sendmmsg`/`recvmmsg` through libc.

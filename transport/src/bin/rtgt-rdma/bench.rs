@@ -272,9 +272,11 @@ fn send_rtt(rt: &tokio::runtime::Runtime, a: &End, b: &End, size: usize, n: u32)
         for i in 0..n as u64 {
             send(a, i)?;
             let r = step(b, b_pending).await?;
+            // The receive may be one the SEND bandwidth measurement left posted (any wr_id):
+            // the repost takes one of the 64 slots.
             b.qp.post_recv(RecvWr {
                 wr_id: r,
-                sg_list: vec![b.mr.sge(REGION / 2 + r as usize * size, size as u32)],
+                sg_list: vec![b.mr.sge(REGION / 2 + (r as usize % 64) * size, size as u32)],
             })
             .map_err(err("post receive"))?;
             send(b, i)?;
@@ -282,7 +284,7 @@ fn send_rtt(rt: &tokio::runtime::Runtime, a: &End, b: &End, size: usize, n: u32)
             let r = step(a, true).await?;
             a.qp.post_recv(RecvWr {
                 wr_id: r,
-                sg_list: vec![a.mr.sge(REGION / 2 + r as usize * size, size as u32)],
+                sg_list: vec![a.mr.sge(REGION / 2 + (r as usize % 64) * size, size as u32)],
             })
             .map_err(err("post receive"))?;
         }
