@@ -45,7 +45,8 @@ pub trait NetDev: Send {
         bufs.clear();
     }
 
-    /// Appends up to `max` waiting datagrams to `out`; returns how many.
+    /// Appends up to `max` waiting datagrams to `out`; returns how many. A link that receives
+    /// datagrams coalesced (UDP GRO) may return up to one system call's worth more.
     fn receive_batch(&mut self, out: &mut Vec<Vec<u8>>, max: usize) -> io::Result<usize> {
         let mut n = 0;
         while n < max {

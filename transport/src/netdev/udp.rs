@@ -19,12 +19,25 @@
 //!   socket on the interface (CAP_NET_RAW) that receives the whole IP datagrams, real ID
 //!   included, so the device can keep `check_icrc = true`; the UDP socket then only transmits
 //!   (and keeps the port bound so the kernel sends no ICMP port-unreachable).
+//! * Segmentation offload: a run of datagrams to one peer whose UDP payloads have one size
+//!   (the last may be shorter) — the packets of one message at the path MTU — goes out as one
+//!   UDP GSO send (`UDP_SEGMENT`), which Linux (or the NIC) cuts back into exactly those
+//!   datagrams, so the wire carries the same RoCEv2 packets for a fraction of the stack's
+//!   per-datagram work. Linux numbers the segments of one send with consecutive IPv4 IDs from
+//!   0; since the ICRC covers the ID, the segment at index k is sent with the ICRC computed for
+//!   ID k (checked against a tap device: every segment's ICRC holds). A kernel or route that
+//!   refuses GSO turns it off for the socket.
+//! * Receive offload: the socket has `UDP_GRO`, so a GSO run from a sender on the same host
+//!   arrives in one piece with its segment size, and is cut into its datagrams here. A packet
+//!   socket sees such a run before the stack cuts it; its virtio-net header
+//!   (`PACKET_VNET_HDR`) gives the segment size, and the datagrams are cut with the IPv4 IDs
+//!   the stack would give them.
 //! * IPv6 peers (rxe) send zero UDP checksums; `UDP_NO_CHECK6_RX` makes the kernel accept them.
 //! * The socket is bound to one address, which therefore is the destination of everything it
 //!   receives (no `IP_PKTINFO` needed).
 //!
-//! Socket options, `sendmmsg` and `recvmmsg` (batches of 32 datagrams per system call)
-//! go through libc; that is the only `unsafe` in this module.
+//! Socket options, `sendmmsg` and `recvmmsg` (batches of 32 messages per system call, control
+//! messages for GSO and GRO) go through libc; that is the only `unsafe` in this module.
 
 use std::io;
 use std::net::{IpAddr, SocketAddr};
@@ -47,6 +60,13 @@ pub struct UdpNetDev {
     rx_pool: Vec<Vec<u8>>,
     tx_bufs: Vec<Vec<u8>>,
     packet_rx: Option<tokio::io::unix::AsyncFd<std::os::fd::OwnedFd>>,
+    /// Runs of datagrams to one peer go out as one UDP GSO send (cleared if the kernel or
+    /// the route refuses it).
+    gso: bool,
+    /// The socket has `UDP_GRO`: a received datagram may be several coalesced ones.
+    gro: bool,
+    /// Segments of a coalesced datagram that [`NetDev::receive`] has not returned yet.
+    pending: std::collections::VecDeque<Vec<u8>>,
 }
 
 fn setsockopt_int(fd: i32, level: i32, name: i32, value: i32) -> io::Result<()> {
@@ -103,15 +123,22 @@ impl UdpNetDev {
             }
         }
         let local = std_sock.local_addr()?;
+        // Coalesced receive: a GSO sender's run of datagrams arrives in one piece (split
+        // again by its segment size below) instead of one trip through the stack each.
+        let gro = setsockopt_int(fd, libc::SOL_UDP, libc::UDP_GRO, 1).is_ok();
+        let rx_buf = if gro { GRO_BUF } else { RX_BUF };
         Ok(UdpNetDev {
             socket: tokio::net::UdpSocket::from_std(std_sock)?,
             local,
             peer_port: roce::UDP_PORT,
-            buf: vec![0u8; 65536],
-            batch_bufs: (0..BATCH).map(|_| vec![0u8; RX_BUF]).collect(),
+            buf: vec![0u8; 65536 + sys::VNET_HDR_LEN + 64],
+            batch_bufs: (0..BATCH).map(|_| vec![0u8; rx_buf]).collect(),
             rx_pool: Vec::new(),
             tx_bufs: Vec::new(),
             packet_rx: None,
+            gso: true,
+            gro,
+            pending: std::collections::VecDeque::new(),
         })
     }
 
@@ -119,6 +146,11 @@ impl UdpNetDev {
     /// `ifname` instead, so received ICRCs can be checked (see the module documentation).
     pub fn bind_with_packet_rx(addr: SocketAddr, ifname: &str) -> io::Result<UdpNetDev> {
         let mut nd = UdpNetDev::bind(addr)?;
+        if nd.gro {
+            // Only the packet socket's copies count, one per datagram.
+            let _ = setsockopt_int(nd.socket.as_raw_fd(), libc::SOL_UDP, libc::UDP_GRO, 0);
+            nd.gro = false;
+        }
         let fd = sys::packet_socket(ifname)?;
         // SAFETY: `fd` is an OwnedFd: open, owned by the AsyncFd from here on, and its
         // `as_raw_fd` always returns the same descriptor.
@@ -139,22 +171,39 @@ impl UdpNetDev {
         };
         let mut n = 0;
         while n < max {
-            let len = match sys::packet_recv(afd.get_ref(), &mut self.buf) {
-                Ok(Some(len)) => len,
+            let (link, len) = match sys::packet_recv(afd.get_ref(), &mut self.buf) {
+                Ok(Some(v)) => v,
                 Ok(None) => continue,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                 Err(e) => return Err(e),
             };
             n += 1;
-            let d = &self.buf[..len];
+            // The virtio-net header in front says whether this is a GSO datagram that the
+            // stack has not cut yet (a sender on this host's loopback).
+            let Some(hdr) = self.buf.get(..sys::VNET_HDR_LEN) else {
+                continue;
+            };
+            let segment = match hdr[1] & !sys::VNET_GSO_ECN {
+                sys::VNET_GSO_NONE => 0,
+                sys::VNET_GSO_UDP_L4 => usize::from(u16::from_le_bytes([hdr[4], hdr[5]])),
+                _ => continue,
+            };
+            let Some(d) = self.buf.get(sys::VNET_HDR_LEN + link..len) else {
+                continue;
+            };
             let Ok(dg) = Datagram::split(d) else {
                 continue;
             };
             let Ok(ip) = dg.ip_repr() else {
                 continue;
             };
-            if ip.dst_addr() == self.local.ip() && dg.udp_repr().dst_port == self.local.port() {
+            if ip.dst_addr() != self.local.ip() || dg.udp_repr().dst_port != self.local.port() {
+                continue;
+            }
+            if segment == 0 {
                 out.push(d.to_vec());
+            } else {
+                split_gso(d, dg.ip_header.len(), segment, out);
             }
         }
         Ok(n)
@@ -239,10 +288,14 @@ impl NetDev for UdpNetDev {
     }
 
     fn receive(&mut self) -> io::Result<Option<Vec<u8>>> {
-        if self.packet_rx.is_some() {
-            let mut v = Vec::new();
-            self.packet_receive(&mut v, 1)?;
-            return Ok(v.pop());
+        if self.packet_rx.is_some() || self.gro {
+            // One received datagram may be several (GRO, GSO seen by the packet socket).
+            if self.pending.is_empty() {
+                let mut v = Vec::new();
+                self.receive_batch(&mut v, 1)?;
+                self.pending.extend(v);
+            }
+            return Ok(self.pending.pop_front());
         }
         let (n, from) = match self.socket.try_recv_from(&mut self.buf) {
             Ok(v) => v,
@@ -274,14 +327,20 @@ impl NetDev for UdpNetDev {
                 used += 1;
             }
         }
-        let msgs: Vec<(&[u8], SocketAddr)> = plan
+        let msgs: Vec<(&[u8], usize, SocketAddr)> = plan
             .iter()
             .map(|&(slot, hl, to)| match slot {
-                Ok(i) => (&bufs[i][hl..], to),
-                Err(k) => (&datagrams[k][hl..], to),
+                Ok(i) => (&bufs[i][..], hl, to),
+                Err(k) => (&datagrams[k][..], hl, to),
             })
             .collect();
-        let r = self.send_all(&msgs);
+        let r = if self.gso {
+            self.send_gso(&msgs)
+        } else {
+            let payloads: Vec<(&[u8], SocketAddr)> =
+                msgs.iter().map(|&(d, hl, to)| (&d[hl..], to)).collect();
+            self.send_all(&payloads)
+        };
         drop(msgs);
         self.tx_bufs = bufs;
         r
@@ -298,10 +357,19 @@ impl NetDev for UdpNetDev {
     }
 
     fn receive_batch(&mut self, out: &mut Vec<Vec<u8>>, max: usize) -> io::Result<usize> {
-        if self.packet_rx.is_some() {
-            return self.packet_receive(out, max);
-        }
         let mut total = 0;
+        while total < max {
+            let Some(d) = self.pending.pop_front() else {
+                break;
+            };
+            out.push(d);
+            total += 1;
+        }
+        if self.packet_rx.is_some() {
+            return Ok(total + self.packet_receive(out, max - total)?);
+        }
+        // With GRO one datagram may stand for many: `max` is then exceeded by at most one
+        // batch of coalesced datagrams.
         while total < max {
             let bufs = &mut self.batch_bufs;
             let got = match self.socket.try_io(tokio::io::Interest::READABLE, || {
@@ -314,11 +382,15 @@ impl NetDev for UdpNetDev {
             if got.is_empty() {
                 break;
             }
-            for (i, len, from) in got {
-                total += 1;
-                let mut d = self.rx_pool.pop().unwrap_or_default();
-                if wrap_into(from, self.local, &self.batch_bufs[i][..len], &mut d) {
-                    out.push(d);
+            for (i, len, from, seg) in got {
+                let payload = &self.batch_bufs[i][..len];
+                let seg = if seg == 0 { len.max(1) } else { seg };
+                for p in payload.chunks(seg) {
+                    total += 1;
+                    let mut d = self.rx_pool.pop().unwrap_or_default();
+                    if wrap_into(from, self.local, p, &mut d) {
+                        out.push(d);
+                    }
                 }
             }
         }
@@ -344,6 +416,94 @@ impl UdpNetDev {
                 d.len() - dg.roce.len(),
             )
         })
+    }
+
+    /// Sends datagrams (`.0`, whose UDP payload starts at `.1`) with UDP GSO: each run of
+    /// datagrams to one peer whose payloads have one size (the last may be shorter) goes out
+    /// as one message that the kernel (or the NIC) cuts back into exactly those datagrams.
+    ///
+    /// The cut datagrams carry what the engine built, with one difference: for IPv4, Linux
+    /// numbers the segments of one send with consecutive IP IDs from the ID of the first,
+    /// which is 0 here (DF, unconnected socket), and the ICRC covers the ID, so the ICRC of
+    /// the segment at index `k` is sent as computed with ID `k`. Receivers that see the IP
+    /// header (rxe, a packet socket) then find every ICRC valid.
+    ///
+    /// A route or kernel that refuses GSO turns it off for the socket, and the datagrams go
+    /// out one by one as before.
+    fn send_gso(&mut self, msgs: &[(&[u8], usize, SocketAddr)]) -> io::Result<()> {
+        let v4 = self.local.is_ipv4();
+        // Runs: (first datagram, count, segment size).
+        let mut runs: Vec<(usize, usize, usize)> = Vec::new();
+        let mut i = 0;
+        while i < msgs.len() {
+            let (d, hl, to) = msgs[i];
+            let seg = d.len() - hl;
+            let mut bytes = seg;
+            let mut j = i + 1;
+            while j < msgs.len() && j - i < GSO_MAX_SEGMENTS {
+                let (e, ehl, eto) = msgs[j];
+                let len = e.len() - ehl;
+                if eto != to || len > seg || bytes + len > GSO_MAX_BYTES {
+                    break;
+                }
+                bytes += len;
+                j += 1;
+                if len < seg {
+                    break;
+                }
+            }
+            runs.push((i, j - i, seg));
+            i = j;
+        }
+        // The ICRCs of segments after the first of an IPv4 run, with their IP ID.
+        let mut icrcs: Vec<[u8; 4]> = Vec::new();
+        if v4 {
+            for &(first, count, _) in &runs {
+                for (k, &(d, hl, _)) in msgs[first..first + count].iter().enumerate().skip(1) {
+                    icrcs.push(icrc_with_ident(d, hl, k as u16).to_le_bytes());
+                }
+            }
+        }
+        // Every datagram as one or two pieces (payload before the ICRC, the ICRC).
+        let mut pieces: Vec<&[u8]> = Vec::with_capacity(msgs.len() * 2);
+        let mut sends: Vec<sys::GsoMsg> = Vec::with_capacity(runs.len());
+        let mut next_icrc = 0;
+        for &(first, count, seg) in &runs {
+            let start = pieces.len();
+            for (k, &(d, hl, _)) in msgs[first..first + count].iter().enumerate() {
+                if v4 && k > 0 {
+                    pieces.push(&d[hl..d.len() - roce::ICRC_LEN]);
+                    pieces.push(&icrcs[next_icrc]);
+                    next_icrc += 1;
+                } else {
+                    pieces.push(&d[hl..]);
+                }
+            }
+            sends.push(sys::GsoMsg {
+                pieces: start..pieces.len(),
+                to: msgs[first].2,
+                segment: if count > 1 { seg as u16 } else { 0 },
+            });
+        }
+        let mut done = 0;
+        while done < sends.len() {
+            let chunk = &sends[done..(done + BATCH).min(sends.len())];
+            match sys::sendmmsg_gso(&self.socket, &pieces, chunk) {
+                Ok(n) => done += n.max(1),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+                Err(e) if chunk[0].segment != 0 && gso_refused(&e) => {
+                    // Send the rest one by one, with the ICRCs the engine computed.
+                    self.gso = false;
+                    let rest: Vec<(&[u8], SocketAddr)> = msgs[runs[done].0..]
+                        .iter()
+                        .map(|&(d, hl, to)| (&d[hl..], to))
+                        .collect();
+                    return self.send_all(&rest);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
     }
 
     /// `sendmmsg` of UDP payloads, [`BATCH`] per call; a full socket drops the rest.
@@ -376,6 +536,67 @@ const RX_BUF: usize = 8192;
 
 /// Received datagram buffers kept for reuse.
 const RX_POOL: usize = 1024;
+/// Receive buffer per datagram with `UDP_GRO`: a coalesced datagram is at most 64 KiB.
+const GRO_BUF: usize = 65536;
+/// Datagrams per GSO send (the kernel's `UDP_MAX_SEGMENTS` is 64 or more).
+const GSO_MAX_SEGMENTS: usize = 64;
+/// Segments a received GSO datagram may stand for (the kernel's `UDP_MAX_SEGMENTS` is at
+/// most 128).
+const GSO_RX_MAX_SEGMENTS: usize = 128;
+/// UDP payload bytes per GSO send: one IPv4 datagram's worth (65535 - 20 - 8).
+const GSO_MAX_BYTES: usize = 65507;
+
+/// Cuts a GSO datagram `d` (IP header of `ip_len` bytes, UDP header, payload) into the
+/// datagrams of `segment` payload bytes the stack would make of it: lengths rewritten and, for
+/// IPv4, consecutive IDs from the first one with the header checksum refreshed.
+fn split_gso(d: &[u8], ip_len: usize, segment: usize, out: &mut Vec<Vec<u8>>) {
+    let hl = ip_len + udp::HEADER_LEN;
+    let Some(payload) = d.get(hl..) else {
+        return;
+    };
+    let segment = segment.max(1);
+    // The kernel makes at most 128 segments of one send; anything else is not its doing.
+    if payload.len().div_ceil(segment) > GSO_RX_MAX_SEGMENTS {
+        return;
+    }
+    let ident = u16::from_be_bytes([d[4], d[5]]);
+    for (k, p) in payload.chunks(segment).enumerate() {
+        let mut seg = Vec::with_capacity(hl + p.len());
+        seg.extend_from_slice(&d[..hl]);
+        seg.extend_from_slice(p);
+        let udp_len = (udp::HEADER_LEN + p.len()) as u16;
+        if ip_len == ipv4::HEADER_LEN {
+            let total = (hl + p.len()) as u16;
+            seg[2..4].copy_from_slice(&total.to_be_bytes());
+            seg[4..6].copy_from_slice(&ident.wrapping_add(k as u16).to_be_bytes());
+            seg[10..12].fill(0);
+            let sum = ipv4::checksum(&seg[..ipv4::HEADER_LEN]);
+            seg[10..12].copy_from_slice(&sum.to_be_bytes());
+        } else {
+            seg[4..6].copy_from_slice(&udp_len.to_be_bytes());
+        }
+        seg[ip_len + 4..ip_len + 6].copy_from_slice(&udp_len.to_be_bytes());
+        seg[ip_len + 6..ip_len + 8].fill(0);
+        out.push(seg);
+    }
+}
+
+/// Errors by which a kernel or route says it cannot segment a UDP send.
+fn gso_refused(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EIO | libc::EINVAL | libc::EOPNOTSUPP | libc::ENOPROTOOPT | libc::EMSGSIZE)
+    )
+}
+
+/// The ICRC of IPv4 datagram `d` (UDP payload at `hl`) as it would be with IP ID `ident`.
+fn icrc_with_ident(d: &[u8], hl: usize, ident: u16) -> u32 {
+    let ip_len = hl - udp::HEADER_LEN;
+    let mut ip = [0u8; ipv4::HEADER_LEN];
+    ip.copy_from_slice(&d[..ipv4::HEADER_LEN.min(ip_len)]);
+    ip[4..6].copy_from_slice(&ident.to_be_bytes());
+    icrc::compute(&ip, &d[ip_len..hl], &d[hl..d.len() - roce::ICRC_LEN])
+}
 
 /// Rebuilds the IP and UDP headers the kernel stripped (see the module documentation).
 fn wrap(from: SocketAddr, local: SocketAddr, payload: &[u8]) -> Option<Vec<u8>> {
@@ -409,12 +630,10 @@ fn wrap_into(from: SocketAddr, local: SocketAddr, payload: &[u8], out: &mut Vec<
     };
     let n = payload.len();
     out.clear();
-    out.resize(ip.header_len() + udp::HEADER_LEN + n, 0);
-    let Ok(hl) = datagram::emit_headers(&ip, from.port(), local.port(), n, out) else {
-        return false;
-    };
-    out[hl..].copy_from_slice(payload);
-    true
+    // Room for the headers, then the payload copied once (no zero-fill of its bytes).
+    out.resize(ip.header_len() + udp::HEADER_LEN, 0);
+    out.extend_from_slice(payload);
+    datagram::emit_headers(&ip, from.port(), local.port(), n, out).is_ok()
 }
 
 /// `sendmmsg`/`recvmmsg` through libc.
@@ -480,7 +699,8 @@ mod sys {
         }
     }
 
-    /// An AF_PACKET datagram socket for IPv4 on interface `ifname`, non-blocking.
+    /// An AF_PACKET raw socket for IPv4 on interface `ifname`, non-blocking, with a virtio-net
+    /// header in front of each frame (`PACKET_VNET_HDR` needs a raw socket).
     pub(super) fn packet_socket(ifname: &str) -> io::Result<std::os::fd::OwnedFd> {
         use std::os::fd::FromRawFd;
         let name = std::ffi::CString::new(ifname)
@@ -495,7 +715,7 @@ mod sys {
         let fd = unsafe {
             libc::socket(
                 libc::AF_PACKET,
-                libc::SOCK_DGRAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+                libc::SOCK_RAW | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
                 i32::from(proto),
             )
         };
@@ -520,6 +740,14 @@ mod sys {
         if r < 0 {
             return Err(io::Error::last_os_error());
         }
+        // A virtio-net header in front of each datagram tells GSO datagrams (not cut yet
+        // when sender and receiver share a host) from plain ones.
+        super::setsockopt_int(
+            owned.as_raw_fd(),
+            libc::SOL_PACKET,
+            libc::PACKET_VNET_HDR,
+            1,
+        )?;
         // A peer's burst (a whole message window) must fit, as for the UDP socket.
         if super::setsockopt_int(
             owned.as_raw_fd(),
@@ -539,9 +767,22 @@ mod sys {
         Ok(owned)
     }
 
-    /// One datagram from a packet socket into `buf`: `Some(len)` for an incoming packet,
-    /// `None` for one this host sent (seen on loopback and by taps), `WouldBlock` when empty.
-    pub(super) fn packet_recv(fd: &impl AsRawFd, buf: &mut [u8]) -> io::Result<Option<usize>> {
+    /// Length of the virtio-net header (`struct virtio_net_hdr`) before each datagram a
+    /// packet socket with `PACKET_VNET_HDR` returns; its byte 1 is the GSO type and bytes 4..6
+    /// the segment size (little-endian).
+    pub(super) const VNET_HDR_LEN: usize = 10;
+    pub(super) const VNET_GSO_NONE: u8 = 0;
+    pub(super) const VNET_GSO_UDP_L4: u8 = 5;
+    pub(super) const VNET_GSO_ECN: u8 = 0x80;
+
+    /// One frame from a packet socket into `buf`: `Some((link-layer header length, frame
+    /// length))` for an incoming frame (virtio-net header, link-layer header, IP datagram),
+    /// `None` for one this host sent (seen on loopback and by taps) or of an unknown link
+    /// type, `WouldBlock` when empty.
+    pub(super) fn packet_recv(
+        fd: &impl AsRawFd,
+        buf: &mut [u8],
+    ) -> io::Result<Option<(usize, usize)>> {
         // SAFETY: sockaddr_ll is plain old data; all-zero is valid.
         let mut sll: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
         let mut len = std::mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t;
@@ -564,7 +805,13 @@ mod sys {
         if sll.sll_pkttype == libc::PACKET_OUTGOING || n > buf.len() {
             return Ok(None);
         }
-        Ok(Some(n))
+        // The link-layer header between the virtio-net header and the IP header.
+        let link = match sll.sll_hatype {
+            libc::ARPHRD_ETHER | libc::ARPHRD_LOOPBACK => 14,
+            libc::ARPHRD_NONE => 0,
+            _ => return Ok(None),
+        };
+        Ok(Some((link, n)))
     }
 
     /// Sends `msgs` (UDP payload `.0` to `.1`); returns how many went out.
@@ -611,12 +858,99 @@ mod sys {
         }
     }
 
-    /// Receives up to `bufs.len()` datagrams; returns (buffer index, length, source) for each
-    /// one that was not truncated.
+    /// One message of [`sendmmsg_gso`]: `pieces` (a range of the pieces passed) to `to`, cut
+    /// by the kernel into datagrams of `segment` bytes when it is not 0.
+    pub(super) struct GsoMsg {
+        pub pieces: std::ops::Range<usize>,
+        pub to: SocketAddr,
+        pub segment: u16,
+    }
+
+    /// Control data with one `int`-sized or smaller option (CMSG_SPACE(4) is 24 or less),
+    /// aligned for `cmsghdr`.
+    #[derive(Clone, Copy)]
+    #[repr(C, align(8))]
+    struct Cmsg([u8; 32]);
+
+    /// Sends `msgs` (UDP GSO where `segment` is set); returns how many went out.
+    pub(super) fn sendmmsg_gso(
+        sock: &impl AsRawFd,
+        pieces: &[&[u8]],
+        msgs: &[GsoMsg],
+    ) -> io::Result<usize> {
+        let mut names: Vec<(libc::sockaddr_storage, libc::socklen_t)> =
+            msgs.iter().map(|m| to_storage(m.to)).collect();
+        let mut iovs: Vec<libc::iovec> = pieces
+            .iter()
+            .map(|p| libc::iovec {
+                iov_base: p.as_ptr() as *mut libc::c_void,
+                iov_len: p.len(),
+            })
+            .collect();
+        let mut cmsgs: Vec<Cmsg> = vec![Cmsg([0; 32]); msgs.len()];
+        let iov_base = iovs.as_mut_ptr();
+        let mut hdrs: Vec<libc::mmsghdr> = Vec::with_capacity(msgs.len());
+        for ((m, name), cm) in msgs.iter().zip(names.iter_mut()).zip(cmsgs.iter_mut()) {
+            if m.pieces.end > pieces.len() || m.pieces.is_empty() {
+                return Err(io::Error::from(io::ErrorKind::InvalidInput));
+            }
+            // SAFETY: msghdr is plain old data; zero is a valid "no control data" value.
+            let mut h: libc::msghdr = unsafe { std::mem::zeroed() };
+            h.msg_name = (&mut name.0 as *mut libc::sockaddr_storage).cast();
+            h.msg_namelen = name.1;
+            // SAFETY: `m.pieces` lies within `iovs` (checked above).
+            h.msg_iov = unsafe { iov_base.add(m.pieces.start) };
+            h.msg_iovlen = m.pieces.len() as _;
+            if m.segment != 0 {
+                // SAFETY: CMSG_SPACE/CMSG_LEN are pure arithmetic.
+                let (space, len) = unsafe {
+                    (
+                        libc::CMSG_SPACE(std::mem::size_of::<u16>() as u32),
+                        libc::CMSG_LEN(std::mem::size_of::<u16>() as u32),
+                    )
+                };
+                h.msg_control = cm.0.as_mut_ptr().cast();
+                h.msg_controllen = space as _;
+                // SAFETY: the control buffer is 32 bytes, aligned for cmsghdr, and larger
+                // than CMSG_SPACE(2), so the first header and its data fit in it.
+                unsafe {
+                    let c = libc::CMSG_FIRSTHDR(&h);
+                    (*c).cmsg_level = libc::SOL_UDP;
+                    (*c).cmsg_type = libc::UDP_SEGMENT;
+                    (*c).cmsg_len = len as _;
+                    std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<u16>(), m.segment);
+                }
+            }
+            hdrs.push(libc::mmsghdr {
+                msg_hdr: h,
+                msg_len: 0,
+            });
+        }
+        // SAFETY: every header points at a live name, control buffer and iovecs in
+        // `names`/`cmsgs`/`iovs`, whose buffers (`pieces`) outlive the call; the kernel only
+        // reads them.
+        let r = unsafe {
+            libc::sendmmsg(
+                sock.as_raw_fd(),
+                hdrs.as_mut_ptr(),
+                hdrs.len() as libc::c_uint,
+                libc::MSG_DONTWAIT,
+            )
+        };
+        if r < 0 {
+            Err(io::Error::last_os_error())
+        } else {
+            Ok(r as usize)
+        }
+    }
+
+    /// Receives up to `bufs.len()` datagrams; returns (buffer index, length, source, GRO
+    /// segment size or 0) for each one that was not truncated.
     pub(super) fn recvmmsg(
         sock: &impl AsRawFd,
         bufs: &mut [Vec<u8>],
-    ) -> io::Result<Vec<(usize, usize, SocketAddr)>> {
+    ) -> io::Result<Vec<(usize, usize, SocketAddr, usize)>> {
+        let mut cmsgs: Vec<Cmsg> = vec![Cmsg([0; 32]); bufs.len()];
         // SAFETY: sockaddr_storage is plain old data; all-zero is valid.
         let mut names: Vec<libc::sockaddr_storage> =
             bufs.iter().map(|_| unsafe { std::mem::zeroed() }).collect();
@@ -630,13 +964,16 @@ mod sys {
         let mut hdrs: Vec<libc::mmsghdr> = names
             .iter_mut()
             .zip(iovs.iter_mut())
-            .map(|(name, iov)| {
+            .zip(cmsgs.iter_mut())
+            .map(|((name, iov), cm)| {
                 // SAFETY: msghdr is plain old data; zero is a valid "no control data" value.
                 let mut h: libc::msghdr = unsafe { std::mem::zeroed() };
                 h.msg_name = (name as *mut libc::sockaddr_storage).cast();
                 h.msg_namelen = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
                 h.msg_iov = iov;
                 h.msg_iovlen = 1;
+                h.msg_control = cm.0.as_mut_ptr().cast();
+                h.msg_controllen = cm.0.len() as _;
                 libc::mmsghdr {
                     msg_hdr: h,
                     msg_len: 0,
@@ -662,8 +999,22 @@ mod sys {
             if h.msg_hdr.msg_flags & libc::MSG_TRUNC != 0 {
                 continue;
             }
+            // The segment size of a coalesced datagram (UDP_GRO), as an int.
+            let mut segment = 0;
+            // SAFETY: the kernel filled the control buffer of this header and set its
+            // msg_controllen; the CMSG macros stay within it.
+            unsafe {
+                let mut c = libc::CMSG_FIRSTHDR(&h.msg_hdr);
+                while !c.is_null() {
+                    if (*c).cmsg_level == libc::SOL_UDP && (*c).cmsg_type == libc::UDP_GRO {
+                        let v = std::ptr::read_unaligned(libc::CMSG_DATA(c).cast::<libc::c_int>());
+                        segment = usize::try_from(v).unwrap_or(0);
+                    }
+                    c = libc::CMSG_NXTHDR(&h.msg_hdr, c);
+                }
+            }
             if let Some(from) = from_storage(&names[i]) {
-                out.push((i, h.msg_len as usize, from));
+                out.push((i, h.msg_len as usize, from, segment));
             }
         }
         Ok(out)
@@ -720,5 +1071,137 @@ mod tests {
         );
         assert_eq!(dg.udp_repr().src_port, nd.local_addr().port());
         assert_eq!(dg.computed_icrc(), dg.wire_icrc());
+    }
+}
+
+#[cfg(test)]
+mod gso_tests {
+    use super::*;
+    use std::net::Ipv4Addr;
+
+    /// A RoCEv2 datagram from `from` to `to` as the device builds it for this netdev (its
+    /// ports, ID 0, DF), `payload` bytes after the BTH, PSN `psn`.
+    fn datagram(from: SocketAddr, to: SocketAddr, payload: usize, psn: u8) -> Vec<u8> {
+        let (IpAddr::V4(src), IpAddr::V4(dst)) = (from.ip(), to.ip()) else {
+            panic!("IPv4 only");
+        };
+        let ip = IpRepr::V4(ipv4::Repr {
+            src_addr: src,
+            dst_addr: dst,
+            protocol: ipv4::PROTOCOL_UDP,
+            payload_len: 0,
+            ttl: 64,
+            tos: 0,
+            ident: 0,
+            dont_frag: true,
+        });
+        let roce_len = 12 + payload + roce::ICRC_LEN;
+        let mut d = vec![0u8; 28 + roce_len];
+        datagram::emit_headers(&ip, from.port(), to.port(), roce_len, &mut d).unwrap();
+        d[28] = 0x04; // RC SEND_ONLY
+        d[30] = 0xff;
+        d[31] = 0xff;
+        d[35] = 0x11;
+        d[39] = psn;
+        for (i, b) in d[40..40 + payload].iter_mut().enumerate() {
+            *b = (i as u8).wrapping_mul(31) ^ psn;
+        }
+        icrc::generate(&mut d).unwrap();
+        d
+    }
+
+    /// Runs of equal datagrams, a shorter last one, a second peer in between: what GSO must
+    /// group and where it must cut.
+    fn burst(from: SocketAddr, to: SocketAddr, other: SocketAddr) -> Vec<Vec<u8>> {
+        let mut v = Vec::new();
+        for k in 0..20u8 {
+            v.push(datagram(from, to, 1024, k));
+        }
+        v.push(datagram(from, to, 100, 20));
+        v.push(datagram(from, other, 1024, 21));
+        for k in 22..30u8 {
+            v.push(datagram(from, to, 512, k));
+        }
+        v
+    }
+
+    async fn collect(nd: &mut UdpNetDev, n: usize) -> Vec<Vec<u8>> {
+        let mut got = Vec::new();
+        let wait = async {
+            while got.len() < n {
+                nd.readable().await.unwrap();
+                nd.receive_batch(&mut got, 1024).unwrap();
+            }
+        };
+        tokio::time::timeout(std::time::Duration::from_secs(10), wait)
+            .await
+            .expect("datagrams lost");
+        got
+    }
+
+    /// The segments a GRO socket receives are the datagrams sent, in order, the ICRC of the
+    /// k-th segment of a GSO run computed with IPv4 ID k (what the kernel gives it when it
+    /// cuts the run on a link).
+    #[tokio::test]
+    async fn gso_runs_arrive_as_the_datagrams_sent() {
+        let (Ok(mut a), Ok(mut b)) = (
+            UdpNetDev::bind("127.0.0.1:0".parse().unwrap()),
+            UdpNetDev::bind("127.0.0.1:0".parse().unwrap()),
+        ) else {
+            eprintln!("skipping: cannot bind UDP sockets");
+            return;
+        };
+        assert!(b.gro, "UDP_GRO refused");
+        a.peer_port = b.local_addr().port();
+        let to = b.local_addr();
+        // A datagram to another address (nobody listens there) breaks the run.
+        let other = SocketAddr::new(IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2)), to.port());
+        let sent = burst(a.local_addr(), to, other);
+        a.transmit_batch(&sent).unwrap();
+        assert!(a.gso, "GSO was refused on loopback");
+        let got = collect(&mut b, sent.len() - 1).await;
+        let mine: Vec<&Vec<u8>> = sent
+            .iter()
+            .filter(|d| d[16..20] == [127, 0, 0, 1])
+            .collect();
+        assert_eq!(got.len(), mine.len());
+        // Runs: 20 x 1024 + 100 (one send), then 8 x 512.
+        let index_in_run = |i: usize| if i <= 20 { i } else { i - 21 };
+        for (i, (g, s)) in got.iter().zip(&mine).enumerate() {
+            let (gd, sd) = (Datagram::split(g).unwrap(), Datagram::split(s).unwrap());
+            let n = sd.roce.len() - roce::ICRC_LEN;
+            assert_eq!(gd.roce[..n], sd.roce[..n], "datagram {i}");
+            let k = index_in_run(i) as u16;
+            assert_eq!(
+                gd.wire_icrc(),
+                icrc_with_ident(s, 28, k),
+                "ICRC of datagram {i}"
+            );
+        }
+    }
+
+    /// A packet socket on loopback sees the run before the stack cuts it: the virtio-net
+    /// header gives the segment size, and every datagram cut from it has a valid ICRC.
+    #[tokio::test]
+    async fn packet_socket_cuts_gso_runs_with_valid_icrcs() {
+        let (Ok(mut a), Ok(mut b)) = (
+            UdpNetDev::bind("127.0.0.5:0".parse().unwrap()),
+            UdpNetDev::bind_with_packet_rx("127.0.0.6:0".parse().unwrap(), "lo"),
+        ) else {
+            eprintln!("skipping: no packet socket (needs CAP_NET_RAW)");
+            return;
+        };
+        a.peer_port = b.local_addr().port();
+        let to = b.local_addr();
+        let sent = burst(a.local_addr(), to, to);
+        a.transmit_batch(&sent).unwrap();
+        let got = collect(&mut b, sent.len()).await;
+        assert_eq!(got.len(), sent.len());
+        for (i, (g, s)) in got.iter().zip(&sent).enumerate() {
+            assert!(icrc::check(g).unwrap(), "ICRC of datagram {i}");
+            let (gd, sd) = (Datagram::split(g).unwrap(), Datagram::split(s).unwrap());
+            let n = sd.roce.len() - roce::ICRC_LEN;
+            assert_eq!(gd.roce[..n], sd.roce[..n], "datagram {i}");
+        }
     }
 }

@@ -1,5 +1,5 @@
 //! `rtgt-rdma bench`: two rtgt devices over UDP on 127.0.0.1 (two ports) in one process: RDMA
-//! WRITE and READ bandwidth, SEND round-trip latency, next to the ceiling of the same UDP path
+//! WRITE, READ and SEND bandwidth (4 KiB, 64 KiB, 1 MiB), SEND round-trip latency, next to the ceiling of the same UDP path
 //! without the transport engine (the same netdev, `sendmmsg`/`recvmmsg` batches of 32, 4 KiB
 //! datagrams with BTH and ICRC) measured in the same run.
 
@@ -46,6 +46,8 @@ struct End {
     cq: Cq,
     qp: Qp,
     mr: Mr,
+    /// Whether the receives of the SEND bandwidth measurements are posted.
+    send_recvs: std::cell::Cell<bool>,
 }
 
 fn end(rt: &tokio::runtime::Runtime, port: u16, peer: u16) -> Result<End> {
@@ -66,6 +68,7 @@ fn end(rt: &tokio::runtime::Runtime, port: u16, peer: u16) -> Result<End> {
         cq,
         qp,
         mr,
+        send_recvs: std::cell::Cell::new(false),
     })
 }
 
@@ -87,13 +90,27 @@ async fn reap(cq: &Cq, n: usize) -> Result<()> {
     Ok(())
 }
 
-/// Bytes per second of RDMA WRITE or READ of `size` from `a` to `b`, `depth` in flight.
+/// The operation a bandwidth measurement repeats.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Op {
+    Write,
+    Read,
+    Send,
+}
+
+/// Receives `b` keeps posted during a SEND bandwidth measurement.
+const SEND_RECVS: u64 = 128;
+/// The largest SEND measured (the size of every receive).
+const SEND_MAX: usize = 1 << 20;
+
+/// Bytes per second of RDMA WRITE, READ or SEND of `size` from `a` to `b`, `depth` in
+/// flight (for SEND, `b` reposts each receive as it completes).
 fn rdma_bw(
     rt: &tokio::runtime::Runtime,
     a: &End,
     b: &End,
     size: usize,
-    read: bool,
+    op: Op,
     depth: u32,
     secs: f64,
 ) -> Result<f64> {
@@ -101,49 +118,107 @@ fn rdma_bw(
     let post = |i: u64| {
         let off = (i as usize % slots) * size;
         let remote_addr = b.mr.iova() + off as u64;
-        let op = if read {
-            SendOp::RdmaRead {
+        let op = match op {
+            Op::Read => SendOp::RdmaRead {
                 remote_addr,
                 rkey: b.mr.rkey(),
-            }
-        } else {
-            SendOp::RdmaWrite {
+            },
+            Op::Write => SendOp::RdmaWrite {
                 remote_addr,
                 rkey: b.mr.rkey(),
-            }
+            },
+            Op::Send => SendOp::Send,
         };
         a.qp.post_send(SendWr::new(i, op, vec![a.mr.sge(off, size as u32)]))
             .map_err(err("post send"))
     };
+    // Receives take the largest SEND measured, so that those left posted by one measurement
+    // serve the next.
+    let recv = |i: u64| {
+        let off = (i as usize % (REGION / SEND_MAX)) * SEND_MAX;
+        b.qp.post_recv(RecvWr {
+            wr_id: i,
+            sg_list: vec![b.mr.sge(off, SEND_MAX as u32)],
+        })
+        .map_err(err("post receive"))
+    };
+    let stop = tokio::sync::Notify::new();
     rt.block_on(async {
-        let mut posted = 0u64;
-        for _ in 0..depth {
-            post(posted)?;
-            posted += 1;
-        }
-        let start = Instant::now();
-        let until = Duration::from_secs_f64(secs);
-        let mut done = 0u64;
-        let mut wcs = Vec::new();
-        while start.elapsed() < until {
-            let w = tokio::time::timeout(Duration::from_secs(10), a.cq.wait_nonempty()).await;
-            if w.is_err() {
-                return Err(format!("stalled after {done} operations"));
+        if op == Op::Send && !b.send_recvs.replace(true) {
+            for i in 0..SEND_RECVS {
+                recv(i)?;
             }
-            wcs.clear();
-            a.cq.poll_into(&mut wcs, 64);
-            for wc in &wcs {
-                if wc.status != WcStatus::Success {
-                    return Err(format!("completion {:?}", wc.status));
+        }
+        // The receiving side reposts what completes until the sender is done (its last SEND
+        // completed, so every receive it consumed has completed too).
+        let receiver = async {
+            if op != Op::Send {
+                return Ok(());
+            }
+            let mut wcs = Vec::new();
+            let mut next = SEND_RECVS;
+            loop {
+                let done = tokio::select! {
+                    _ = b.cq.wait_nonempty() => false,
+                    _ = stop.notified() => true,
+                };
+                loop {
+                    wcs.clear();
+                    if b.cq.poll_into(&mut wcs, 64) == 0 {
+                        break;
+                    }
+                    for wc in &wcs {
+                        if wc.status != WcStatus::Success {
+                            return Err(format!("receive completion {:?}", wc.status));
+                        }
+                        recv(next)?;
+                        next += 1;
+                    }
                 }
-                done += 1;
+                if done {
+                    return Ok::<(), String>(());
+                }
+            }
+        };
+        let sender = async {
+            let mut posted = 0u64;
+            for _ in 0..depth {
                 post(posted)?;
                 posted += 1;
             }
-        }
-        let elapsed = start.elapsed().as_secs_f64();
-        reap(&a.cq, (posted - done) as usize).await?;
-        Ok(done as f64 * size as f64 / elapsed)
+            let start = Instant::now();
+            let until = Duration::from_secs_f64(secs);
+            let mut done = 0u64;
+            let mut wcs = Vec::new();
+            while start.elapsed() < until {
+                let w = tokio::time::timeout(Duration::from_secs(10), a.cq.wait_nonempty()).await;
+                if w.is_err() {
+                    return Err(format!("stalled after {done} operations"));
+                }
+                wcs.clear();
+                a.cq.poll_into(&mut wcs, 64);
+                for wc in &wcs {
+                    if wc.status != WcStatus::Success {
+                        return Err(format!("completion {:?}", wc.status));
+                    }
+                    done += 1;
+                    post(posted)?;
+                    posted += 1;
+                }
+            }
+            let elapsed = start.elapsed().as_secs_f64();
+            reap(&a.cq, (posted - done) as usize).await?;
+            Ok(done as f64 * size as f64 / elapsed)
+        };
+        let (bw, ()) = tokio::try_join!(
+            async {
+                let r = sender.await;
+                stop.notify_one();
+                r
+            },
+            receiver
+        )?;
+        Ok(bw)
     })
 }
 
@@ -197,9 +272,11 @@ fn send_rtt(rt: &tokio::runtime::Runtime, a: &End, b: &End, size: usize, n: u32)
         for i in 0..n as u64 {
             send(a, i)?;
             let r = step(b, b_pending).await?;
+            // The receive may be one the SEND bandwidth measurement left posted (any wr_id):
+            // the repost takes one of the 64 slots.
             b.qp.post_recv(RecvWr {
                 wr_id: r,
-                sg_list: vec![b.mr.sge(REGION / 2 + r as usize * size, size as u32)],
+                sg_list: vec![b.mr.sge(REGION / 2 + (r as usize % 64) * size, size as u32)],
             })
             .map_err(err("post receive"))?;
             send(b, i)?;
@@ -207,7 +284,7 @@ fn send_rtt(rt: &tokio::runtime::Runtime, a: &End, b: &End, size: usize, n: u32)
             let r = step(a, true).await?;
             a.qp.post_recv(RecvWr {
                 wr_id: r,
-                sg_list: vec![a.mr.sge(REGION / 2 + r as usize * size, size as u32)],
+                sg_list: vec![a.mr.sge(REGION / 2 + (r as usize % 64) * size, size as u32)],
             })
             .map_err(err("post receive"))?;
         }
@@ -386,9 +463,13 @@ pub(crate) fn run_bench(rt: &tokio::runtime::Runtime, a: &BenchArgs) -> Result<(
     connect_rc(&x.qp, LO, y.qp.qpn(), 100, 200, mtu, access)?;
     connect_rc(&y.qp, LO, x.qp.qpn(), 200, 100, mtu, access)?;
     let mut rows = Vec::new();
-    for (name, read) in [("RDMA WRITE", false), ("RDMA READ", true)] {
-        for size in [64 << 10, 1 << 20] {
-            let bw = rdma_bw(rt, &x, &y, size, read, a.depth, secs)?;
+    for (name, op) in [
+        ("RDMA WRITE", Op::Write),
+        ("RDMA READ", Op::Read),
+        ("SEND", Op::Send),
+    ] {
+        for size in [4 << 10, 64 << 10, 1 << 20] {
+            let bw = rdma_bw(rt, &x, &y, size, op, a.depth, secs)?;
             rows.push((
                 format!("{name} bandwidth"),
                 format!("{} KiB", size >> 10),
