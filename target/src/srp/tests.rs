@@ -632,7 +632,7 @@ async fn login_through_the_connection_manager() {
     let registry = crate::core::Registry::new();
     registry.set_srp_port(SrpTargetPort {
         listen: vec![std::net::SocketAddr::new(ip(11), 5555)],
-        ..(*r.port.config).clone()
+        ..(*r.port.config()).clone()
     });
     let (la, lb) = loopback::pair(1 << 14);
     let dt = Device::new(DeviceConfig::new("t", vec![ip(11)])).unwrap();
@@ -681,7 +681,8 @@ async fn login_through_the_connection_manager() {
         ini.write(0, 100, &data, BS, mode).await.unwrap();
         assert_eq!(ini.read(0, 100, 512, BS, mode).await.unwrap(), data);
     }
-    let port = &svc.ports()[0];
+    let ports = svc.ports();
+    let port = &ports[0];
     assert_eq!(port.channels().len(), 1);
     // The initiator disconnects: the channel and the session go.
     drop(conn);
@@ -750,7 +751,7 @@ async fn connection_manager_and_data_under_one_percent_faults() {
     let registry = crate::core::Registry::new();
     registry.set_srp_port(SrpTargetPort {
         listen: vec![std::net::SocketAddr::new(ip(21), 5555)],
-        ..(*r.port.config).clone()
+        ..(*r.port.config()).clone()
     });
     let (la, lb) = loopback::pair(1 << 14);
     let cfg = FaultConfig::uniform(1.0);
