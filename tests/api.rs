@@ -914,6 +914,27 @@ fn rdma_transports_live() {
     bad.as_object_mut().unwrap().remove("id_ext");
     let r = c.send("POST", ports, &bad).map(|_| serde_json::Value::Null);
     assert_eq!(status_of(r), (422, Some("backstore".into())));
+    let mut elsewhere = port.clone();
+    elsewhere["name"] = serde_json::json!("srp3");
+    elsewhere.as_object_mut().unwrap().remove("id_ext");
+    elsewhere["listen"] = serde_json::json!(["192.0.2.1:5555"]);
+    let r = c
+        .send("POST", ports, &elsewhere)
+        .map(|_| serde_json::Value::Null);
+    assert_eq!(
+        status_of(r),
+        (409, Some("srp[1].listen[0]".into())),
+        "an address the RDMA device does not serve"
+    );
+    elsewhere["listen"] = serde_json::json!([tcp_addr.to_string()]);
+    let r = c
+        .send("POST", ports, &elsewhere)
+        .map(|_| serde_json::Value::Null);
+    assert_eq!(
+        status_of(r),
+        (409, Some("srp[1].listen[0]".into())),
+        "the address of an iSER portal"
+    );
     let r = c.get::<serde_json::Value>("/api/v1/srp/ports/nope");
     assert_eq!(status_of(r).0, 404);
     // The backstore an SRP LUN maps cannot go.
@@ -1245,7 +1266,10 @@ fn schemathesis_finds_no_server_error() {
     }
     let port = free_port();
     let api = format!("api:\n  listen: ['127.0.0.1:{port}']\n");
-    let d = Daemon::start("schemathesis", &base_config(free_port(), &api));
+    // SRP target ports it creates are served on an RDMA device of their own address.
+    let config = base_config(free_port(), &api)
+        .replace("rdma: {enabled: false}", "rdma: {addresses: [127.0.0.43]}");
+    let d = Daemon::start("schemathesis", &config);
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/api/schemathesis.sh");
     let out = Command::new("bash")
         .arg(&script)

@@ -13,9 +13,9 @@ pub struct Change {
     /// `added`, `removed`, `changed` or `resized`.
     pub action: String,
     /// `backstore`, `target`, `portal_group`, `portal`, `lun`, `acl`, `auth`, `params`,
-    /// `discovery` or `api`.
+    /// `discovery`, `srp_port`, `session`, `rdma` or `api`.
     pub object: String,
-    /// The object's path, e.g. `iqn.2025-01.io.rtgt:t/tpg1/lun/0`.
+    /// The object's path, e.g. `iqn.2025-01.io.rtgt:t/tpg1/lun/0` or `srp/p0/acl/0x…`.
     pub name: String,
     /// Sessions affected (unit attentions sent or sessions ended), when any.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -70,6 +70,9 @@ pub struct DaemonControl {
     /// iSER over `hca` and its listeners (the portals of the groups with `iser: true`).
     iser: Option<IserServer>,
     iser_portals: Mutex<BTreeMap<SocketAddr, Portal>>,
+    /// iSER portals the RDMA device cannot listen on (logged once, tried again when the
+    /// portal comes back after leaving the configuration).
+    iser_unserved: Mutex<BTreeSet<SocketAddr>>,
     /// The SRP target ports over `hca`, from the first one configured.
     srp: Mutex<Option<Arc<SrpService>>>,
 }
@@ -166,6 +169,7 @@ impl DaemonControl {
             hca: p.hca,
             iser,
             iser_portals: Mutex::new(BTreeMap::new()),
+            iser_unserved: Mutex::new(BTreeSet::new()),
             srp: Mutex::new(None),
             state_dir: p.state_dir,
             file: p.file,
@@ -288,14 +292,18 @@ impl DaemonControl {
         wanted: &BTreeSet<SocketAddr>,
         running: &mut BTreeMap<SocketAddr, Portal>,
     ) {
+        let mut unserved = lock(&self.iser_unserved);
+        unserved.retain(|a| wanted.contains(a));
         for &addr in wanted {
-            if running.get(&addr).is_some_and(|p| !p.task.is_finished()) {
+            if unserved.contains(&addr) || running.get(&addr).is_some_and(|p| !p.task.is_finished())
+            {
                 continue;
             }
             let listener = match iser.listen(addr) {
                 Ok(l) => l,
                 Err(e) => {
-                    error!(portal = %addr, error = %e, "iSER portal cannot listen");
+                    warn!(portal = %addr, error = %e, "iSER not served on this portal");
+                    unserved.insert(addr);
                     continue;
                 }
             };
@@ -350,6 +358,33 @@ impl DaemonControl {
                 );
             }
         }
+    }
+
+    /// Checks that the RDMA device can listen on every SRP listen address not yet served
+    /// (one it serves, not taken by an iSER portal), before anything changes.
+    fn check_srp_listen(&self, new: &Config) -> Result<(), ControlError> {
+        let Some(hca) = &self.hca else {
+            return Ok(());
+        };
+        let served: BTreeSet<SocketAddr> = self
+            .srp()
+            .map(|s| s.listening().into_iter().collect())
+            .unwrap_or_default();
+        for (i, p) in new.srp.iter().enumerate() {
+            for (j, a) in p.listen.iter().enumerate() {
+                if served.contains(a) {
+                    continue;
+                }
+                // A listener taken and dropped at once: the address is free to serve.
+                if let Err(e) = hca.cm().listen(*a) {
+                    return Err(ControlError::Conflict {
+                        field: format!("srp[{i}].listen[{j}]"),
+                        message: format!("SRP target port {:?}: cannot listen on {a}: {e}", p.name),
+                    });
+                }
+            }
+        }
+        Ok(())
     }
 
     /// SRP sessions whose LUN map or admission changed, in the report.
@@ -601,6 +636,7 @@ impl DaemonControl {
                 .map_err(|e| invalid(format!("backstores[{i}]"), error_chain(&e)))?;
             opened.push((b.name.clone(), store, dev, replace));
         }
+        self.check_srp_listen(&new)?;
         let running: BTreeSet<SocketAddr> = lock(&self.portals).keys().copied().collect();
         let wanted = portals_of(&new);
         let mut bound = Vec::new();
