@@ -96,6 +96,8 @@ lab_fio_verify() {
 # lab_iser_node PORTAL IQN: switch a discovered node record to the iser transport.
 lab_iser_node() {
     iscsiadm -m node -T "$2" -p "$1" --op update -n iface.transport_name -v iser
+}
+
 # lab_srp_add_target OPTIONS [SRP_DEVICE]: log in to an SRP target through ib_srp
 # (`id_ext=...,ioc_guid=...,dest=IP:PORT[,...]` as written to add_target; default device
 # srp-rxe0-1). Returns the status of the write: ib_srp logs in before it returns.
