@@ -1,6 +1,7 @@
 //! The administration API end to end against a running rtgtd: error answers, secrets,
 //! the bearer token, persistence across kill -9, live LUN add / resize / ACL removal under
-//! I/O from the in-repo initiator, portals, sessions, metrics, rtgtctl and schemathesis.
+//! I/O from the in-repo initiator, portals, sessions, metrics, rtgtctl and schemathesis; SRP
+//! target ports and sessions of iSCSI/TCP, iSER and SRP over soft-RoCE on loopback.
 
 mod common;
 
