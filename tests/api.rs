@@ -1,6 +1,7 @@
 //! The administration API end to end against a running rtgtd: error answers, secrets,
 //! the bearer token, persistence across kill -9, live LUN add / resize / ACL removal under
-//! I/O from the in-repo initiator, portals, sessions, metrics, rtgtctl and schemathesis.
+//! I/O from the in-repo initiator, portals, sessions, metrics, rtgtctl and schemathesis; SRP
+//! target ports and sessions of iSCSI/TCP, iSER and SRP over soft-RoCE on loopback.
 
 mod common;
 
@@ -126,6 +127,7 @@ targets:
         acls:
           - initiator: {INI_A}
           - initiator: {INI_B}
+rdma: {{enabled: false}}
 {api}"
     )
 }
@@ -720,6 +722,380 @@ fn portals_start_and_stop_live() {
     assert_eq!(r.status, 200);
 }
 
+/// The soft-RoCE address rtgtd serves iSER and SRP on in [`rdma_transports_live`], and the
+/// one its initiators use: loopback addresses of their own, so another rtgtd on the host
+/// (UDP 4791 of 127.0.0.1) does not take them.
+const RDMA_TARGET: [u8; 4] = [127, 0, 0, 41];
+const RDMA_INITIATOR: [u8; 4] = [127, 0, 0, 42];
+const SRP_ID_EXT: u64 = 0x0002_c903_00ab_0001;
+const SRP_IOC_GUID: u64 = 0x0002_c903_00ab_0002;
+const SRP_INI_A: [u8; 16] = [0xa1; 16];
+const SRP_INI_B: [u8; 16] = [0xb2; 16];
+
+fn srp_name(id: &[u8; 16]) -> String {
+    id.iter()
+        .fold("0x".to_string(), |s, b| s + &format!("{b:02x}"))
+}
+
+/// An SRP command with its unit attentions taken as an initiator does; returns the
+/// answer and the (ASC, ASCQ) of the unit attentions seen.
+async fn srp_run(
+    ini: &rtgt_target::srp::initiator::Initiator,
+    lun: u64,
+    cdb: &[u8],
+    len: u32,
+    uas: &mut Vec<(u8, u8)>,
+) -> rtgt_target::srp::initiator::Reply {
+    use rtgt_target::srp::initiator::DescMode;
+    for _ in 0..8 {
+        let r = ini
+            .command(lun, cdb, None, len, DescMode::Direct)
+            .await
+            .expect("SRP command");
+        let s = &r.rsp.sense;
+        if r.rsp.status == 2 && s.len() >= 14 && s[2] & 0x0f == 6 {
+            uas.push((s[12], s[13]));
+            continue;
+        }
+        return r;
+    }
+    panic!("unit attentions do not stop");
+}
+
+fn sessions_of(c: &Client, transport: &str) -> Vec<SessionView> {
+    let all: Vec<SessionView> = c.get("/api/v1/sessions").unwrap();
+    all.into_iter()
+        .filter(|s| s.transport == transport)
+        .collect()
+}
+
+/// Polls `f` until it holds (bounded).
+fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !f() {
+        assert!(Instant::now() < deadline, "timed out waiting: {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// iSER and SRP through the API against a rtgtd serving them on soft-RoCE: SRP target ports
+/// created, given LUNs and ACLs live; sessions of all three transports listed with their
+/// transport, queue depth and counters, and forced out; iSER listeners following portal
+/// changes; per-session metrics with their transport.
+#[test]
+fn rdma_transports_live() {
+    use rtgt_target::srp::initiator::{ConnectOptions, Initiator, InitiatorError};
+    use rtgt_transport::hca::{Hca, HcaConfig};
+
+    let tcp = free_port();
+    let target_ip = std::net::Ipv4Addr::from(RDMA_TARGET);
+    let config = base_config(tcp, NO_TCP_API)
+        .replace("127.0.0.1", &target_ip.to_string())
+        .replace(
+            "rdma: {enabled: false}",
+            &format!("rdma: {{addresses: [{target_ip}]}}"),
+        );
+    let d = Daemon::start("rdma", &config);
+    if !d.log().contains("RDMA device ready") {
+        assert!(!in_ci(), "rtgtd has no RDMA device:\n{}", d.log());
+        eprintln!("skipped: rtgtd could not bring up its RDMA device (UDP 4791 taken?)");
+        return;
+    }
+    let c = d.client();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let mut hc = HcaConfig::new(vec![std::net::IpAddr::from(RDMA_INITIATOR)]);
+    hc.name = "rtgt-api-test".into();
+    let hca = rt
+        .block_on(async { Hca::open(&hc) })
+        .expect("initiator RDMA device");
+    let pd = hca.device().alloc_pd().unwrap();
+    let tcp_addr: std::net::SocketAddr = format!("{target_ip}:{tcp}").parse().unwrap();
+
+    // An iSCSI/TCP session and an iSER one: the list tells them apart.
+    let tcp_s = rt
+        .block_on(Session::connect(tcp_addr, login(tcp, INI_A, 1)))
+        .unwrap();
+    let iser_s = rt
+        .block_on(Session::connect_iser_cm(
+            hca.cm(),
+            &pd,
+            tcp_addr,
+            login(tcp, INI_B, 2),
+        ))
+        .expect("iSER login");
+    let mut uas = Vec::new();
+    rt.block_on(async {
+        assert!(run(&tcp_s, 0, &READ_CAPACITY16, None, 32, &mut uas)
+            .await
+            .is_good());
+        assert!(run(&iser_s, 0, &READ_CAPACITY16, None, 32, &mut uas)
+            .await
+            .is_good());
+    });
+    let tcp_v = sessions_of(&c, "tcp");
+    let iser_v = sessions_of(&c, "iser");
+    assert_eq!(tcp_v.len(), 1, "{tcp_v:?}");
+    assert_eq!(iser_v.len(), 1, "{iser_v:?}");
+    assert_eq!(iser_v[0].initiator, INI_B);
+    assert!(iser_v[0].queue_depth > 0 && iser_v[0].commands >= 1);
+
+    // iSER listeners follow the portals: a new portal serves iSER at once, a removed one
+    // stops, and turning iSER off and on in the group stops and starts its listeners while
+    // the iSER session already running is untouched.
+    let extra: std::net::SocketAddr = format!("{target_ip}:{}", free_port()).parse().unwrap();
+    let iser_login = |addr, isid| {
+        rt.block_on(Session::connect_iser_cm(
+            hca.cm(),
+            &pd,
+            addr,
+            login(tcp, INI_A, isid),
+        ))
+    };
+    assert!(iser_login(extra, 3).is_err(), "no iSER listener yet");
+    c.send(
+        "POST",
+        &format!("{}/portals", tpg_path()),
+        &serde_json::json!({"address": extra.to_string()}),
+    )
+    .unwrap();
+    let s = iser_login(extra, 4).expect("iSER on the added portal");
+    rt.block_on(s.logout()).unwrap();
+    let mut g: serde_json::Value = c.get(&tpg_path()).unwrap();
+    g["iser"] = serde_json::json!(false);
+    c.send("PUT", &tpg_path(), &g).unwrap();
+    assert!(iser_login(extra, 5).is_err(), "iSER turned off");
+    assert!(iser_login(tcp_addr, 6).is_err(), "iSER turned off");
+    rt.block_on(async {
+        assert!(run(&iser_s, 0, &READ_CAPACITY16, None, 32, &mut uas)
+            .await
+            .is_good());
+    });
+    g["iser"] = serde_json::json!(true);
+    c.send("PUT", &tpg_path(), &g).unwrap();
+    let s = iser_login(extra, 7).expect("iSER turned on again");
+    rt.block_on(s.logout()).unwrap();
+    c.delete(&format!(
+        "{}/portals/{}",
+        tpg_path(),
+        segment(&extra.to_string())
+    ))
+    .unwrap();
+    assert!(iser_login(extra, 8).is_err(), "iSER portal removed");
+
+    // An SRP target port made through the API serves at once.
+    let srp_addr: std::net::SocketAddr = format!("{target_ip}:{}", free_port()).parse().unwrap();
+    let ports = "/api/v1/srp/ports";
+    let port = serde_json::json!({
+        "name": "srp1",
+        "listen": [srp_addr.to_string()],
+        "id_ext": format!("{SRP_ID_EXT:016x}"),
+        "ioc_guid": format!("{SRP_IOC_GUID:016x}"),
+        "luns": [{"lun": 0, "backstore": "spare"}],
+        "acls": [{"initiator": srp_name(&SRP_INI_A)}],
+    });
+    let back = c.send("POST", ports, &port).unwrap();
+    assert_eq!(back["name"], "srp1");
+    let r = c
+        .send("POST", ports, &port)
+        .map(|_| serde_json::Value::Null);
+    assert_eq!(status_of(r), (409, Some("name".into())));
+    let mut bad = port.clone();
+    bad["name"] = serde_json::json!("srp2");
+    bad["luns"] = serde_json::json!([{"lun": 0, "backstore": "nope"}]);
+    let r = c.send("POST", ports, &bad).map(|_| serde_json::Value::Null);
+    assert_eq!(
+        status_of(r),
+        (422, Some("id_ext".into())),
+        "same identifier"
+    );
+    bad.as_object_mut().unwrap().remove("id_ext");
+    let r = c.send("POST", ports, &bad).map(|_| serde_json::Value::Null);
+    assert_eq!(status_of(r), (422, Some("backstore".into())));
+    let mut elsewhere = port.clone();
+    elsewhere["name"] = serde_json::json!("srp3");
+    elsewhere.as_object_mut().unwrap().remove("id_ext");
+    elsewhere["listen"] = serde_json::json!(["192.0.2.1:5555"]);
+    let r = c
+        .send("POST", ports, &elsewhere)
+        .map(|_| serde_json::Value::Null);
+    assert_eq!(
+        status_of(r),
+        (409, Some("srp[1].listen[0]".into())),
+        "an address the RDMA device does not serve"
+    );
+    elsewhere["listen"] = serde_json::json!([tcp_addr.to_string()]);
+    let r = c
+        .send("POST", ports, &elsewhere)
+        .map(|_| serde_json::Value::Null);
+    assert_eq!(
+        status_of(r),
+        (409, Some("srp[1].listen[0]".into())),
+        "the address of an iSER portal"
+    );
+    let r = c.get::<serde_json::Value>("/api/v1/srp/ports/nope");
+    assert_eq!(status_of(r).0, 404);
+    // The backstore an SRP LUN maps cannot go.
+    let r = c
+        .delete("/api/v1/backstores/spare")
+        .map(|_| serde_json::Value::Null);
+    assert_eq!(status_of(r), (409, Some("name".into())));
+
+    let connect = |id: [u8; 16]| {
+        let opts = ConnectOptions::new(id, SRP_ID_EXT, SRP_IOC_GUID);
+        rt.block_on(Initiator::connect(hca.cm(), srp_addr, &opts))
+    };
+    let (a, _a_conn) = connect(SRP_INI_A).expect("SRP login of an admitted initiator");
+    match connect(SRP_INI_B) {
+        Err(InitiatorError::Rejected(_)) => {}
+        other => panic!("SRP login without an ACL: {:?}", other.map(|_| ())),
+    }
+    c.send(
+        "POST",
+        &format!("{ports}/srp1/acls"),
+        &serde_json::json!({"initiator": srp_name(&SRP_INI_B)}),
+    )
+    .unwrap();
+    let (b, _b_conn) = connect(SRP_INI_B).expect("SRP login after its ACL was added");
+    let mut a_uas = Vec::new();
+    let mut b_uas = Vec::new();
+    rt.block_on(async {
+        for _ in 0..3 {
+            let r = srp_run(&a, 0, &READ_CAPACITY16, 32, &mut a_uas).await;
+            assert_eq!(r.rsp.status, 0);
+        }
+        assert_eq!(
+            srp_run(&b, 0, &READ_CAPACITY16, 32, &mut b_uas)
+                .await
+                .rsp
+                .status,
+            0
+        );
+    });
+    let srp_v = sessions_of(&c, "srp");
+    assert_eq!(srp_v.len(), 2, "{srp_v:?}");
+    let a_view = srp_v
+        .iter()
+        .find(|s| s.initiator == srp_name(&SRP_INI_A))
+        .expect("initiator A listed");
+    assert_eq!(a_view.target, "srp1");
+    assert_eq!(a_view.session_type, "normal");
+    assert!(a_view.id.starts_with("srp-"));
+    assert_eq!(
+        a_view.queue_depth,
+        rtgt_target::srp::Limits::default().req_lim,
+        "the request limit granted"
+    );
+    assert!(a_view.commands >= 3, "{a_view:?}");
+    assert!(a_view.bytes_out >= 3 * 32, "{a_view:?}");
+    assert!(a_view.peer.starts_with("127.0.0.42:"), "{a_view:?}");
+    assert_eq!(a_view.local, srp_addr.to_string());
+
+    // Per-session series carry the transport.
+    let m = c.get_text("/metrics").unwrap();
+    for t in ["tcp", "iser", "srp"] {
+        assert!(
+            m.contains(&format!("transport=\"{t}\"")) && m.contains("rtgt_session_commands_total"),
+            "no {t} session series:\n{m}"
+        );
+    }
+    assert!(m.contains(&format!(
+        "rtgt_session_queue_depth{{session=\"{}\",initiator=\"{}\",transport=\"srp\"}}",
+        a_view.id, a_view.initiator
+    )));
+    assert!(m.contains("rtgt_sessions{transport=\"srp\"} 2"), "{m}");
+    assert!(m.contains("rtgt_sessions{transport=\"iser\"} 1"), "{m}");
+
+    // A LUN added to the port: REPORTED LUNS DATA HAS CHANGED, then REPORT LUNS lists it.
+    c.send(
+        "POST",
+        &format!("{ports}/srp1/luns"),
+        &serde_json::json!({"lun": 1, "backstore": "d0"}),
+    )
+    .unwrap();
+    a_uas.clear();
+    rt.block_on(async {
+        // REPORT LUNS does not report unit attentions (SPC-4 5.14): a command on LUN 0 does.
+        let r = srp_run(&a, 0, &READ_CAPACITY16, 32, &mut a_uas).await;
+        assert_eq!(r.rsp.status, 0);
+        let r = srp_run(&a, 0, &REPORT_LUNS, 256, &mut a_uas).await;
+        assert_eq!(r.rsp.status, 0);
+        assert_eq!(u32::from_be_bytes(r.data[0..4].try_into().unwrap()), 16);
+        let r = srp_run(&a, 1, &READ_CAPACITY16, 32, &mut a_uas).await;
+        assert_eq!(r.rsp.status, 0);
+        assert_eq!(
+            u64::from_be_bytes(r.data[0..8].try_into().unwrap()) + 1,
+            (16 << 20) / 512
+        );
+    });
+    assert!(a_uas.contains(&(0x3f, 0x0e)), "{a_uas:?}");
+    // Removing B's ACL logs out B only.
+    c.delete(&format!("{ports}/srp1/acls/{}", srp_name(&SRP_INI_B)))
+        .unwrap();
+    rt.block_on(async {
+        tokio::time::timeout(Duration::from_secs(30), b.closed())
+            .await
+            .expect("B's channel closes");
+        assert_eq!(
+            srp_run(&a, 0, &READ_CAPACITY16, 32, &mut a_uas)
+                .await
+                .rsp
+                .status,
+            0
+        );
+    });
+    assert_eq!(
+        b.stats.t_logouts.load(std::sync::atomic::Ordering::Relaxed),
+        1
+    );
+    wait_for("B's session ends", || sessions_of(&c, "srp").len() == 1);
+
+    // DELETE of a session: SRP_T_LOGOUT for SRP; the iSCSI ones end too.
+    c.delete(&format!("/api/v1/sessions/{}", a_view.id))
+        .unwrap();
+    rt.block_on(async {
+        tokio::time::timeout(Duration::from_secs(30), a.closed())
+            .await
+            .expect("A's channel closes");
+    });
+    assert_eq!(
+        a.stats.t_logouts.load(std::sync::atomic::Ordering::Relaxed),
+        1
+    );
+    wait_for("A's session ends", || sessions_of(&c, "srp").is_empty());
+    let r = c
+        .delete(&format!("/api/v1/sessions/{}", a_view.id))
+        .map(|_| serde_json::Value::Null);
+    assert_eq!(status_of(r).0, 404);
+    let iser_id = iser_v[0].id.clone();
+    c.delete(&format!("/api/v1/sessions/{iser_id}")).unwrap();
+    wait_for("the iSER session ends", || {
+        sessions_of(&c, "iser").is_empty()
+    });
+    assert_eq!(
+        sessions_of(&c, "tcp").len(),
+        1,
+        "the TCP session is untouched"
+    );
+
+    // The port deleted: its listener stops.
+    let (a2, _c2) = connect(SRP_INI_A).expect("A logs in again");
+    drop(a2);
+    c.delete(&format!("{ports}/srp1")).unwrap();
+    assert!(
+        connect(SRP_INI_A).is_err(),
+        "the deleted port still listens"
+    );
+    let exported: Config = c.get("/api/v1/config").unwrap();
+    assert!(exported.srp.is_empty());
+    assert!(!d.log().contains("panicked"));
+    drop(tcp_s);
+    hca.shutdown();
+}
+
 /// rtgtctl (a binary of rtgt-api) next to rtgtd, built when missing.
 fn rtgtctl_bin() -> PathBuf {
     let bin = Path::new(env!("CARGO_BIN_EXE_rtgtd")).with_file_name("rtgtctl");
@@ -803,6 +1179,47 @@ fn rtgtctl_commands() {
     assert!(out.contains("chap:c") && !out.contains(SECRET), "{out}");
     let (ok, out, _) = rtgtctl(&d, &["sessions", "list"]);
     assert!(ok && out.starts_with("ID"), "{out}");
+    // SRP target ports (served once RDMA is up; here only configured).
+    let (ok, _, err) = rtgtctl(
+        &d,
+        &[
+            "srp",
+            "create",
+            "p0",
+            "--listen",
+            "127.0.0.1:5555",
+            "--id-ext",
+            "0002c90300000001",
+        ],
+    );
+    assert!(ok, "{err}");
+    let (ok, _, err) = rtgtctl(&d, &["srp", "add-lun", "p0", "0", "r1"]);
+    assert!(ok, "{err}");
+    let ini = format!("0x{}", "ab".repeat(16));
+    let (ok, _, err) = rtgtctl(&d, &["srp", "add-acl", "p0", &ini, "--map", "5=0"]);
+    assert!(ok, "{err}");
+    let (ok, _, err) = rtgtctl(&d, &["srp", "add-acl", "p0", "0x12"]);
+    assert!(
+        !ok && err.contains("422") && err.contains("initiator"),
+        "{err}"
+    );
+    let (ok, out, _) = rtgtctl(&d, &["srp", "list"]);
+    assert!(
+        ok && out.starts_with("PORT") && out.contains("0=r1") && out.contains("0002c90300000001"),
+        "{out}"
+    );
+    let (ok, out, _) = rtgtctl(&d, &["--json", "srp", "show", "p0"]);
+    assert!(ok);
+    let p: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(p["acls"][0]["mapped_luns"][0]["lun"], 5);
+    let (ok, _, err) = rtgtctl(&d, &["srp", "remove-lun", "p0", "0"]);
+    assert!(!ok && err.contains("409"), "{err}");
+    let (ok, _, err) = rtgtctl(&d, &["srp", "remove-acl", "p0", &ini]);
+    assert!(ok, "{err}");
+    let (ok, _, err) = rtgtctl(&d, &["srp", "remove-lun", "p0", "0"]);
+    assert!(ok, "{err}");
+    let (ok, _, err) = rtgtctl(&d, &["srp", "delete", "p0"]);
+    assert!(ok, "{err}");
     // apply FILE: the (redacted) export applied again changes nothing; an older one
     // changes back exactly what differs.
     let (ok, now, _) = rtgtctl(&d, &["export"]);
@@ -850,7 +1267,10 @@ fn schemathesis_finds_no_server_error() {
     }
     let port = free_port();
     let api = format!("api:\n  listen: ['127.0.0.1:{port}']\n");
-    let d = Daemon::start("schemathesis", &base_config(free_port(), &api));
+    // SRP target ports it creates are served on an RDMA device of their own address.
+    let config = base_config(free_port(), &api)
+        .replace("rdma: {enabled: false}", "rdma: {addresses: [127.0.0.43]}");
+    let d = Daemon::start("schemathesis", &config);
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/api/schemathesis.sh");
     let out = Command::new("bash")
         .arg(&script)

@@ -13,9 +13,9 @@ pub struct Change {
     /// `added`, `removed`, `changed` or `resized`.
     pub action: String,
     /// `backstore`, `target`, `portal_group`, `portal`, `lun`, `acl`, `auth`, `params`,
-    /// `discovery` or `api`.
+    /// `discovery`, `srp_port`, `session`, `rdma` or `api`.
     pub object: String,
-    /// The object's path, e.g. `iqn.2025-01.io.rtgt:t/tpg1/lun/0`.
+    /// The object's path, e.g. `iqn.2025-01.io.rtgt:t/tpg1/lun/0` or `srp/p0/acl/0x…`.
     pub name: String,
     /// Sessions affected (unit attentions sent or sessions ended), when any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -58,9 +58,11 @@ impl ChangeReport {
 /// A live session as the API shows it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct SessionView {
-    /// Identifier for `DELETE /api/v1/sessions/{id}`, e.g. `iscsi-3`.
+    /// Identifier for `DELETE /api/v1/sessions/{id}`, e.g. `iscsi-3` or `srp-1099511627777`.
     pub id: String,
+    /// iSCSI initiator name, or SRP initiator port identifier (`0x` and 32 hex digits).
     pub initiator: String,
+    /// iSCSI target name, or SRP target port name.
     pub target: String,
     /// `tcp`, `iser` or `srp`.
     pub transport: String,
@@ -71,7 +73,7 @@ pub struct SessionView {
     pub isid: Option<String>,
     pub peer: String,
     pub local: String,
-    /// Commands the session may have in flight.
+    /// Commands the session may have in flight (SRP: the request limits of its channels).
     pub queue_depth: u32,
     /// Commands in flight now.
     pub outstanding: u32,

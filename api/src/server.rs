@@ -22,7 +22,9 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, OpenApi, ToSchema};
 
-use crate::config::{Acl, ApiConfig, Auth, Backstore, Config, Lun, MappedLun, PortalGroup, Target};
+use crate::config::{
+    Acl, ApiConfig, Auth, Backstore, Config, Lun, MappedLun, PortalGroup, SrpAcl, SrpPort, Target,
+};
 use crate::control::{ChangeReport, Control, ControlError, SessionView};
 
 /// Largest request body accepted (a whole configuration document fits comfortably).
@@ -369,6 +371,29 @@ impl Api {
                 "/discovery/auth",
                 get(get_discovery_auth).put(put_discovery_auth),
             )
+            .route("/srp/ports", get(list_srp_ports).post(create_srp_port))
+            .route(
+                "/srp/ports/{name}",
+                get(get_srp_port)
+                    .put(replace_srp_port)
+                    .delete(delete_srp_port),
+            )
+            .route(
+                "/srp/ports/{name}/luns",
+                get(list_srp_luns).post(add_srp_lun),
+            )
+            .route(
+                "/srp/ports/{name}/luns/{lun}",
+                get(get_srp_lun).delete(delete_srp_lun),
+            )
+            .route(
+                "/srp/ports/{name}/acls",
+                get(list_srp_acls).post(add_srp_acl),
+            )
+            .route(
+                "/srp/ports/{name}/acls/{initiator}",
+                get(get_srp_acl).put(replace_srp_acl).delete(delete_srp_acl),
+            )
             .route("/sessions", get(list_sessions))
             .route("/sessions/{id}", axum::routing::delete(delete_session))
             .route("/config", get(export_config).put(apply_config))
@@ -597,6 +622,17 @@ async fn delete_backstore(State(st): St, PathParams(name): PathParams<String>) -
                             ),
                         ));
                     }
+                }
+            }
+            for p in &c.srp {
+                if let Some(l) = p.luns.iter().find(|l| l.backstore == name) {
+                    return Err(ApiError::conflict(
+                        "name",
+                        format!(
+                            "backstore {name:?} is in use: LUN {} of SRP target port {}",
+                            l.lun, p.name
+                        ),
+                    ));
                 }
             }
             c.backstores.remove(i);
@@ -1275,6 +1311,302 @@ async fn delete_mapped_lun(
     Ok(no_content())
 }
 
+// ---- SRP target ports ----
+
+fn srp_port_mut<'a>(c: &'a mut Config, name: &str) -> Res<&'a mut SrpPort> {
+    c.srp
+        .iter_mut()
+        .find(|p| p.name == name)
+        .ok_or_else(|| ApiError::not_found(format!("no SRP target port {name:?}")))
+}
+
+fn srp_acl_mut<'a>(c: &'a mut Config, name: &str, initiator: &str) -> Res<&'a mut SrpAcl> {
+    srp_port_mut(c, name)?
+        .acls
+        .iter_mut()
+        .find(|a| a.initiator.eq_ignore_ascii_case(initiator))
+        .ok_or_else(|| ApiError::not_found(format!("no ACL for {initiator:?}")))
+}
+
+#[utoipa::path(get, path = "/api/v1/srp/ports", tag = "srp",
+    responses((status = 200, body = Vec<SrpPort>), (status = 401, body = ErrorBody)))]
+async fn list_srp_ports(State(st): St) -> Res<axum::Json<Vec<SrpPort>>> {
+    read(&st, |c| Ok(std::mem::take(&mut c.srp)))
+}
+
+/// Creates an SRP target port; its RDMA/CM listeners start at once (when the RDMA device
+/// is up).
+#[utoipa::path(post, path = "/api/v1/srp/ports", tag = "srp", request_body = SrpPort,
+    responses((status = 201, body = SrpPort), (status = 400, body = ErrorBody),
+        (status = 401, body = ErrorBody), (status = 409, body = ErrorBody),
+        (status = 413, body = ErrorBody), (status = 415, body = ErrorBody),
+        (status = 422, body = ErrorBody)))]
+async fn create_srp_port(State(st): St, Body(p): Body<SrpPort>) -> Res<Response> {
+    let (p, _) = st
+        .api
+        .change("create SRP target port", |c| {
+            if c.srp.iter().any(|x| x.name == p.name) {
+                return Err(ApiError::conflict(
+                    "name",
+                    format!("SRP target port {:?} exists", p.name),
+                ));
+            }
+            c.srp.push(p.clone());
+            Ok(p)
+        })
+        .await?;
+    Ok(created(p))
+}
+
+#[utoipa::path(get, path = "/api/v1/srp/ports/{name}", tag = "srp",
+    params(("name" = String, Path, description = "SRP target port name")),
+    responses((status = 200, body = SrpPort), (status = 400, body = ErrorBody),
+        (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)))]
+async fn get_srp_port(
+    State(st): St,
+    PathParams(name): PathParams<String>,
+) -> Res<axum::Json<SrpPort>> {
+    read(&st, |c| srp_port_mut(c, &name).map(|p| p.clone()))
+}
+
+/// Replaces an SRP target port. LUN and ACL changes reach live sessions at once; a new
+/// identifier or new listen addresses log its channels out.
+#[utoipa::path(put, path = "/api/v1/srp/ports/{name}", tag = "srp", request_body = SrpPort,
+    params(("name" = String, Path, description = "SRP target port name")),
+    responses((status = 200, body = SrpPort), (status = 400, body = ErrorBody),
+        (status = 401, body = ErrorBody), (status = 404, body = ErrorBody),
+        (status = 409, body = ErrorBody), (status = 413, body = ErrorBody),
+        (status = 415, body = ErrorBody), (status = 422, body = ErrorBody)))]
+async fn replace_srp_port(
+    State(st): St,
+    PathParams(name): PathParams<String>,
+    Body(p): Body<SrpPort>,
+) -> Res<axum::Json<SrpPort>> {
+    if p.name != name {
+        return Err(ApiError::invalid("name", "the name cannot change"));
+    }
+    let (p, _) = st
+        .api
+        .change("replace SRP target port", |c| {
+            *srp_port_mut(c, &name)? = p.clone();
+            Ok(p)
+        })
+        .await?;
+    Ok(axum::Json(p))
+}
+
+/// Deletes an SRP target port: its channels get SRP_T_LOGOUT, its listeners stop.
+#[utoipa::path(delete, path = "/api/v1/srp/ports/{name}", tag = "srp",
+    params(("name" = String, Path, description = "SRP target port name")),
+    responses((status = 204), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody),
+        (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
+async fn delete_srp_port(State(st): St, PathParams(name): PathParams<String>) -> Res<Response> {
+    st.api
+        .change("delete SRP target port", |c| {
+            srp_port_mut(c, &name)?;
+            c.srp.retain(|p| p.name != name);
+            Ok(())
+        })
+        .await?;
+    Ok(no_content())
+}
+
+#[utoipa::path(get, path = "/api/v1/srp/ports/{name}/luns", tag = "srp",
+    params(("name" = String, Path, description = "SRP target port name")),
+    responses((status = 200, body = Vec<Lun>), (status = 400, body = ErrorBody),
+        (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)))]
+async fn list_srp_luns(
+    State(st): St,
+    PathParams(name): PathParams<String>,
+) -> Res<axum::Json<Vec<Lun>>> {
+    read(&st, |c| {
+        Ok(std::mem::take(&mut srp_port_mut(c, &name)?.luns))
+    })
+}
+
+/// Maps a backstore as a LUN of the port; sessions that see it get REPORTED LUNS DATA
+/// HAS CHANGED.
+#[utoipa::path(post, path = "/api/v1/srp/ports/{name}/luns", tag = "srp", request_body = Lun,
+    params(("name" = String, Path, description = "SRP target port name")),
+    responses((status = 201, body = Lun), (status = 400, body = ErrorBody),
+        (status = 401, body = ErrorBody), (status = 404, body = ErrorBody),
+        (status = 409, body = ErrorBody), (status = 413, body = ErrorBody),
+        (status = 415, body = ErrorBody), (status = 422, body = ErrorBody)))]
+async fn add_srp_lun(
+    State(st): St,
+    PathParams(name): PathParams<String>,
+    Body(l): Body<Lun>,
+) -> Res<Response> {
+    st.api
+        .change("add SRP LUN", |c| {
+            let p = srp_port_mut(c, &name)?;
+            if p.luns.iter().any(|x| x.lun == l.lun) {
+                return Err(ApiError::conflict("lun", format!("LUN {} is taken", l.lun)));
+            }
+            p.luns.push(l.clone());
+            Ok(())
+        })
+        .await?;
+    Ok(created(l))
+}
+
+#[utoipa::path(get, path = "/api/v1/srp/ports/{name}/luns/{lun}", tag = "srp",
+    params(("name" = String, Path, description = "SRP target port name"),
+        ("lun" = u64, Path, description = "LUN")),
+    responses((status = 200, body = Lun), (status = 400, body = ErrorBody),
+        (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)))]
+async fn get_srp_lun(
+    State(st): St,
+    PathParams((name, lun)): PathParams<(String, u64)>,
+) -> Res<axum::Json<Lun>> {
+    read(&st, |c| {
+        srp_port_mut(c, &name)?
+            .luns
+            .iter()
+            .find(|l| l.lun == lun)
+            .cloned()
+            .ok_or_else(|| ApiError::not_found(format!("no LUN {lun}")))
+    })
+}
+
+/// Unmaps a LUN of the port; sessions that saw it get REPORTED LUNS DATA HAS CHANGED.
+#[utoipa::path(delete, path = "/api/v1/srp/ports/{name}/luns/{lun}", tag = "srp",
+    params(("name" = String, Path, description = "SRP target port name"),
+        ("lun" = u64, Path, description = "LUN")),
+    responses((status = 204), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody),
+        (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
+async fn delete_srp_lun(
+    State(st): St,
+    PathParams((name, lun)): PathParams<(String, u64)>,
+) -> Res<Response> {
+    st.api
+        .change("delete SRP LUN", |c| {
+            let p = srp_port_mut(c, &name)?;
+            if !p.luns.iter().any(|l| l.lun == lun) {
+                return Err(ApiError::not_found(format!("no LUN {lun}")));
+            }
+            if let Some(a) = p
+                .acls
+                .iter()
+                .find(|a| a.mapped_luns.iter().any(|m| m.tpg_lun == lun))
+            {
+                return Err(ApiError::conflict(
+                    "lun",
+                    format!("LUN {lun} is mapped for {}", a.initiator),
+                ));
+            }
+            p.luns.retain(|l| l.lun != lun);
+            Ok(())
+        })
+        .await?;
+    Ok(no_content())
+}
+
+#[utoipa::path(get, path = "/api/v1/srp/ports/{name}/acls", tag = "srp",
+    params(("name" = String, Path, description = "SRP target port name")),
+    responses((status = 200, body = Vec<SrpAcl>), (status = 400, body = ErrorBody),
+        (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)))]
+async fn list_srp_acls(
+    State(st): St,
+    PathParams(name): PathParams<String>,
+) -> Res<axum::Json<Vec<SrpAcl>>> {
+    read(&st, |c| {
+        Ok(std::mem::take(&mut srp_port_mut(c, &name)?.acls))
+    })
+}
+
+#[utoipa::path(post, path = "/api/v1/srp/ports/{name}/acls", tag = "srp", request_body = SrpAcl,
+    params(("name" = String, Path, description = "SRP target port name")),
+    responses((status = 201, body = SrpAcl), (status = 400, body = ErrorBody),
+        (status = 401, body = ErrorBody), (status = 404, body = ErrorBody),
+        (status = 409, body = ErrorBody), (status = 413, body = ErrorBody),
+        (status = 415, body = ErrorBody), (status = 422, body = ErrorBody)))]
+async fn add_srp_acl(
+    State(st): St,
+    PathParams(name): PathParams<String>,
+    Body(a): Body<SrpAcl>,
+) -> Res<Response> {
+    st.api
+        .change("add SRP ACL", |c| {
+            let p = srp_port_mut(c, &name)?;
+            if p.acls
+                .iter()
+                .any(|x| x.initiator.eq_ignore_ascii_case(&a.initiator))
+            {
+                return Err(ApiError::conflict(
+                    "initiator",
+                    format!("an ACL for {:?} exists", a.initiator),
+                ));
+            }
+            p.acls.push(a.clone());
+            Ok(())
+        })
+        .await?;
+    Ok(created(a))
+}
+
+#[utoipa::path(get, path = "/api/v1/srp/ports/{name}/acls/{initiator}", tag = "srp",
+    params(("name" = String, Path, description = "SRP target port name"),
+        ("initiator" = String, Path, description = "Initiator port identifier (0x and 32 hex digits)")),
+    responses((status = 200, body = SrpAcl), (status = 400, body = ErrorBody),
+        (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)))]
+async fn get_srp_acl(
+    State(st): St,
+    PathParams((name, ini)): PathParams<(String, String)>,
+) -> Res<axum::Json<SrpAcl>> {
+    read(&st, |c| srp_acl_mut(c, &name, &ini).map(|a| a.clone()))
+}
+
+/// Replaces an ACL; the initiator's sessions see the new LUN map at once.
+#[utoipa::path(put, path = "/api/v1/srp/ports/{name}/acls/{initiator}", tag = "srp", request_body = SrpAcl,
+    params(("name" = String, Path, description = "SRP target port name"),
+        ("initiator" = String, Path, description = "Initiator port identifier (0x and 32 hex digits)")),
+    responses((status = 200, body = SrpAcl), (status = 400, body = ErrorBody),
+        (status = 401, body = ErrorBody), (status = 404, body = ErrorBody),
+        (status = 409, body = ErrorBody), (status = 413, body = ErrorBody),
+        (status = 415, body = ErrorBody), (status = 422, body = ErrorBody)))]
+async fn replace_srp_acl(
+    State(st): St,
+    PathParams((name, ini)): PathParams<(String, String)>,
+    Body(a): Body<SrpAcl>,
+) -> Res<axum::Json<SrpAcl>> {
+    if !a.initiator.eq_ignore_ascii_case(&ini) {
+        return Err(ApiError::invalid(
+            "initiator",
+            "the initiator cannot change",
+        ));
+    }
+    st.api
+        .change("replace SRP ACL", |c| {
+            *srp_acl_mut(c, &name, &ini)? = a.clone();
+            Ok(())
+        })
+        .await?;
+    Ok(axum::Json(a))
+}
+
+/// Removes an ACL: that initiator's channels (only those) get SRP_T_LOGOUT.
+#[utoipa::path(delete, path = "/api/v1/srp/ports/{name}/acls/{initiator}", tag = "srp",
+    params(("name" = String, Path, description = "SRP target port name"),
+        ("initiator" = String, Path, description = "Initiator port identifier (0x and 32 hex digits)")),
+    responses((status = 204), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody),
+        (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
+async fn delete_srp_acl(
+    State(st): St,
+    PathParams((name, ini)): PathParams<(String, String)>,
+) -> Res<Response> {
+    st.api
+        .change("delete SRP ACL", |c| {
+            srp_acl_mut(c, &name, &ini)?;
+            srp_port_mut(c, &name)?
+                .acls
+                .retain(|a| !a.initiator.eq_ignore_ascii_case(&ini));
+            Ok(())
+        })
+        .await?;
+    Ok(no_content())
+}
+
 // ---- sessions ----
 
 #[utoipa::path(get, path = "/api/v1/sessions", tag = "sessions",
@@ -1283,7 +1615,8 @@ async fn list_sessions(State(st): St) -> axum::Json<Vec<SessionView>> {
     axum::Json(st.api.control.sessions())
 }
 
-/// Ends a session at once (the initiator is told with an Async Message).
+/// Ends a session at once: an iSCSI initiator is told with an Async Message, an SRP
+/// initiator with SRP_T_LOGOUT on each channel before the disconnect.
 #[utoipa::path(delete, path = "/api/v1/sessions/{id}", tag = "sessions",
     params(("id" = String, Path, description = "Session id from the session list")),
     responses((status = 204), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody),
@@ -1422,7 +1755,7 @@ impl utoipa::Modify for BearerAuth {
 
 #[derive(OpenApi)]
 #[openapi(
-    info(title = "rtgt administration API", description = "Backstores, targets, portal groups, LUNs, ACLs, CHAP, sessions and the configuration document of a running rtgtd."),
+    info(title = "rtgt administration API", description = "Backstores, targets, portal groups, LUNs, ACLs, CHAP, SRP target ports, sessions of every transport and the configuration document of a running rtgtd."),
     paths(
         list_backstores, create_backstore, get_backstore, replace_backstore, delete_backstore,
         list_targets, create_target, get_target, replace_target, delete_target,
@@ -1431,6 +1764,9 @@ impl utoipa::Modify for BearerAuth {
         get_tpg_auth, put_tpg_auth, get_acl_auth, put_acl_auth, get_discovery_auth, put_discovery_auth,
         list_luns, add_lun, get_lun, delete_lun,
         list_acls, add_acl, get_acl, replace_acl, delete_acl, add_mapped_lun, delete_mapped_lun,
+        list_srp_ports, create_srp_port, get_srp_port, replace_srp_port, delete_srp_port,
+        list_srp_luns, add_srp_lun, get_srp_lun, delete_srp_lun,
+        list_srp_acls, add_srp_acl, get_srp_acl, replace_srp_acl, delete_srp_acl,
         list_sessions, delete_session,
         export_config, apply_config,
         health, ready, metrics, openapi_json,
@@ -1458,6 +1794,8 @@ mod tests {
             "/api/v1/backstores/{name}",
             "/api/v1/targets/{target}/tpgs/{tag}/acls/{initiator}/mapped_luns/{lun}",
             "/api/v1/sessions/{id}",
+            "/api/v1/srp/ports/{name}/acls/{initiator}",
+            "/api/v1/srp/ports/{name}/luns/{lun}",
             "/api/v1/config",
             "/metrics",
         ] {

@@ -25,7 +25,10 @@ use tracing::{error, info, warn};
 use crate::core::Registry;
 use crate::daemon::{build_target, error_chain, open_device};
 use crate::iscsi::{IscsiServer, SessionType};
+use crate::iser::IserServer;
 use crate::scsi::{Device, DeviceRegistry, UnitAttention};
+use crate::srp::service::{PortChange, SrpService};
+use rtgt_transport::hca::Hca;
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
@@ -62,6 +65,16 @@ pub struct DaemonControl {
     portals: Mutex<BTreeMap<SocketAddr, Portal>>,
     /// RDMA devices whose counters /metrics exports.
     rdma: Mutex<Vec<(String, RdmaSource)>>,
+    /// The soft-RoCE device iSER and SRP are served on, when it is up.
+    hca: Option<Arc<Hca>>,
+    /// iSER over `hca` and its listeners (the portals of the groups with `iser: true`).
+    iser: Option<IserServer>,
+    iser_portals: Mutex<BTreeMap<SocketAddr, Portal>>,
+    /// iSER portals the RDMA device cannot listen on (logged once, tried again when the
+    /// portal comes back after leaving the configuration).
+    iser_unserved: Mutex<BTreeSet<SocketAddr>>,
+    /// The SRP target ports over `hca`, from the first one configured.
+    srp: Mutex<Option<Arc<SrpService>>>,
 }
 
 /// Counters of one RDMA device as /metrics exports them (`rtgt_rdma_*_total{device=...}`).
@@ -119,6 +132,8 @@ pub struct ControlParts {
     pub devices: BTreeMap<String, Arc<Device>>,
     pub backstores: BTreeMap<String, Arc<dyn Backstore>>,
     pub metrics: Metrics,
+    /// The soft-RoCE device, when the `rdma` section brought one up.
+    pub hca: Option<Arc<Hca>>,
 }
 
 fn portals_of(c: &Config) -> BTreeSet<SocketAddr> {
@@ -129,13 +144,33 @@ fn portals_of(c: &Config) -> BTreeSet<SocketAddr> {
         .collect()
 }
 
+/// The portals of the groups that also serve iSER.
+fn iser_portals_of(c: &Config) -> BTreeSet<SocketAddr> {
+    c.targets
+        .iter()
+        .flat_map(|t| t.portal_groups.iter())
+        .filter(|g| g.iser)
+        .flat_map(|g| g.portals.iter().copied())
+        .collect()
+}
+
 fn invalid(field: String, message: String) -> ControlError {
     ControlError::Invalid { field, message }
 }
 
 impl DaemonControl {
     pub fn new(p: ControlParts) -> Arc<DaemonControl> {
+        let iser = p.hca.as_ref().and_then(|hca| {
+            IserServer::new(p.server.shared(), hca.clone())
+                .map_err(|e| warn!(error = %e, "iSER unavailable"))
+                .ok()
+        });
         Arc::new(DaemonControl {
+            hca: p.hca,
+            iser,
+            iser_portals: Mutex::new(BTreeMap::new()),
+            iser_unserved: Mutex::new(BTreeSet::new()),
+            srp: Mutex::new(None),
             state_dir: p.state_dir,
             file: p.file,
             registry: p.registry,
@@ -194,12 +229,225 @@ impl DaemonControl {
         Ok(())
     }
 
-    /// Waits for the portal listeners to stop (after the server's shutdown).
+    /// Waits for the portal listeners, TCP and iSER, to stop (after the server's shutdown).
     pub async fn stop_portals(&self) {
-        let portals = std::mem::take(&mut *lock(&self.portals));
+        let mut portals = std::mem::take(&mut *lock(&self.portals));
+        portals.extend(std::mem::take(&mut *lock(&self.iser_portals)));
         for (_, p) in portals {
             let _ = p.stop.send(true);
             let _ = p.task.await;
+        }
+    }
+
+    /// The iSER server, when the RDMA device is up.
+    pub fn iser(&self) -> Option<&IserServer> {
+        self.iser.as_ref()
+    }
+
+    /// The SRP service, once an SRP target port is served.
+    pub fn srp(&self) -> Option<Arc<SrpService>> {
+        lock(&self.srp).clone()
+    }
+
+    /// Starts the iSER listeners of the configuration and the SRP target ports.
+    pub async fn start_rdma_services(&self) {
+        let mut report = ChangeReport::default();
+        self.sync_iser(&self.config()).await;
+        self.sync_srp(&mut report).await;
+    }
+
+    /// Makes the iSER listeners match the portals of the groups with `iser: true`: new ones
+    /// listen (the CM on the same ip:port over the RDMA device), removed ones stop; the
+    /// sessions they carry are not touched. Returns once the removed ones stopped.
+    async fn sync_iser(&self, config: &Config) {
+        let Some(iser) = &self.iser else {
+            return;
+        };
+        let wanted = iser_portals_of(config);
+        let mut stopped = Vec::new();
+        {
+            let mut running = lock(&self.iser_portals);
+            let gone: Vec<SocketAddr> = running
+                .keys()
+                .filter(|a| !wanted.contains(a))
+                .copied()
+                .collect();
+            for addr in gone {
+                if let Some(p) = running.remove(&addr) {
+                    let _ = p.stop.send(true);
+                    info!(portal = %addr, "iSER portal stopped");
+                    stopped.push(p.task);
+                }
+            }
+            self.start_iser_portals(iser, &wanted, &mut running);
+        }
+        for t in stopped {
+            let _ = t.await;
+        }
+    }
+
+    fn start_iser_portals(
+        &self,
+        iser: &IserServer,
+        wanted: &BTreeSet<SocketAddr>,
+        running: &mut BTreeMap<SocketAddr, Portal>,
+    ) {
+        let mut unserved = lock(&self.iser_unserved);
+        unserved.retain(|a| wanted.contains(a));
+        for &addr in wanted {
+            if unserved.contains(&addr) || running.get(&addr).is_some_and(|p| !p.task.is_finished())
+            {
+                continue;
+            }
+            let listener = match iser.listen(addr) {
+                Ok(l) => l,
+                Err(e) => {
+                    warn!(portal = %addr, error = %e, "iSER not served on this portal");
+                    unserved.insert(addr);
+                    continue;
+                }
+            };
+            let (stop, stop_rx) = watch::channel(false);
+            let iser = iser.clone();
+            let task = tokio::spawn(async move { iser.serve_on(listener, stop_rx).await });
+            info!(portal = %addr, "iSER portal listening");
+            running.insert(addr, Portal { stop, task });
+        }
+    }
+
+    /// The addresses iSER listens on.
+    pub fn iser_listening(&self) -> Vec<SocketAddr> {
+        lock(&self.iser_portals)
+            .iter()
+            .filter(|(_, p)| !p.task.is_finished())
+            .map(|(a, _)| *a)
+            .collect()
+    }
+
+    /// Makes the SRP service serve the registry's SRP target ports, starting it with the
+    /// first one. Returns once the listeners of removed addresses stopped.
+    async fn sync_srp(&self, report: &mut ChangeReport) {
+        let ports = self.registry.srp_ports();
+        let Some(hca) = &self.hca else {
+            for p in &ports {
+                warn!(port = %p.name, "SRP target port not served: no RDMA device");
+            }
+            return;
+        };
+        let svc = {
+            let mut srp = lock(&self.srp);
+            match &*srp {
+                Some(svc) => svc.clone(),
+                None if ports.is_empty() => return,
+                None => {
+                    let svc = Arc::new(SrpService::start(hca, &self.registry, self.pool.clone()));
+                    *srp = Some(svc);
+                    return;
+                }
+            }
+        };
+        let changes = svc.sync();
+        svc.stopped().await;
+        for c in changes {
+            if let PortChange::Restarted(name) = c {
+                report.push_detail(
+                    "changed",
+                    "srp_port",
+                    name,
+                    "identifier or listen addresses changed: its channels were logged out",
+                );
+            }
+        }
+    }
+
+    /// Checks that the RDMA device can listen on every SRP listen address not yet served
+    /// (one it serves, not taken by an iSER portal), before anything changes.
+    fn check_srp_listen(&self, new: &Config) -> Result<(), ControlError> {
+        let Some(hca) = &self.hca else {
+            return Ok(());
+        };
+        let served: BTreeSet<SocketAddr> = self
+            .srp()
+            .map(|s| s.listening().into_iter().collect())
+            .unwrap_or_default();
+        for (i, p) in new.srp.iter().enumerate() {
+            for (j, a) in p.listen.iter().enumerate() {
+                if served.contains(a) {
+                    continue;
+                }
+                // A listener taken and dropped at once: the address is free to serve.
+                if let Err(e) = hca.cm().listen(*a) {
+                    return Err(ControlError::Conflict {
+                        field: format!("srp[{i}].listen[{j}]"),
+                        message: format!("SRP target port {:?}: cannot listen on {a}: {e}", p.name),
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// SRP sessions whose LUN map or admission changed, in the report.
+    fn update_srp_sessions(&self, report: &mut ChangeReport) {
+        let Some(srp) = self.srp() else { return };
+        for (id, ended) in srp.update_sessions() {
+            if ended {
+                report.push_detail(
+                    "ended",
+                    "session",
+                    id,
+                    "the initiator is no longer admitted: SRP_T_LOGOUT",
+                );
+            } else {
+                report.push_detail(
+                    "changed",
+                    "session",
+                    id,
+                    "LUN map changed: REPORTED LUNS DATA HAS CHANGED",
+                );
+            }
+        }
+    }
+
+    fn report_srp_diff(report: &mut ChangeReport, old: &config::SrpPort, new: &config::SrpPort) {
+        let path = format!("srp/{}", new.name);
+        for l in &new.luns {
+            match old.luns.iter().find(|x| x.lun == l.lun) {
+                None => report.push("added", "lun", format!("{path}/lun/{}", l.lun)),
+                Some(x) if x != l => report.push("changed", "lun", format!("{path}/lun/{}", l.lun)),
+                _ => {}
+            }
+        }
+        for l in old
+            .luns
+            .iter()
+            .filter(|l| !new.luns.iter().any(|x| x.lun == l.lun))
+        {
+            report.push("removed", "lun", format!("{path}/lun/{}", l.lun));
+        }
+        let same = |a: &str, b: &str| a.eq_ignore_ascii_case(b);
+        for a in &new.acls {
+            match old.acls.iter().find(|x| same(&x.initiator, &a.initiator)) {
+                None => report.push("added", "acl", format!("{path}/acl/{}", a.initiator)),
+                Some(x) if x != a => {
+                    report.push("changed", "acl", format!("{path}/acl/{}", a.initiator))
+                }
+                _ => {}
+            }
+        }
+        for a in old
+            .acls
+            .iter()
+            .filter(|a| !new.acls.iter().any(|x| same(&x.initiator, &a.initiator)))
+        {
+            report.push("removed", "acl", format!("{path}/acl/{}", a.initiator));
+        }
+        if old.listen != new.listen
+            || old.id_ext != new.id_ext
+            || old.ioc_guid != new.ioc_guid
+            || old.allow_any_initiator != new.allow_any_initiator
+        {
+            report.push("changed", "srp_port", new.name.clone());
         }
     }
 
@@ -350,6 +598,9 @@ impl DaemonControl {
                 .iter()
                 .flat_map(|t| t.portal_groups.iter())
                 .any(|g| g.luns.iter().any(|l| l.backstore == name))
+                || c.srp
+                    .iter()
+                    .any(|p| p.luns.iter().any(|l| l.backstore == name))
         };
 
         // 1. What can fail, without touching the running target.
@@ -385,6 +636,7 @@ impl DaemonControl {
                 .map_err(|e| invalid(format!("backstores[{i}]"), error_chain(&e)))?;
             opened.push((b.name.clone(), store, dev, replace));
         }
+        self.check_srp_listen(&new)?;
         let running: BTreeSet<SocketAddr> = lock(&self.portals).keys().copied().collect();
         let wanted = portals_of(&new);
         let mut bound = Vec::new();
@@ -446,12 +698,38 @@ impl DaemonControl {
                 report.push("removed", "target", t.name.clone());
             }
         }
+        for p in &new.srp {
+            let before = old.srp.iter().find(|x| x.name == p.name);
+            let touches_reopened = p.luns.iter().any(|l| reopened.contains(&l.backstore));
+            if before == Some(p) && !touches_reopened {
+                continue;
+            }
+            self.registry
+                .set_srp_port(crate::srp::service::target_port(p, &objects.devices));
+            match before {
+                None => report.push("added", "srp_port", p.name.clone()),
+                Some(o) => Self::report_srp_diff(&mut report, o, p),
+            }
+        }
+        for p in &old.srp {
+            if !new.srp.iter().any(|x| x.name == p.name) {
+                self.registry.remove_srp_port(&p.name);
+                report.push_detail(
+                    "removed",
+                    "srp_port",
+                    p.name.clone(),
+                    "its channels were logged out",
+                );
+            }
+        }
         if new.discovery != old.discovery {
             self.registry
                 .set_discovery_auth(crate::daemon::auth(&new.discovery.auth));
             report.push("changed", "discovery", "discovery");
         }
         self.update_sessions(&mut report);
+        self.sync_srp(&mut report).await;
+        self.update_srp_sessions(&mut report);
         for (addr, l) in bound {
             self.serve_portal(addr, l);
         }
@@ -461,6 +739,7 @@ impl DaemonControl {
                 info!(portal = %addr, "iSCSI portal stopped");
             }
         }
+        self.sync_iser(&new).await;
         for b in &old.backstores {
             if new.backstore(&b.name).is_none() {
                 objects.devices.remove(&b.name);
@@ -471,6 +750,14 @@ impl DaemonControl {
                 }
                 report.push("removed", "backstore", b.name.clone());
             }
+        }
+        if new.rdma != old.rdma {
+            report.push_detail(
+                "changed",
+                "rdma",
+                "rdma",
+                "the RDMA device changes when rtgtd restarts",
+            );
         }
         if new.api != old.api {
             report.push_detail(
@@ -510,7 +797,8 @@ impl Control for DaemonControl {
     }
 
     fn sessions(&self) -> Vec<SessionView> {
-        self.server
+        let mut out: Vec<SessionView> = self
+            .server
             .sessions()
             .into_iter()
             .map(|s| SessionView {
@@ -532,10 +820,17 @@ impl Control for DaemonControl {
                 bytes_out: s.bytes_out,
                 uptime_seconds: s.uptime.as_secs(),
             })
-            .collect()
+            .collect();
+        if let Some(srp) = self.srp() {
+            out.extend(srp.ports().iter().flat_map(|p| srp_sessions(p)));
+        }
+        out
     }
 
     fn force_logout(&self, id: &str) -> bool {
+        if id.starts_with("srp-") {
+            return self.srp().is_some_and(|s| s.logout_session(id));
+        }
         id.strip_prefix("iscsi-")
             .and_then(|t| t.parse::<u16>().ok())
             .is_some_and(|tsih| self.server.force_logout(tsih))
@@ -552,8 +847,12 @@ impl Control for DaemonControl {
     fn metrics(&self) -> String {
         let m = &self.metrics;
         let sessions = self.sessions();
-        let mut by_transport: BTreeMap<String, u64> =
-            [("tcp".to_string(), 0), ("iser".to_string(), 0)].into();
+        let mut by_transport: BTreeMap<String, u64> = [
+            ("tcp".to_string(), 0),
+            ("iser".to_string(), 0),
+            ("srp".to_string(), 0),
+        ]
+        .into();
         // Per-session gauges are written here rather than registered, so that a session's
         // series end with it.
         let mut depth = String::new();
@@ -603,6 +902,37 @@ impl Control for DaemonControl {
         }
         text
     }
+}
+
+/// The sessions of an SRP target port as the API shows them: one per initiator port (the
+/// I_T nexus), its queue depth the request limits of its channels together.
+fn srp_sessions(port: &crate::srp::SrpPort) -> Vec<SessionView> {
+    use std::sync::atomic::Ordering;
+    let name = port.config().name.clone();
+    port.sessions()
+        .iter()
+        .map(|s| {
+            let channels = s.channels();
+            let sum = |f: fn(&crate::srp::Channel) -> u64| channels.iter().map(|c| f(c)).sum();
+            let addrs = channels.iter().find_map(|c| c.addrs());
+            SessionView {
+                id: s.id(),
+                initiator: s.nexus.initiator_port.clone(),
+                target: name.clone(),
+                transport: "srp".into(),
+                session_type: "normal".into(),
+                isid: None,
+                peer: addrs.map(|a| a.0.to_string()).unwrap_or_default(),
+                local: addrs.map(|a| a.1.to_string()).unwrap_or_default(),
+                queue_depth: sum(|c| u64::from(c.params.req_lim)) as u32,
+                outstanding: sum(|c| c.outstanding() as u64) as u32,
+                commands: sum(|c| c.stats.commands.load(Ordering::Relaxed)),
+                bytes_in: sum(|c| c.stats.bytes_in.load(Ordering::Relaxed)),
+                bytes_out: sum(|c| c.stats.bytes_out.load(Ordering::Relaxed)),
+                uptime_seconds: s.created.elapsed().as_secs(),
+            }
+        })
+        .collect()
 }
 
 /// Name of the configuration file in the state directory when rtgtd runs without

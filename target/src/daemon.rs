@@ -555,33 +555,6 @@ fn export_rdma_counters(control: &crate::control::DaemonControl, hca: &Arc<Hca>)
     );
 }
 
-/// Starts iSER on the portals of the groups that serve it, when the RDMA device is up.
-fn start_iser(
-    running: &Running,
-    server: &IscsiServer,
-    stop: &tokio::sync::watch::Receiver<bool>,
-    tasks: &mut Vec<tokio::task::JoinHandle<()>>,
-) -> Option<IserServer> {
-    let hca = running.rdma.as_ref()?;
-    if running.iser_portals.is_empty() {
-        return None;
-    }
-    let iser = IserServer::new(server.shared(), hca.clone())
-        .map_err(|e| warn!(error = %e, "iSER unavailable"))
-        .ok()?;
-    for addr in &running.iser_portals {
-        info!(portal = %addr, "iSER portal listening");
-        let (iser, stop, addr) = (iser.clone(), stop.clone(), *addr);
-        tasks.push(tokio::spawn(async move {
-            if let Err(e) = iser.serve(addr, stop).await {
-                error!(portal = %addr, error = %e, "iSER portal failed");
-            }
-        }));
-    }
-    tasks.push(tokio::spawn(report_rdma(iser.clone(), stop.clone())));
-    Some(iser)
-}
-
 /// Runs the daemon until SIGTERM or SIGINT.
 pub async fn run(opts: Options) -> Result<(), DaemonError> {
     std::fs::create_dir_all(&opts.state_dir).map_err(|source| DaemonError::StateDir {
@@ -610,14 +583,17 @@ pub async fn run(opts: Options) -> Result<(), DaemonError> {
         devices: running.devices.clone(),
         backstores: running.backstores.clone(),
         metrics,
+        hca: running.rdma.clone(),
     });
     if let Some(hca) = &running.rdma {
         export_rdma_counters(&control, hca);
     }
     control.start_portals().await.map_err(DaemonError::Portal)?;
     let mut tasks = Vec::new();
-    let iser = start_iser(&running, &server, &stop_rx, &mut tasks);
-    let srp = crate::srp::service::start_in_daemon(&running);
+    control.start_rdma_services().await;
+    if let Some(iser) = control.iser() {
+        tasks.push(tokio::spawn(report_rdma(iser.clone(), stop_rx.clone())));
+    }
     let (api_tasks, api) =
         crate::control::serve_api(control.clone(), &api_config, explicit_api, stop_rx.clone())
             .await?;
@@ -641,11 +617,11 @@ pub async fn run(opts: Options) -> Result<(), DaemonError> {
         w.abort();
     }
     let _ = stop_tx.send(true);
-    if let Some(srp) = &srp {
+    if let Some(srp) = control.srp() {
         srp.shutdown(SHUTDOWN_GRACE).await;
     }
     server.shutdown(SHUTDOWN_GRACE).await;
-    if let Some(iser) = &iser {
+    if let Some(iser) = control.iser() {
         iser.drain(Duration::from_secs(5)).await;
     }
     control.stop_portals().await;

@@ -7,7 +7,7 @@ use clap::{Parser, Subcommand};
 use rtgt_api::client::{segment, Client, ClientError};
 use rtgt_api::config::{
     Acl, Auth, Backstore, BackstoreKind, ByteSize, Chap, Config, Lun, MappedLun, PortalGroup,
-    Target,
+    SrpAcl, SrpPort, Target,
 };
 use rtgt_api::server::Portal;
 use rtgt_api::{ChangeReport, SessionView};
@@ -53,7 +53,10 @@ enum Cmd {
     /// ACLs of a portal group.
     #[command(subcommand)]
     Acls(AclCmd),
-    /// Sessions.
+    /// SRP target ports, their LUNs and ACLs.
+    #[command(subcommand)]
+    Srp(SrpCmd),
+    /// Sessions of every transport (iSCSI over TCP, iSER, SRP).
     #[command(subcommand)]
     Sessions(SessionCmd),
     /// Applies a configuration file (YAML or JSON): only what differs changes.
@@ -211,6 +214,94 @@ enum AclCmd {
         tpg: Tpg,
         initiator: String,
     },
+}
+
+#[derive(Subcommand, Debug)]
+enum SrpCmd {
+    List,
+    Show {
+        name: String,
+    },
+    /// Creates an SRP target port (its RDMA/CM listeners start at once).
+    Create {
+        name: String,
+        /// RDMA/CM listen address:port (repeatable).
+        #[arg(long = "listen", default_value = "0.0.0.0:5555")]
+        listen: Vec<std::net::SocketAddr>,
+        /// Identifier extension (16 hex digits); derived from the host and name when absent.
+        #[arg(long)]
+        id_ext: Option<String>,
+        /// I/O controller GUID (16 hex digits); derived like --id-ext.
+        #[arg(long)]
+        ioc_guid: Option<String>,
+        /// Admit any initiator (no ACLs needed).
+        #[arg(long)]
+        allow_any_initiator: bool,
+    },
+    /// Deletes the port: its channels get SRP_T_LOGOUT.
+    Delete {
+        name: String,
+    },
+    /// Maps a backstore as a LUN of the port (sessions get REPORTED LUNS DATA HAS CHANGED).
+    AddLun {
+        name: String,
+        lun: u64,
+        backstore: String,
+    },
+    RemoveLun {
+        name: String,
+        lun: u64,
+    },
+    /// Admits an initiator port (0x and 32 hex digits).
+    AddAcl {
+        name: String,
+        initiator: String,
+        /// Map a port LUN: INITIATOR_LUN=PORT_LUN (repeatable; default: all LUNs).
+        #[arg(long = "map", value_parser = parse_map)]
+        maps: Vec<MappedLun>,
+    },
+    /// Removes the ACL and logs out that initiator's channels.
+    RemoveAcl {
+        name: String,
+        initiator: String,
+    },
+}
+
+fn srp_path(name: &str) -> String {
+    format!("/api/v1/srp/ports/{}", segment(name))
+}
+
+fn print_srp_ports(json: bool, v: &[SrpPort]) {
+    if json {
+        return print_json(&v);
+    }
+    table(
+        &["PORT", "LISTEN", "ID_EXT", "IOC_GUID", "LUNS", "ACLS"],
+        v.iter()
+            .map(|p| {
+                vec![
+                    p.name.clone(),
+                    p.listen
+                        .iter()
+                        .map(|a| a.to_string())
+                        .collect::<Vec<_>>()
+                        .join(","),
+                    p.id_ext.clone().unwrap_or_else(|| "derived".into()),
+                    p.ioc_guid.clone().unwrap_or_else(|| "derived".into()),
+                    p.luns
+                        .iter()
+                        .map(|l| format!("{}={}", l.lun, l.backstore))
+                        .collect::<Vec<_>>()
+                        .join(","),
+                    if p.allow_any_initiator {
+                        "any".into()
+                    } else {
+                        p.acls.len().to_string()
+                    },
+                ]
+            })
+            .collect(),
+    );
 }
 
 #[derive(Subcommand, Debug)]
@@ -578,6 +669,66 @@ fn run(args: Args) -> Result<(), ClientError> {
             }
             AclCmd::Remove { tpg, initiator } => {
                 c.delete(&format!("{}/acls/{}", tpg.path(), segment(&initiator)))?
+            }
+        },
+        Cmd::Srp(cmd) => match cmd {
+            SrpCmd::List => print_srp_ports(json, &c.get::<Vec<SrpPort>>("/api/v1/srp/ports")?),
+            SrpCmd::Show { name } => {
+                let p: SrpPort = c.get(&srp_path(&name))?;
+                if json {
+                    print_json(&p);
+                } else {
+                    print!("{}", serde_norway_yaml(&p));
+                }
+            }
+            SrpCmd::Create {
+                name,
+                listen,
+                id_ext,
+                ioc_guid,
+                allow_any_initiator,
+            } => {
+                let p = SrpPort {
+                    name,
+                    listen,
+                    id_ext,
+                    ioc_guid,
+                    allow_any_initiator,
+                    luns: Vec::new(),
+                    acls: Vec::new(),
+                };
+                let p: SrpPort =
+                    serde_json::from_value(c.send("POST", "/api/v1/srp/ports", &p)?)?;
+                print_srp_ports(json, &[p]);
+            }
+            SrpCmd::Delete { name } => c.delete(&srp_path(&name))?,
+            SrpCmd::AddLun {
+                name,
+                lun,
+                backstore,
+            } => {
+                c.send(
+                    "POST",
+                    &format!("{}/luns", srp_path(&name)),
+                    &Lun { lun, backstore },
+                )?;
+            }
+            SrpCmd::RemoveLun { name, lun } => {
+                c.delete(&format!("{}/luns/{lun}", srp_path(&name)))?
+            }
+            SrpCmd::AddAcl {
+                name,
+                initiator,
+                maps,
+            } => {
+                let acl = SrpAcl {
+                    initiator,
+                    mapped_luns: maps,
+                };
+                c.send("POST", &format!("{}/acls", srp_path(&name)), &acl)?;
+            }
+            SrpCmd::RemoveAcl { name, initiator } => {
+                c.delete(&format!("{}/acls/{}", srp_path(&name), segment(&initiator)))?
             }
         },
         Cmd::Sessions(cmd) => match cmd {

@@ -472,6 +472,7 @@ impl Session {
                 ("session", format!("iscsi-{tsih}")),
                 ("initiator", s.params.initiator_name.clone()),
                 ("target", s.params.target_name.clone()),
+                ("transport", s.transport.name().to_string()),
             ]
         });
         Session {

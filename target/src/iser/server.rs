@@ -9,7 +9,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use rtgt_transport::cm::{prepare_qp, CmError, ConnParams, ConnectRequest};
+use rtgt_transport::cm::{prepare_qp, CmError, CmListener, ConnParams, ConnectRequest};
 use rtgt_transport::hca::Hca;
 use rtgt_transport::verbs::Pd;
 use tokio::sync::watch;
@@ -78,13 +78,24 @@ impl IserServer {
     pub async fn serve(
         &self,
         portal: SocketAddr,
-        mut shutdown: watch::Receiver<bool>,
+        shutdown: watch::Receiver<bool>,
     ) -> Result<(), CmError> {
-        let mut listener = self.hca.cm().listen(portal)?;
+        let listener = self.listen(portal)?;
+        self.serve_on(listener, shutdown).await;
+        Ok(())
+    }
+
+    /// Starts listening on `portal` (connect requests wait for [`IserServer::serve_on`]).
+    pub fn listen(&self, portal: SocketAddr) -> Result<CmListener, CmError> {
+        self.hca.cm().listen(portal)
+    }
+
+    /// Serves the connect requests of `listener` until `shutdown` turns true.
+    pub async fn serve_on(&self, mut listener: CmListener, mut shutdown: watch::Receiver<bool>) {
         loop {
             tokio::select! {
                 r = listener.accept() => {
-                    let Some(req) = r else { return Ok(()) };
+                    let Some(req) = r else { return };
                     if self.shared.is_stopping() {
                         req.reject(&CmHeader::answer(&CmHeader::parse(&[])).to_bytes());
                         continue;
@@ -96,7 +107,7 @@ impl IserServer {
                 }
                 r = shutdown.changed() => {
                     if r.is_err() || *shutdown.borrow() {
-                        return Ok(());
+                        return;
                     }
                 }
             }

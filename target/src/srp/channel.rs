@@ -116,6 +116,8 @@ pub struct Channel {
     pub session: Arc<Session>,
     session_ref: Mutex<Option<SessionRef>>,
     pub stats: ChannelStats,
+    /// The initiator's address and the one it connected to, once connected.
+    addrs: std::sync::OnceLock<(std::net::SocketAddr, std::net::SocketAddr)>,
     qp: Arc<Qp>,
     cq: Cq,
     pd: Pd,
@@ -199,6 +201,7 @@ impl Channel {
             session,
             session_ref: Mutex::new(Some(login.session)),
             stats: ChannelStats::default(),
+            addrs: std::sync::OnceLock::new(),
             qp,
             cq,
             pd,
@@ -223,6 +226,16 @@ impl Channel {
 
     pub fn qp(&self) -> &Arc<Qp> {
         &self.qp
+    }
+
+    /// Records the connection's addresses: the initiator's and the one it connected to.
+    pub fn set_addrs(&self, peer: std::net::SocketAddr, local: std::net::SocketAddr) {
+        let _ = self.addrs.set((peer, local));
+    }
+
+    /// The connection's addresses (initiator, target), when known.
+    pub fn addrs(&self) -> Option<(std::net::SocketAddr, std::net::SocketAddr)> {
+        self.addrs.get().copied()
     }
 
     /// The LOGIN_RSP of the login that made this channel.
@@ -371,7 +384,7 @@ impl Channel {
             t.aborted.store(true, Ordering::Release);
         }
         if !tasks.is_empty() {
-            for dev in self.session.luns.luns.values() {
+            for dev in self.session.luns.current().map.luns.values() {
                 dev.abort_task_set(Some(&self.session.nexus));
             }
         }
@@ -859,7 +872,7 @@ impl Channel {
     async fn exec_tmf(self: &Arc<Self>, t: &TskMgmt) -> u8 {
         let lun = lun_from_bytes(&t.lun);
         let s = &self.session;
-        let dev = s.luns.luns.get(&lun).cloned();
+        let dev = s.luns.current().map.luns.get(&lun).cloned();
         let me = [self.clone()];
         let waits = match t.function {
             tmf::ABORT_TASK => {

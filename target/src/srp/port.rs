@@ -6,14 +6,15 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock, Weak};
+use std::time::Instant;
 
 use rtgt_backstore::BufPool;
 
 use super::channel::{Channel, CloseReason};
 use super::iu::{rej_reason, LoginRej, LoginReq, LoginRsp};
 use super::login::{self, ChannelParams, Limits};
-use crate::core::{srp_port_name, SrpTargetPort};
+use crate::core::{srp_port_name, LiveLuns, Registry, SrpTargetPort};
 use crate::scsi::{LunMap, Nexus};
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -46,12 +47,19 @@ pub fn make_nexus(initiator: &[u8; 16], target: &[u8; 16], relative_port: u16) -
 /// One initiator port logged in to the target port: the I_T nexus, its LUNs, its channels.
 pub struct Session {
     pub nexus: Nexus,
-    pub luns: LunMap,
+    /// The LUN map, replaced live when the port's LUNs or the initiator's ACL change.
+    pub luns: LiveLuns,
     pub initiator_port_id: [u8; 16],
+    pub created: Instant,
     channels: Mutex<Vec<Weak<Channel>>>,
 }
 
 impl Session {
+    /// The session's identifier in the administration API and the metrics.
+    pub fn id(&self) -> String {
+        format!("srp-{}", self.nexus.id)
+    }
+
     /// Live channels.
     pub fn channels(&self) -> Vec<Arc<Channel>> {
         lock(&self.channels)
@@ -106,11 +114,13 @@ struct Entry {
 
 /// The runtime of one SRP target port.
 pub struct SrpPort {
-    pub config: Arc<SrpTargetPort>,
+    config: RwLock<Arc<SrpTargetPort>>,
     pub limits: Limits,
     pub pool: Arc<BufPool>,
     /// Relative target port identifier (VPD 0x83).
     pub relative_port: u16,
+    /// Where sessions record their command metrics.
+    registry: Option<Arc<Registry>>,
     me: Weak<SrpPort>,
     sessions: Mutex<HashMap<[u8; 16], Entry>>,
 }
@@ -122,32 +132,59 @@ impl SrpPort {
         pool: Arc<BufPool>,
         relative_port: u16,
     ) -> Arc<SrpPort> {
+        Self::with_registry(config, limits, pool, relative_port, None)
+    }
+
+    /// A port whose sessions record their command metrics in `registry`'s.
+    pub fn with_registry(
+        config: Arc<SrpTargetPort>,
+        limits: Limits,
+        pool: Arc<BufPool>,
+        relative_port: u16,
+        registry: Option<Arc<Registry>>,
+    ) -> Arc<SrpPort> {
         Arc::new_cyclic(|me| SrpPort {
-            config,
+            config: RwLock::new(config),
             limits,
             pool,
             relative_port,
+            registry,
             me: me.clone(),
             sessions: Mutex::new(HashMap::new()),
         })
     }
 
+    /// The target port's configuration now in force.
+    pub fn config(&self) -> Arc<SrpTargetPort> {
+        self.config
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Replaces the configuration (same identifier): new logins see it at once; live
+    /// sessions keep their LUN map until [`SrpPort::update_sessions`].
+    pub fn set_config(&self, config: Arc<SrpTargetPort>) {
+        *self.config.write().unwrap_or_else(|e| e.into_inner()) = config;
+    }
+
     /// Validates a login and reserves its session. A single-channel login closes the
     /// initiator's other channels on this port first.
     pub fn login(&self, req: &LoginReq) -> Result<Login, LoginRej> {
-        let port_id = self.config.port_id();
+        let config = self.config();
+        let port_id = config.port_id();
         let name = srp_port_name(&req.initiator_port_id);
         let existing = self
             .session(&req.initiator_port_id)
             .map_or(0, |s| s.channels().len());
         let params = login::validate(req, &port_id, &self.limits, existing).inspect_err(|r| {
             tracing::warn!(
-                initiator = %name, port = %self.config.name, reason = format_args!("{:#010x}", r.reason),
+                initiator = %name, port = %config.name, reason = format_args!("{:#010x}", r.reason),
                 "SRP login rejected"
             );
         })?;
-        let Some(luns) = self.config.admit(&name) else {
-            tracing::warn!(initiator = %name, port = %self.config.name, "SRP login rejected: no ACL for this initiator");
+        let Some(luns) = config.admit(&name) else {
+            tracing::warn!(initiator = %name, port = %config.name, "SRP login rejected: no ACL for this initiator");
             return Err(LoginRej {
                 reason: rej_reason::UNABLE_ESTABLISH_CHANNEL,
                 tag: req.tag,
@@ -165,20 +202,30 @@ impl SrpPort {
         }
         let session = {
             let mut map = lock(&self.sessions);
-            let e = map.entry(req.initiator_port_id).or_insert_with(|| Entry {
-                session: Arc::new(Session {
-                    nexus: make_nexus(&req.initiator_port_id, &port_id, self.relative_port),
-                    luns,
-                    initiator_port_id: req.initiator_port_id,
-                    channels: Mutex::new(Vec::new()),
-                }),
-                refs: 0,
+            let e = map.entry(req.initiator_port_id).or_insert_with(|| {
+                let nexus = make_nexus(&req.initiator_port_id, &port_id, self.relative_port);
+                let labels = vec![
+                    ("session", format!("srp-{}", nexus.id)),
+                    ("initiator", name.clone()),
+                    ("target", config.name.clone()),
+                    ("transport", "srp".to_string()),
+                ];
+                Entry {
+                    session: Arc::new(Session {
+                        luns: LiveLuns::new(luns, self.registry.clone(), Some(labels)),
+                        nexus,
+                        initiator_port_id: req.initiator_port_id,
+                        created: Instant::now(),
+                        channels: Mutex::new(Vec::new()),
+                    }),
+                    refs: 0,
+                }
             });
             e.refs += 1;
             e.session.clone()
         };
         tracing::info!(
-            initiator = %name, port = %self.config.name, it_iu_len = params.it_iu_len,
+            initiator = %name, port = %config.name, it_iu_len = params.it_iu_len,
             req_lim = params.req_lim, immediate = params.imm_data_offset.is_some(),
             single = params.single, "SRP login accepted"
         );
@@ -221,12 +268,12 @@ impl SrpPort {
             }
         };
         if gone {
-            for dev in session.luns.luns.values() {
+            for dev in session.luns.current().map.luns.values() {
                 dev.abort_task_set(Some(&session.nexus));
                 dev.nexus_loss(&session.nexus);
             }
             tracing::info!(
-                initiator = %session.nexus.initiator_port, port = %self.config.name,
+                initiator = %session.nexus.initiator_port, port = %self.config().name,
                 "SRP session ended"
             );
         }
@@ -262,4 +309,79 @@ impl SrpPort {
             ch.logout().await;
         }
     }
+
+    /// Gives every session the LUN map the configuration now grants its initiator, with
+    /// REPORTED LUNS DATA HAS CHANGED where it changed; logs out (SRP_T_LOGOUT, then a
+    /// disconnect) the sessions no longer admitted. Returns what changed: the session id and
+    /// whether it was ended (else its map changed).
+    pub fn update_sessions(&self) -> Vec<(String, bool)> {
+        let config = self.config();
+        let mut out = Vec::new();
+        for s in self.sessions() {
+            let Some(map) = config.admit(&s.nexus.initiator_port) else {
+                tracing::info!(
+                    initiator = %s.nexus.initiator_port, port = %config.name,
+                    "SRP session no longer admitted: logging it out"
+                );
+                logout_all(s.channels());
+                out.push((s.id(), true));
+                continue;
+            };
+            if replace_luns(&s.luns, &s.nexus, map) {
+                out.push((s.id(), false));
+            }
+        }
+        out
+    }
+
+    /// Logs out the session `id` (SRP_T_LOGOUT on each channel, then a disconnect).
+    /// Returns whether the port had it.
+    pub fn logout_session(&self, id: &str) -> bool {
+        let Some(s) = self.sessions().into_iter().find(|s| s.id() == id) else {
+            return false;
+        };
+        logout_all(s.channels());
+        true
+    }
+}
+
+/// SRP_T_LOGOUT and a disconnect on each of `channels`, in the background.
+pub fn logout_all(channels: Vec<Arc<Channel>>) {
+    if channels.is_empty() {
+        return;
+    }
+    tokio::spawn(async move {
+        for ch in channels {
+            ch.logout().await;
+        }
+    });
+}
+
+/// Replaces the LUN map of a live nexus when `map` differs from the current one: logical
+/// units no longer mapped lose the nexus, the mapped ones get REPORTED LUNS DATA HAS
+/// CHANGED. Returns whether it changed.
+pub fn replace_luns(live: &LiveLuns, nexus: &Nexus, map: LunMap) -> bool {
+    use crate::scsi::UnitAttention;
+    let old = live.current();
+    let same = old.map.luns.len() == map.luns.len()
+        && old
+            .map
+            .luns
+            .iter()
+            .zip(map.luns.iter())
+            .all(|((la, da), (lb, db))| la == lb && Arc::ptr_eq(da, db));
+    if same {
+        return false;
+    }
+    let devices: Vec<_> = map.luns.values().cloned().collect();
+    live.replace(map);
+    for d in old.map.luns.values() {
+        if !devices.iter().any(|n| Arc::ptr_eq(n, d)) {
+            d.nexus_loss(nexus);
+        }
+    }
+    for d in &devices {
+        d.unit_attention(nexus, UnitAttention::ReportedLunsChanged);
+    }
+    true
 }

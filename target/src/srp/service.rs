@@ -136,82 +136,209 @@ pub fn add_target_strings(port: &SrpTargetPort, local: &[IpAddr]) -> Vec<String>
     out
 }
 
-/// Starts SRP for the daemon when there are SRP target ports; they need the RDMA device.
-pub fn start_in_daemon(running: &crate::daemon::Running) -> Option<SrpService> {
-    let ports = running.registry.srp_ports();
-    if ports.is_empty() {
-        return None;
-    }
-    let Some(hca) = &running.rdma else {
-        for p in &ports {
-            tracing::warn!(port = %p.name, "SRP target port not served: no RDMA device");
-        }
-        return None;
-    };
-    Some(SrpService::start(
-        hca,
-        &running.registry,
-        running.pool.clone(),
-    ))
+/// The SRP front-end of the running daemon: its target ports and their RDMA/CM listeners,
+/// which follow the registry's SRP target ports ([`SrpService::sync`]).
+pub struct SrpService {
+    hca: Arc<Hca>,
+    registry: Arc<Registry>,
+    pool: Arc<BufPool>,
+    state: Mutex<State>,
+    conns: Arc<Mutex<Vec<tokio::task::JoinHandle<()>>>>,
 }
 
-/// The SRP front-end of the running daemon: its target ports and listeners.
-pub struct SrpService {
-    ports: Vec<Arc<SrpPort>>,
-    listeners: Vec<tokio::task::JoinHandle<()>>,
-    conns: Arc<Mutex<Vec<tokio::task::JoinHandle<()>>>>,
+/// The ports served on one listen address; the accept loop reads it per connect request.
+type PortList = Arc<std::sync::RwLock<Vec<Arc<SrpPort>>>>;
+
+struct Listening {
+    ports: PortList,
+    task: tokio::task::JoinHandle<()>,
+}
+
+#[derive(Default)]
+struct State {
+    ports: BTreeMap<String, Arc<SrpPort>>,
+    listeners: BTreeMap<SocketAddr, Listening>,
+    /// Relative port identifiers (VPD 0x83) of the ports, kept across changes.
+    relative: BTreeMap<String, u16>,
+    /// Listeners being stopped (see [`SrpService::stopped`]).
+    stopping: Vec<tokio::task::JoinHandle<()>>,
+}
+
+/// What [`SrpService::sync`] did to one target port.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PortChange {
+    Added(String),
+    Removed(String),
+    /// Its identifier or listen addresses changed: its channels were logged out.
+    Restarted(String),
 }
 
 impl SrpService {
     /// Starts a listener per distinct listen address of the registry's SRP target ports on
     /// `hca`, and logs each port's `add_target` strings.
-    pub fn start(hca: &Arc<Hca>, registry: &Registry, pool: Arc<BufPool>) -> SrpService {
-        let mut ports = Vec::new();
-        let mut by_addr: BTreeMap<SocketAddr, Vec<Arc<SrpPort>>> = BTreeMap::new();
-        for (i, cfg) in registry.srp_ports().into_iter().enumerate() {
-            let port = SrpPort::new(cfg, Limits::default(), pool.clone(), i as u16 + 1);
-            for a in &port.config.listen {
-                by_addr.entry(*a).or_default().push(port.clone());
+    pub fn start(hca: &Arc<Hca>, registry: &Arc<Registry>, pool: Arc<BufPool>) -> SrpService {
+        let svc = SrpService {
+            hca: hca.clone(),
+            registry: registry.clone(),
+            pool,
+            state: Mutex::new(State::default()),
+            conns: Arc::new(Mutex::new(Vec::new())),
+        };
+        svc.sync();
+        svc
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Makes the served ports match the registry's: new ports start (and their listen
+    /// addresses with them), removed ones log their channels out, changed LUNs and ACLs
+    /// take effect for new logins (see [`SrpService::update_sessions`] for live ones). A
+    /// port whose identifier or listen addresses changed starts again.
+    pub fn sync(&self) -> Vec<PortChange> {
+        let wanted = self.registry.srp_ports();
+        let mut st = self.state();
+        let mut changes = Vec::new();
+        let names: Vec<String> = st.ports.keys().cloned().collect();
+        for name in names {
+            let keep = wanted.iter().find(|w| w.name == name).filter(|w| {
+                let cur = st.ports[&name].config();
+                cur.port_id() == w.port_id() && cur.listen == w.listen
+            });
+            match keep {
+                Some(w) => st.ports[&name].set_config(w.clone()),
+                None => {
+                    let p = st.ports.remove(&name).expect("listed");
+                    super::port::logout_all(p.channels());
+                    if wanted.iter().any(|w| w.name == name) {
+                        changes.push(PortChange::Restarted(name));
+                    } else {
+                        st.relative.remove(&name);
+                        tracing::info!(port = %name, "SRP target port removed");
+                        changes.push(PortChange::Removed(name));
+                    }
+                }
             }
-            ports.push(port);
         }
-        let conns = Arc::new(Mutex::new(Vec::new()));
-        let mut listeners = Vec::new();
+        for cfg in &wanted {
+            if st.ports.contains_key(&cfg.name) {
+                continue;
+            }
+            let rel = match st.relative.get(&cfg.name) {
+                Some(r) => *r,
+                None => {
+                    let used: std::collections::BTreeSet<u16> =
+                        st.relative.values().copied().collect();
+                    let r = (1..=u16::MAX).find(|r| !used.contains(r)).unwrap_or(1);
+                    st.relative.insert(cfg.name.clone(), r);
+                    r
+                }
+            };
+            let port = SrpPort::with_registry(
+                cfg.clone(),
+                Limits::default(),
+                self.pool.clone(),
+                rel,
+                Some(self.registry.clone()),
+            );
+            for s in add_target_strings(cfg, self.hca.addrs()) {
+                tracing::info!(
+                    port = %cfg.name,
+                    "SRP target port: echo {s} > /sys/class/infiniband_srp/srp-<device>-<port>/add_target"
+                );
+            }
+            if !changes.contains(&PortChange::Restarted(cfg.name.clone())) {
+                changes.push(PortChange::Added(cfg.name.clone()));
+            }
+            st.ports.insert(cfg.name.clone(), port);
+        }
+        let mut by_addr: BTreeMap<SocketAddr, Vec<Arc<SrpPort>>> = BTreeMap::new();
+        for p in st.ports.values() {
+            for a in &p.config().listen {
+                by_addr.entry(*a).or_default().push(p.clone());
+            }
+        }
+        let gone: Vec<SocketAddr> = st
+            .listeners
+            .keys()
+            .filter(|a| !by_addr.contains_key(a))
+            .copied()
+            .collect();
+        for a in gone {
+            if let Some(l) = st.listeners.remove(&a) {
+                // Dropping the listener stops listening: later requests are rejected.
+                l.task.abort();
+                st.stopping.push(l.task);
+                tracing::info!(addr = %a, "SRP listener stopped");
+            }
+        }
         for (addr, ps) in by_addr {
-            match hca.cm().listen(addr) {
+            if let Some(l) = st.listeners.get(&addr) {
+                *l.ports.write().unwrap_or_else(|e| e.into_inner()) = ps;
+                continue;
+            }
+            match self.hca.cm().listen(addr) {
                 Ok(l) => {
                     tracing::info!(%addr, ports = ps.len(), "SRP listening (RDMA/CM)");
-                    listeners.push(tokio::spawn(accept_loop(l, ps, hca.clone(), conns.clone())));
+                    let ports: PortList = Arc::new(std::sync::RwLock::new(ps));
+                    let task = tokio::spawn(accept_loop(
+                        l,
+                        ports.clone(),
+                        self.hca.clone(),
+                        self.conns.clone(),
+                    ));
+                    st.listeners.insert(addr, Listening { ports, task });
                 }
                 Err(e) => tracing::error!(%addr, error = %e, "SRP: cannot listen"),
             }
         }
-        for p in &ports {
-            for s in add_target_strings(&p.config, hca.addrs()) {
-                tracing::info!(
-                    port = %p.config.name,
-                    "SRP target port: echo {s} > /sys/class/infiniband_srp/srp-<device>-<port>/add_target"
-                );
-            }
-        }
-        SrpService {
-            ports,
-            listeners,
-            conns,
+        changes
+    }
+
+    /// Resolves once the listeners a [`SrpService::sync`] stopped are gone.
+    pub async fn stopped(&self) {
+        let tasks = std::mem::take(&mut self.state().stopping);
+        for t in tasks {
+            let _ = t.await;
         }
     }
 
-    pub fn ports(&self) -> &[Arc<SrpPort>] {
-        &self.ports
+    /// The served target ports, by name.
+    pub fn ports(&self) -> Vec<Arc<SrpPort>> {
+        self.state().ports.values().cloned().collect()
+    }
+
+    /// The addresses listened on.
+    pub fn listening(&self) -> Vec<SocketAddr> {
+        self.state().listeners.keys().copied().collect()
+    }
+
+    /// Gives every live session the LUN map its port now grants (see
+    /// [`SrpPort::update_sessions`]).
+    pub fn update_sessions(&self) -> Vec<(String, bool)> {
+        self.ports()
+            .iter()
+            .flat_map(|p| p.update_sessions())
+            .collect()
+    }
+
+    /// Logs out the session `id` (`srp-N`). Returns whether it exists.
+    pub fn logout_session(&self, id: &str) -> bool {
+        self.ports().iter().any(|p| p.logout_session(id))
     }
 
     /// Stops listening, sends SRP_T_LOGOUT on every channel and disconnects it.
     pub async fn shutdown(&self, grace: Duration) {
-        for l in &self.listeners {
-            l.abort();
-        }
+        let ports = {
+            let mut st = self.state();
+            for (_, l) in std::mem::take(&mut st.listeners) {
+                l.task.abort();
+            }
+            st.ports.values().cloned().collect::<Vec<_>>()
+        };
         let logouts = async {
-            for p in &self.ports {
+            for p in &ports {
                 p.shutdown().await;
             }
         };
@@ -234,12 +361,13 @@ impl SrpService {
 
 async fn accept_loop(
     mut l: CmListener,
-    ports: Vec<Arc<SrpPort>>,
+    ports: PortList,
     hca: Arc<Hca>,
     conns: Arc<Mutex<Vec<tokio::task::JoinHandle<()>>>>,
 ) {
     while let Some(cr) = l.accept().await {
-        let h = tokio::spawn(connection(cr, ports.clone(), hca.clone()));
+        let ports = ports.read().unwrap_or_else(|e| e.into_inner()).clone();
+        let h = tokio::spawn(connection(cr, ports, hca.clone()));
         let mut v = conns.lock().unwrap_or_else(|e| e.into_inner());
         v.retain(|h| !h.is_finished());
         v.push(h);
@@ -252,7 +380,7 @@ fn pick_port<'a>(ports: &'a [Arc<SrpPort>], req: &LoginReq) -> Option<&'a Arc<Sr
     ports
         .iter()
         .find(|p| {
-            let id = p.config.port_id();
+            let id = p.config().port_id();
             let mut swapped = [0u8; 16];
             swapped[..8].copy_from_slice(&id[8..]);
             swapped[8..].copy_from_slice(&id[..8]);
@@ -264,6 +392,7 @@ fn pick_port<'a>(ports: &'a [Arc<SrpPort>], req: &LoginReq) -> Option<&'a Arc<Sr
 /// One connect request: login, accept or reject, then the channel until either side ends it.
 async fn connection(cr: ConnectRequest, ports: Vec<Arc<SrpPort>>, hca: Arc<Hca>) {
     let peer = cr.peer();
+    let cr_local = cr.local();
     let req = match LoginReq::parse_rdma(cr.private_data()) {
         Ok(r) => r,
         Err(e) => {
@@ -332,6 +461,7 @@ async fn connection(cr: ConnectRequest, ports: Vec<Arc<SrpPort>>, hca: Arc<Hca>)
             return;
         }
     };
+    ch.set_addrs(peer, cr_local);
     tracing::info!(
         %peer, channel = ch.id, qpn = ch.qp().qpn(), initiator = %ch.session.nexus.initiator_port,
         "SRP channel established"

@@ -601,7 +601,7 @@ async fn login_through_the_connection_manager() {
     let registry = crate::core::Registry::new();
     registry.set_srp_port(SrpTargetPort {
         listen: vec![std::net::SocketAddr::new(ip(11), 5555)],
-        ..(*r.port.config).clone()
+        ..(*r.port.config()).clone()
     });
     let (la, lb) = loopback::pair(1 << 14);
     let dt = Device::new(DeviceConfig::new("t", vec![ip(11)])).unwrap();
@@ -650,7 +650,8 @@ async fn login_through_the_connection_manager() {
         ini.write(0, 100, &data, BS, mode).await.unwrap();
         assert_eq!(ini.read(0, 100, 512, BS, mode).await.unwrap(), data);
     }
-    let port = &svc.ports()[0];
+    let ports = svc.ports();
+    let port = &ports[0];
     assert_eq!(port.channels().len(), 1);
     // The initiator disconnects: the channel and the session go.
     drop(conn);
@@ -719,7 +720,7 @@ async fn connection_manager_and_data_under_one_percent_faults() {
     let registry = crate::core::Registry::new();
     registry.set_srp_port(SrpTargetPort {
         listen: vec![std::net::SocketAddr::new(ip(21), 5555)],
-        ..(*r.port.config).clone()
+        ..(*r.port.config()).clone()
     });
     let (la, lb) = loopback::pair(1 << 14);
     let cfg = FaultConfig::uniform(1.0);
@@ -760,4 +761,119 @@ async fn connection_manager_and_data_under_one_percent_faults() {
     for j in jobs {
         j.await.unwrap();
     }
+}
+
+/// The service follows the registry's target ports while it runs: a port added later
+/// listens, a new LUN reaches the live session with REPORTED LUNS DATA HAS CHANGED, an ACL
+/// removed logs out only that initiator, a session is logged out by id, and a removed port
+/// stops listening.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn service_follows_live_changes() {
+    use super::initiator::ConnectOptions;
+    use super::service::{PortChange, SrpService};
+    use rtgt_transport::cm::CmLimits;
+    use rtgt_transport::hca::Hca;
+
+    let r = rig();
+    let registry = crate::core::Registry::new();
+    let (la, lb) = loopback::pair(1 << 14);
+    let dt = Device::new(DeviceConfig::new("t", vec![ip(31)])).unwrap();
+    let di = Device::new(DeviceConfig::new("i", vec![ip(32)])).unwrap();
+    let ht = Arc::new(Hca::with_netdev(dt, la, CmLimits::default()).unwrap());
+    let hi = Hca::with_netdev(di, lb, CmLimits::default()).unwrap();
+    let svc = SrpService::start(&ht, &registry, BufPool::new(64 << 20));
+    assert!(svc.ports().is_empty() && svc.listening().is_empty());
+
+    let dst = std::net::SocketAddr::new(ip(31), 5555);
+    let (ini_a, ini_b) = ([0x41u8; 16], [0x42u8; 16]);
+    let base = (*r.port.config()).clone();
+    let acl = |id: &[u8; 16], luns: &LunMap| {
+        let name = crate::core::srp_port_name(id);
+        (
+            name.clone(),
+            crate::core::Acl {
+                initiator: name,
+                auth: Default::default(),
+                luns: luns.clone(),
+            },
+        )
+    };
+    let with = |luns: &LunMap, ids: &[[u8; 16]]| SrpTargetPort {
+        listen: vec![dst],
+        allow_any_initiator: false,
+        acls: ids.iter().map(|id| acl(id, luns)).collect(),
+        luns: luns.clone(),
+        ..base.clone()
+    };
+    let one = base.luns.clone();
+    registry.set_srp_port(with(&one, &[ini_a, ini_b]));
+    assert_eq!(svc.sync(), vec![PortChange::Added(base.name.clone())]);
+    assert_eq!(svc.listening(), vec![dst]);
+
+    let opts = |id| ConnectOptions::new(id, ID_EXT, IOC_GUID);
+    let (a, _ca) = Initiator::connect(hi.cm(), dst, &opts(ini_a))
+        .await
+        .unwrap();
+    let (b, _cb) = Initiator::connect(hi.cm(), dst, &opts(ini_b))
+        .await
+        .unwrap();
+    settle(&a).await;
+    settle(&b).await;
+
+    // LUN 1: the same device under a second number.
+    let mut two = one.clone();
+    two.luns.insert(1, one.luns[&0].clone());
+    registry.set_srp_port(with(&two, &[ini_a, ini_b]));
+    assert!(svc.sync().is_empty());
+    let changed = svc.update_sessions();
+    assert_eq!(changed.len(), 2, "{changed:?}");
+    assert!(changed
+        .iter()
+        .all(|(id, ended)| id.starts_with("srp-") && !ended));
+    let tur = [0u8; 6];
+    let rsp = a
+        .command(0, &tur, None, 0, DescMode::Direct)
+        .await
+        .unwrap()
+        .rsp;
+    assert_eq!(rsp.status, 2);
+    assert_eq!(
+        (rsp.sense[2] & 0x0f, rsp.sense[12], rsp.sense[13]),
+        (6, 0x3f, 0x0e)
+    );
+    let (n, _) = a.read_capacity(1).await.unwrap();
+    assert_eq!(n, BLOCKS);
+    assert!(svc.update_sessions().is_empty(), "nothing changed");
+
+    // B's ACL goes: B gets SRP_T_LOGOUT, A keeps working.
+    registry.set_srp_port(with(&two, &[ini_a]));
+    svc.sync();
+    let ended: Vec<_> = svc.update_sessions().into_iter().filter(|e| e.1).collect();
+    assert_eq!(ended.len(), 1);
+    b.closed().await;
+    assert_eq!(b.stats.t_logouts.load(Ordering::Relaxed), 1);
+    assert!(!a.is_closed());
+    a.read_capacity(0).await.unwrap();
+
+    // A logged out by its session id.
+    let ports = svc.ports();
+    let sessions = ports[0].sessions();
+    let id = sessions
+        .iter()
+        .find(|s| s.nexus.initiator_port == crate::core::srp_port_name(&ini_a))
+        .unwrap()
+        .id();
+    assert!(svc.logout_session(&id));
+    a.closed().await;
+    assert_eq!(a.stats.t_logouts.load(Ordering::Relaxed), 1);
+    assert!(!svc.logout_session("srp-0"));
+
+    // The port goes: its listener stops and a login is refused by the CM.
+    registry.remove_srp_port(&base.name);
+    assert_eq!(svc.sync(), vec![PortChange::Removed(base.name.clone())]);
+    svc.stopped().await;
+    assert!(svc.listening().is_empty());
+    assert!(Initiator::connect(hi.cm(), dst, &opts(ini_a))
+        .await
+        .is_err());
 }
