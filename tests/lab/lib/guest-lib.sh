@@ -100,11 +100,19 @@ lab_iser_node() {
 
 # lab_srp_add_target OPTIONS [SRP_DEVICE]: log in to an SRP target through ib_srp
 # (`id_ext=...,ioc_guid=...,dest=IP:PORT[,...]` as written to add_target; default device
-# srp-rxe0-1). Returns the status of the write: ib_srp logs in before it returns.
+# srp-rxe0-1). Returns the status of the write: ib_srp logs in before it returns. A target
+# whose remote port was just deleted stays in ib_srp's list until its removal work has
+# disconnected it, and add_target answers EEXIST meanwhile: that is waited out (30 s).
 lab_srp_add_target() {
-    local opts=$1 dev=${2:-srp-rxe0-1}
+    local opts=$1 dev=${2:-srp-rxe0-1} i err=/tmp/lab-add-target.err
     modprobe ib_srp
-    echo "$opts" >"/sys/class/infiniband_srp/$dev/add_target"
+    for ((i = 0; i < 150; i++)); do
+        echo "$opts" 2>"$err" >"/sys/class/infiniband_srp/$dev/add_target" && return 0
+        grep -q 'File exists' "$err" || break
+        sleep 0.2
+    done
+    cat "$err" >&2
+    return 1
 }
 
 # lab_srp_remove_all: delete every SRP remote port (logs the initiator out of its targets).
