@@ -16,6 +16,7 @@
 
 use std::fs::{File, OpenOptions};
 use std::io;
+use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -313,6 +314,42 @@ impl FileBackstore {
     #[cfg(test)]
     fn in_flight(&self) -> usize {
         self.ring.in_flight()
+    }
+
+    /// [`Backstore::write_replacing`] on a memory file system.
+    fn replace_pages(&self, offset: u64, data: &[u8]) -> Result<(), BackstoreError> {
+        use std::os::unix::fs::FileExt;
+        let file = &self.files[BUFFERED as usize];
+        let err = |source| BackstoreError::Write {
+            offset,
+            len: data.len() as u64,
+            source,
+        };
+        let end = offset + data.len() as u64;
+        let start = offset / crate::PAGE * crate::PAGE;
+        let stop = end.div_ceil(crate::PAGE) * crate::PAGE;
+        let stop = stop.min(self.capacity().max(end));
+        let mut pages = vec![0u8; (stop - start) as usize];
+        let head = (offset - start) as usize;
+        file.read_exact_at(&mut pages[..head], start).map_err(err)?;
+        let tail = (end - start) as usize;
+        file.read_exact_at(&mut pages[tail..], end).map_err(err)?;
+        pages[head..tail].copy_from_slice(data);
+        // SAFETY: fallocate takes no pointers; the descriptor is open.
+        let r = unsafe {
+            libc::fallocate(
+                file.as_raw_fd(),
+                libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                start as libc::off_t,
+                (stop - start) as libc::off_t,
+            )
+        };
+        if r < 0 {
+            return Err(err(io::Error::last_os_error()));
+        }
+        file.write_all_at(&pages, start).map_err(err)?;
+        self.counters.inline.fetch_add(1, Ordering::Relaxed);
+        Ok(())
     }
 
     fn capacity(&self) -> u64 {
@@ -666,6 +703,28 @@ impl Backstore for FileBackstore {
         }
         self.num_blocks.store(num_blocks, Ordering::Release);
         Ok(())
+    }
+
+    /// The buffered descriptor: page-cache reads that see every completed write, direct
+    /// ones included. Only where [`Backstore::write_replacing`] can keep its promise: on a
+    /// memory file system (it replaces pages), or with O_DIRECT (direct writes do not change
+    /// cached pages in place, they drop them).
+    fn file_range(&self) -> Option<(RawFd, u64)> {
+        (self.memory_fs || self.has_direct).then(|| (self.files[BUFFERED as usize].as_raw_fd(), 0))
+    }
+
+    /// On a memory file system: the whole pages around the range are read, the range's
+    /// pages are punched out of the file (a socket holding them keeps the old ones) and
+    /// written anew. Elsewhere a direct write, which drops the cached pages.
+    async fn write_replacing(&self, offset: u64, buf: IoBuf, fua: bool) -> BufResult<()> {
+        if !self.memory_fs || self.read_only {
+            return self.write(offset, buf, fua).await;
+        }
+        if let Err(e) = self.check_range(offset, buf.len() as u64) {
+            return (Err(e), buf);
+        }
+        let r = self.replace_pages(offset, buf.as_slice());
+        (r, buf)
     }
 }
 
