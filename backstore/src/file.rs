@@ -331,9 +331,25 @@ impl FileBackstore {
         let stop = stop.min(self.capacity().max(end));
         let mut pages = vec![0u8; (stop - start) as usize];
         let head = (offset - start) as usize;
-        file.read_exact_at(&mut pages[..head], start).map_err(err)?;
         let tail = (end - start) as usize;
-        file.read_exact_at(&mut pages[tail..], end).map_err(err)?;
+        // A file shorter than the capacity reads as zeroes past its end.
+        let read_part = |buf: &mut [u8], mut at: u64| -> io::Result<()> {
+            let mut done = 0;
+            while done < buf.len() {
+                match file.read_at(&mut buf[done..], at) {
+                    Ok(0) => break,
+                    Ok(n) => {
+                        done += n;
+                        at += n as u64;
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            Ok(())
+        };
+        read_part(&mut pages[..head], start).map_err(err)?;
+        read_part(&mut pages[tail..], end).map_err(err)?;
         pages[head..tail].copy_from_slice(data);
         // SAFETY: fallocate takes no pointers; the descriptor is open.
         let r = unsafe {
@@ -345,7 +361,11 @@ impl FileBackstore {
             )
         };
         if r < 0 {
-            return Err(err(io::Error::last_os_error()));
+            let e = io::Error::last_os_error();
+            // ramfs cannot punch holes: the pages are written in place.
+            if e.raw_os_error() != Some(libc::EOPNOTSUPP) {
+                return Err(err(e));
+            }
         }
         file.write_all_at(&pages, start).map_err(err)?;
         self.counters.inline.fetch_add(1, Ordering::Relaxed);
@@ -759,6 +779,54 @@ mod tests {
         let dir = tempfile::tempdir_in("/dev/shm").ok()?;
         let probe = File::create(dir.path().join("probe")).ok()?;
         sys::is_memory_fs(&probe).ok()?.then_some(dir)
+    }
+
+    /// Bytes of the file spliced into a pipe (the pipe holds references to the cached
+    /// pages, as a socket does after `sendfile`) keep their contents across
+    /// `write_replacing`, which changes the file itself.
+    #[tokio::test]
+    async fn write_replacing_leaves_spliced_pages_alone() {
+        let Some(dir) = tmpfs_dir() else {
+            eprintln!("SKIP write_replacing_leaves_spliced_pages_alone: no tmpfs");
+            return;
+        };
+        let bs = FileBackstore::open(dir.path().join("d"), opts()).unwrap();
+        let old = vec![0x11u8; 3 * 4096];
+        let (r, _) = bs.write(0, IoBuf::from_slice(&old), false).await;
+        r.unwrap();
+        let (fd, base) = bs.file_range().unwrap();
+        let mut p = [0i32; 2];
+        // SAFETY: `p` has room for the two descriptors pipe writes.
+        assert_eq!(unsafe { libc::pipe(p.as_mut_ptr()) }, 0);
+        let mut off = base as libc::loff_t;
+        // SAFETY: `fd` is the backstore's open descriptor, `p[1]` the pipe's write end, `off`
+        // a valid local.
+        let n = unsafe { libc::splice(fd, &mut off, p[1], std::ptr::null_mut(), old.len(), 0) };
+        assert_eq!(n, old.len() as isize);
+        // Blocks 3..21: part of page 0, all of page 1, part of page 2.
+        let new = vec![0x22u8; 18 * 512];
+        let (r, _) = bs
+            .write_replacing(3 * 512, IoBuf::from_slice(&new), false)
+            .await;
+        r.unwrap();
+        let mut piped = vec![0u8; old.len()];
+        // SAFETY: `piped` is writable for its length; `p[0]` is the pipe's read end.
+        let n = unsafe { libc::read(p[0], piped.as_mut_ptr().cast(), piped.len()) };
+        assert_eq!(n, piped.len() as isize);
+        assert!(piped == old, "bytes already spliced changed");
+        let (r, now) = bs.read(0, IoBuf::zeroed(old.len())).await;
+        r.unwrap();
+        let mut want = old.clone();
+        want[3 * 512..21 * 512].fill(0x22);
+        assert!(
+            now[..] == want[..],
+            "the file has the new blocks and keeps the others"
+        );
+        // SAFETY: both descriptors are open and closed once.
+        unsafe {
+            libc::close(p[0]);
+            libc::close(p[1]);
+        }
     }
 
     #[tokio::test]
