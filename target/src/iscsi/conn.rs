@@ -28,6 +28,9 @@ use super::session::{CloseReason, Session, SnCheck, Task};
 use super::text::{TextAssembler, TextPairs, TextSplitter};
 use super::IscsiError;
 
+/// Smallest read sent from a file ([`ConnDriver::complete_range`]): below it one copy into a
+/// buffer and the batched write of the responses cost less than a `sendfile` per PDU.
+pub const FILE_RANGE_MIN: u32 = 64 << 10;
 /// Largest write buffer one command may ask for; bigger writes end with CHECK CONDITION.
 pub const MAX_COMMAND_BYTES: u32 = 64 << 20;
 /// Bound on a Text request collected over continuation PDUs.
@@ -151,7 +154,8 @@ pub trait ConnDriver: Send + Sync + 'static {
         done: Completion,
     ) -> Result<(), IscsiError>;
 
-    /// Whether the driver sends data-in straight from a file ([`ConnDriver::complete_range`]).
+    /// Whether the driver sends data-in straight from a file ([`ConnDriver::complete_range`])
+    /// for reads of at least [`FILE_RANGE_MIN`] bytes.
     fn file_ranges(&self) -> bool {
         false
     }
@@ -797,7 +801,8 @@ impl Conn {
             attr: task.attr,
             tag: task.itt as u64,
         };
-        let range_ok = task.read && !task.write && self.driver.file_ranges();
+        let range_ok =
+            task.read && !task.write && task.edtl >= FILE_RANGE_MIN && self.driver.file_ranges();
         let resp = s
             .luns
             .execute_ranged(&s.nexus, task.lun, cmd, range_ok)

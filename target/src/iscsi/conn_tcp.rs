@@ -29,7 +29,9 @@ use tokio::net::TcpStream;
 use tokio::sync::{Notify, Semaphore};
 use tokio::time::Instant;
 
-use super::conn::{Completion, Conn, ConnDriver, Flow, RxPdu, StatSn, TxData, TxPdu};
+use super::conn::{
+    Completion, Conn, ConnDriver, Flow, RxPdu, StatSn, TxData, TxPdu, FILE_RANGE_MIN,
+};
 use super::login::{Login, LoginStep, LOGIN_MAX_DATA};
 use super::params::TransportKind;
 use super::pdu::{
@@ -833,8 +835,10 @@ impl ConnDriver for TcpDriver {
         }
     }
 
+    /// Without DataDigest, and when Data-In PDUs may carry [`FILE_RANGE_MIN`] bytes or more
+    /// (with smaller ones a `sendfile` per PDU costs more than the copy it saves).
     fn file_ranges(&self) -> bool {
-        !self.out.dd
+        !self.out.dd && self.max_xmit.load(Ordering::Relaxed) >= FILE_RANGE_MIN
     }
 
     /// Like [`TcpDriver::complete`], each Data-In's data sent with `sendfile(2)` from the

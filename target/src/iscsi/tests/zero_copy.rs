@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use rtgt_backstore::{FileBackstore, FileCounters, FileOptions};
 
 use super::*;
+use crate::iscsi::conn::FILE_RANGE_MIN;
 
 /// Where the backing files go: a disk file system (O_DIRECT writes) and, when there is one,
 /// tmpfs (buffered transfers inline).
@@ -74,7 +75,12 @@ async fn read_edtl(
 async fn file_reads_sent_from_the_file() {
     for (dir, kind) in dirs() {
         let fl = file_lab(dir.path().join("lun.img"), 16 << 20).await;
-        for (mrdsl, digests) in [(4096u32, false), (262_144, false), (8192, true)] {
+        for (mrdsl, digests) in [
+            (65536u32, false),
+            (262_144, false),
+            (8192, false),
+            (65536, true),
+        ] {
             let c = LoginConfig {
                 header_digest: digests,
                 data_digest: digests,
@@ -96,10 +102,10 @@ async fn file_reads_sent_from_the_file() {
                     "{kind} mrdsl {mrdsl} digests {digests} len {len}"
                 );
                 let from_backstore = reads(fl.file.counters()) - before;
-                if digests {
+                if digests || mrdsl < FILE_RANGE_MIN || len < FILE_RANGE_MIN as usize {
                     assert!(
                         from_backstore > 0,
-                        "{kind}: DataDigest reads go through a buffer"
+                        "{kind}: {mrdsl} {digests} {len} uses a buffer"
                     );
                 } else {
                     assert_eq!(
@@ -110,11 +116,11 @@ async fn file_reads_sent_from_the_file() {
             }
             // An expected length shorter than the CDB's, not a multiple of 4: the data is cut
             // there (with padding on the wire) and the residual reported.
-            let data = pattern(8192, 3);
+            let data = pattern(131_072, 3);
             write(&s, 100, data.clone()).await;
-            let r = read_edtl(&s, 100, 8192, 4097).await;
-            assert_eq!(r.data[..], data[..4097], "{kind} short expected length");
-            assert_eq!(r.residual, 8192 - 4097);
+            let r = read_edtl(&s, 100, 131_072, 65_537).await;
+            assert_eq!(r.data[..], data[..65_537], "{kind} short expected length");
+            assert_eq!(r.residual, 131_072 - 65_537);
             assert!(r.overflow);
             let (cmd_sn, exp, _) = s.window();
             assert_eq!(cmd_sn, exp);
@@ -131,7 +137,7 @@ async fn concurrent_writes_and_reads_of_one_range() {
     for (dir, kind) in dirs() {
         let fl = file_lab(dir.path().join("lun.img"), 16 << 20).await;
         let c = LoginConfig {
-            max_recv_data_segment_length: 8192,
+            max_recv_data_segment_length: 65536,
             ..cfg()
         };
         let s = connect(fl.lab.addr, c).await;
@@ -159,7 +165,8 @@ async fn concurrent_writes_and_reads_of_one_range() {
     }
 }
 
-const CAW_BLOCKS: usize = 16;
+/// 80 KiB: read in two Data-In PDUs.
+const CAW_BLOCKS: usize = 160;
 
 /// Generation `gen` of the COMPARE AND WRITE range: every block starts with `gen`.
 fn generation(gen: u32) -> Vec<u8> {
@@ -189,7 +196,7 @@ async fn reads_racing_compare_and_write_see_whole_generations() {
     for (dir, kind) in dirs() {
         let fl = file_lab(dir.path().join("lun.img"), 4 << 20).await;
         let c = LoginConfig {
-            max_recv_data_segment_length: 1024,
+            max_recv_data_segment_length: 65536,
             ..cfg()
         };
         let s = connect(fl.lab.addr, c).await;
