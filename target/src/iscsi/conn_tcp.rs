@@ -43,6 +43,17 @@ use super::session::{R2tState, Session, Task};
 use super::IscsiError;
 use crate::scsi::FileRange;
 
+/// Whether connections send large reads from file backstores with `sendfile`
+/// ([`set_file_ranges`]). Off by default: on loopback it measured slower than the copy
+/// (1.4 GB/s against 3.6 GB/s for 128 KiB reads at QD8).
+static FILE_RANGES: AtomicBool = AtomicBool::new(false);
+
+/// Turns sending reads straight from file backstores on or off for connections logged in
+/// from now on.
+pub fn set_file_ranges(on: bool) {
+    FILE_RANGES.store(on, Ordering::Relaxed);
+}
+
 /// Outgoing PDUs queued per connection before senders wait.
 pub const TX_QUEUE: usize = 256;
 /// While the reader handles a batch of requests, responses collect until this many are
@@ -614,6 +625,8 @@ pub struct TcpDriver {
     next_ttt: AtomicU32,
     closing: AtomicBool,
     close_notify: Notify,
+    /// [`set_file_ranges`] when the connection started.
+    file_ranges: bool,
 }
 
 impl TcpDriver {
@@ -838,7 +851,7 @@ impl ConnDriver for TcpDriver {
     /// Without DataDigest, and when Data-In PDUs may carry [`FILE_RANGE_MIN`] bytes or more
     /// (with smaller ones a `sendfile` per PDU costs more than the copy it saves).
     fn file_ranges(&self) -> bool {
-        !self.out.dd && self.max_xmit.load(Ordering::Relaxed) >= FILE_RANGE_MIN
+        self.file_ranges && !self.out.dd && self.max_xmit.load(Ordering::Relaxed) >= FILE_RANGE_MIN
     }
 
     /// Like [`TcpDriver::complete`], each Data-In's data sent with `sendfile(2)` from the
@@ -1042,6 +1055,7 @@ async fn full_feature(
         next_ttt: AtomicU32::new(0x1000),
         closing: AtomicBool::new(false),
         close_notify: Notify::new(),
+        file_ranges: FILE_RANGES.load(Ordering::Relaxed),
     });
     let writer_task = tokio::spawn(writer(driver.clone()));
     let conn = Conn::new(cid, session.clone(), driver.clone());
