@@ -16,6 +16,7 @@
 
 use std::fs::{File, OpenOptions};
 use std::io;
+use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -313,6 +314,62 @@ impl FileBackstore {
     #[cfg(test)]
     fn in_flight(&self) -> usize {
         self.ring.in_flight()
+    }
+
+    /// [`Backstore::write_replacing`] on a memory file system.
+    fn replace_pages(&self, offset: u64, data: &[u8]) -> Result<(), BackstoreError> {
+        use std::os::unix::fs::FileExt;
+        let file = &self.files[BUFFERED as usize];
+        let err = |source| BackstoreError::Write {
+            offset,
+            len: data.len() as u64,
+            source,
+        };
+        let end = offset + data.len() as u64;
+        let start = offset / crate::PAGE * crate::PAGE;
+        let stop = end.div_ceil(crate::PAGE) * crate::PAGE;
+        let stop = stop.min(self.capacity().max(end));
+        let mut pages = vec![0u8; (stop - start) as usize];
+        let head = (offset - start) as usize;
+        let tail = (end - start) as usize;
+        // A file shorter than the capacity reads as zeroes past its end.
+        let read_part = |buf: &mut [u8], mut at: u64| -> io::Result<()> {
+            let mut done = 0;
+            while done < buf.len() {
+                match file.read_at(&mut buf[done..], at) {
+                    Ok(0) => break,
+                    Ok(n) => {
+                        done += n;
+                        at += n as u64;
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            Ok(())
+        };
+        read_part(&mut pages[..head], start).map_err(err)?;
+        read_part(&mut pages[tail..], end).map_err(err)?;
+        pages[head..tail].copy_from_slice(data);
+        // SAFETY: fallocate takes no pointers; the descriptor is open.
+        let r = unsafe {
+            libc::fallocate(
+                file.as_raw_fd(),
+                libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                start as libc::off_t,
+                (stop - start) as libc::off_t,
+            )
+        };
+        if r < 0 {
+            let e = io::Error::last_os_error();
+            // ramfs cannot punch holes: the pages are written in place.
+            if e.raw_os_error() != Some(libc::EOPNOTSUPP) {
+                return Err(err(e));
+            }
+        }
+        file.write_all_at(&pages, start).map_err(err)?;
+        self.counters.inline.fetch_add(1, Ordering::Relaxed);
+        Ok(())
     }
 
     fn capacity(&self) -> u64 {
@@ -667,6 +724,28 @@ impl Backstore for FileBackstore {
         self.num_blocks.store(num_blocks, Ordering::Release);
         Ok(())
     }
+
+    /// The buffered descriptor: page-cache reads that see every completed write, direct
+    /// ones included. Only where [`Backstore::write_replacing`] can keep its promise: on a
+    /// memory file system (it replaces pages), or with O_DIRECT (direct writes do not change
+    /// cached pages in place, they drop them).
+    fn file_range(&self) -> Option<(RawFd, u64)> {
+        (self.memory_fs || self.has_direct).then(|| (self.files[BUFFERED as usize].as_raw_fd(), 0))
+    }
+
+    /// On a memory file system: the whole pages around the range are read, the range's
+    /// pages are punched out of the file (a socket holding them keeps the old ones) and
+    /// written anew. Elsewhere a direct write, which drops the cached pages.
+    async fn write_replacing(&self, offset: u64, buf: IoBuf, fua: bool) -> BufResult<()> {
+        if !self.memory_fs || self.read_only {
+            return self.write(offset, buf, fua).await;
+        }
+        if let Err(e) = self.check_range(offset, buf.len() as u64) {
+            return (Err(e), buf);
+        }
+        let r = self.replace_pages(offset, buf.as_slice());
+        (r, buf)
+    }
 }
 
 impl std::fmt::Debug for FileBackstore {
@@ -700,6 +779,54 @@ mod tests {
         let dir = tempfile::tempdir_in("/dev/shm").ok()?;
         let probe = File::create(dir.path().join("probe")).ok()?;
         sys::is_memory_fs(&probe).ok()?.then_some(dir)
+    }
+
+    /// Bytes of the file spliced into a pipe (the pipe holds references to the cached
+    /// pages, as a socket does after `sendfile`) keep their contents across
+    /// `write_replacing`, which changes the file itself.
+    #[tokio::test]
+    async fn write_replacing_leaves_spliced_pages_alone() {
+        let Some(dir) = tmpfs_dir() else {
+            eprintln!("SKIP write_replacing_leaves_spliced_pages_alone: no tmpfs");
+            return;
+        };
+        let bs = FileBackstore::open(dir.path().join("d"), opts()).unwrap();
+        let old = vec![0x11u8; 3 * 4096];
+        let (r, _) = bs.write(0, IoBuf::from_slice(&old), false).await;
+        r.unwrap();
+        let (fd, base) = bs.file_range().unwrap();
+        let mut p = [0i32; 2];
+        // SAFETY: `p` has room for the two descriptors pipe writes.
+        assert_eq!(unsafe { libc::pipe(p.as_mut_ptr()) }, 0);
+        let mut off = base as libc::loff_t;
+        // SAFETY: `fd` is the backstore's open descriptor, `p[1]` the pipe's write end, `off`
+        // a valid local.
+        let n = unsafe { libc::splice(fd, &mut off, p[1], std::ptr::null_mut(), old.len(), 0) };
+        assert_eq!(n, old.len() as isize);
+        // Blocks 3..21: part of page 0, all of page 1, part of page 2.
+        let new = vec![0x22u8; 18 * 512];
+        let (r, _) = bs
+            .write_replacing(3 * 512, IoBuf::from_slice(&new), false)
+            .await;
+        r.unwrap();
+        let mut piped = vec![0u8; old.len()];
+        // SAFETY: `piped` is writable for its length; `p[0]` is the pipe's read end.
+        let n = unsafe { libc::read(p[0], piped.as_mut_ptr().cast(), piped.len()) };
+        assert_eq!(n, piped.len() as isize);
+        assert!(piped == old, "bytes already spliced changed");
+        let (r, now) = bs.read(0, IoBuf::zeroed(old.len())).await;
+        r.unwrap();
+        let mut want = old.clone();
+        want[3 * 512..21 * 512].fill(0x22);
+        assert!(
+            now[..] == want[..],
+            "the file has the new blocks and keeps the others"
+        );
+        // SAFETY: both descriptors are open and closed once.
+        unsafe {
+            libc::close(p[0]);
+            libc::close(p[1]);
+        }
     }
 
     #[tokio::test]

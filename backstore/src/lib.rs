@@ -22,6 +22,11 @@ pub use error::{BackstoreError, IoErrorKind};
 pub use file::{FileBackstore, FileCounters, FileOptions, DEFAULT_QUEUE_DEPTH};
 pub use mem::{NullBackstore, RamBackstore, RAM_CHUNK};
 
+/// Page granularity of [`Backstore::write_replacing`].
+pub const PAGE: u64 = 4096;
+
+use std::os::fd::RawFd;
+
 use async_trait::async_trait;
 
 /// What the SCSI layer needs to know about a device.
@@ -60,4 +65,23 @@ pub trait Backstore: Send + Sync + 'static {
     async fn lba_status(&self, offset: u64, len: u64) -> Result<(bool, u64), BackstoreError>;
     /// Changes the capacity (live resize).
     async fn resize(&self, num_blocks: u64) -> Result<(), BackstoreError>;
+    /// Like [`Backstore::write`], but pages of the file that [`Backstore::file_range`]
+    /// readers may have handed to the kernel (and that a socket may still be sending) are
+    /// replaced, not changed in place, so those readers keep seeing the old bytes. It may
+    /// rewrite the rest of the [`PAGE`]-sized pages the range touches with their current
+    /// contents: the caller makes sure nobody writes them meanwhile. Used by the atomic
+    /// writes (COMPARE AND WRITE, WRITE ATOMIC, ORWRITE).
+    async fn write_replacing(&self, offset: u64, buf: IoBuf, fua: bool) -> BufResult<()> {
+        self.write(offset, buf, fua).await
+    }
+    /// A descriptor through which the device's bytes can be read with `sendfile(2)` or
+    /// `splice(2)` (buffered, so it reads through the page cache), and the file offset of
+    /// byte 0 of the device. The descriptor stays open as long as the backstore. `None` when
+    /// the data does not live in a file (memory and null backstores).
+    ///
+    /// Completed writes are visible through it, O_DIRECT ones included (a direct write
+    /// invalidates the cached pages it covers).
+    fn file_range(&self) -> Option<(RawFd, u64)> {
+        None
+    }
 }

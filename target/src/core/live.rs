@@ -45,7 +45,7 @@ fn error_of(resp: &Response) -> Option<usize> {
 pub type IoMetrics = IoStats;
 
 fn record(m: &IoStats, class: usize, seconds: f64, written: u64, resp: &Response) {
-    let read = resp.data_in.as_ref().map_or(0, |d| d.len() as u64);
+    let read = resp.data_in_len();
     m.record(class, seconds, written, read, error_of(resp));
 }
 
@@ -114,15 +114,27 @@ impl LiveLuns {
 
     /// Executes a command against the current map, recording its metrics.
     pub async fn execute(&self, nexus: &Nexus, lun: u64, cmd: Command) -> Response {
+        self.execute_ranged(nexus, lun, cmd, false).await
+    }
+
+    /// Like [`LiveLuns::execute`]; with `range_ok` a READ may answer with a file range
+    /// ([`crate::scsi::Device::execute_ranged`]).
+    pub async fn execute_ranged(
+        &self,
+        nexus: &Nexus,
+        lun: u64,
+        cmd: Command,
+        range_ok: bool,
+    ) -> Response {
         let view = self.current();
         let lun_metrics = view.lun_metrics.get(&lun);
         if lun_metrics.is_none() && self.session.is_none() {
-            return view.map.execute(nexus, lun, cmd).await;
+            return view.map.execute_ranged(nexus, lun, cmd, range_ok).await;
         }
         let class = class_of(cmd.cdb.first().copied().unwrap_or(0xff));
         let written = cmd.data_out.as_ref().map_or(0, |b| b.len() as u64);
         let start = Instant::now();
-        let resp = view.map.execute(nexus, lun, cmd).await;
+        let resp = view.map.execute_ranged(nexus, lun, cmd, range_ok).await;
         let seconds = start.elapsed().as_secs_f64();
         if let Some(m) = lun_metrics {
             record(m, class, seconds, written, &resp);

@@ -17,7 +17,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use rtgt_backstore::IoBuf;
 
-use crate::scsi::{Command, Status, TaskAttr};
+use crate::scsi::{Command, FileRange, Status, TaskAttr};
 
 use super::pdu::{
     self, reject_reason, Ahs, Bhs, BhsRepr, DataOut, LogoutRequest, LogoutResponse, NopIn, NopOut,
@@ -28,6 +28,9 @@ use super::session::{CloseReason, Session, SnCheck, Task};
 use super::text::{TextAssembler, TextPairs, TextSplitter};
 use super::IscsiError;
 
+/// Smallest read sent from a file ([`ConnDriver::complete_range`]): below it one copy into a
+/// buffer and the batched write of the responses cost less than a `sendfile` per PDU.
+pub const FILE_RANGE_MIN: u32 = 64 << 10;
 /// Largest write buffer one command may ask for; bigger writes end with CHECK CONDITION.
 pub const MAX_COMMAND_BYTES: u32 = 64 << 20;
 /// Bound on a Text request collected over continuation PDUs.
@@ -68,19 +71,30 @@ pub enum TxData {
     Bytes(Bytes),
     /// A range of a command's data-in buffer.
     Buf(Arc<IoBuf>, Range<usize>),
+    /// `len` bytes of a command's data-in file range, `start` bytes into it; only for
+    /// drivers that answer true to [`ConnDriver::file_ranges`].
+    File {
+        range: Arc<FileRange>,
+        start: u64,
+        len: usize,
+    },
 }
 
 impl TxData {
+    /// The bytes in memory: none for [`TxData::File`].
     pub fn as_slice(&self) -> &[u8] {
         match self {
-            TxData::Empty => &[],
+            TxData::Empty | TxData::File { .. } => &[],
             TxData::Bytes(b) => b,
             TxData::Buf(b, r) => &b.as_slice()[r.clone()],
         }
     }
 
     pub fn len(&self) -> usize {
-        self.as_slice().len()
+        match self {
+            TxData::File { len, .. } => *len,
+            _ => self.as_slice().len(),
+        }
     }
 
     pub fn is_empty(&self) -> bool {
@@ -139,6 +153,25 @@ pub trait ConnDriver: Send + Sync + 'static {
         data_in: Option<IoBuf>,
         done: Completion,
     ) -> Result<(), IscsiError>;
+
+    /// Whether the driver sends data-in straight from a file ([`ConnDriver::complete_range`])
+    /// for reads of at least [`FILE_RANGE_MIN`] bytes.
+    fn file_ranges(&self) -> bool {
+        false
+    }
+
+    /// Like [`ConnDriver::complete`] with data-in in a file. Called only when
+    /// [`ConnDriver::file_ranges`] is true. The range must be kept until its last byte has
+    /// been handed to the kernel; a failure part way must end the connection.
+    async fn complete_range(
+        &self,
+        _session: &Session,
+        _task: &Arc<Task>,
+        _range: FileRange,
+        _done: Completion,
+    ) -> Result<(), IscsiError> {
+        Err(IscsiError::Protocol("data-in from a file"))
+    }
 
     /// The peer's MaxRecvDataSegmentLength (how much one PDU we send may carry).
     fn max_xmit(&self) -> u32;
@@ -768,7 +801,12 @@ impl Conn {
             attr: task.attr,
             tag: task.itt as u64,
         };
-        let resp = s.luns.execute(&s.nexus, task.lun, cmd).await;
+        let range_ok =
+            task.read && !task.write && task.edtl >= FILE_RANGE_MIN && self.driver.file_ranges();
+        let resp = s
+            .luns
+            .execute_ranged(&s.nexus, task.lun, cmd, range_ok)
+            .await;
         let bidi = task.read && task.write;
         // EDTL is the read length of a read and the write length of a write or bidi command.
         let dir_expected = if task.read || task.write {
@@ -785,6 +823,13 @@ impl Conn {
             residual,
             ..Completion::default()
         };
+        if let Some(range) = resp.data_range {
+            if !s.retire_task(task) {
+                return Ok(());
+            }
+            s.stats.bytes_out.fetch_add(range.len(), Ordering::Relaxed);
+            return self.driver.complete_range(s, task, range, done).await;
+        }
         let mut data_in = resp.data_in;
         if let Some(d) = data_in.as_mut() {
             let cap = expected_in as usize;

@@ -15,7 +15,7 @@
 use std::collections::VecDeque;
 use std::io::IoSlice;
 use std::net::SocketAddr;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -23,13 +23,15 @@ use std::time::Duration;
 use async_trait::async_trait;
 use bytes::{Buf, BytesMut};
 use rtgt_backstore::IoBuf;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, Interest};
 use tokio::net::tcp::OwnedWriteHalf;
 use tokio::net::TcpStream;
 use tokio::sync::{Notify, Semaphore};
 use tokio::time::Instant;
 
-use super::conn::{Completion, Conn, ConnDriver, Flow, RxPdu, StatSn, TxData, TxPdu};
+use super::conn::{
+    Completion, Conn, ConnDriver, Flow, RxPdu, StatSn, TxData, TxPdu, FILE_RANGE_MIN,
+};
 use super::login::{Login, LoginStep, LOGIN_MAX_DATA};
 use super::params::TransportKind;
 use super::pdu::{
@@ -39,6 +41,18 @@ use super::pdu::{
 use super::server::ServerShared;
 use super::session::{R2tState, Session, Task};
 use super::IscsiError;
+use crate::scsi::FileRange;
+
+/// Whether connections send large reads from file backstores with `sendfile`
+/// ([`set_file_ranges`]). Off by default: on loopback it measured slower than the copy
+/// (1.4 GB/s against 3.6 GB/s for 128 KiB reads at QD8).
+static FILE_RANGES: AtomicBool = AtomicBool::new(false);
+
+/// Turns sending reads straight from file backstores on or off for connections logged in
+/// from now on.
+pub fn set_file_ranges(on: bool) {
+    FILE_RANGES.store(on, Ordering::Relaxed);
+}
 
 /// Outgoing PDUs queued per connection before senders wait.
 pub const TX_QUEUE: usize = 256;
@@ -339,8 +353,9 @@ impl Wire {
         let mut tail = [0u8; 7];
         let d = data.as_slice();
         let mut tail_len = 0;
-        if !d.is_empty() {
-            tail_len = pad4(d.len());
+        if !data.is_empty() {
+            tail_len = pad4(data.len());
+            // Data in a file is sent only without DataDigest (TcpDriver::file_ranges).
             if dd {
                 let crc = digest(&[d, &tail[..tail_len]]);
                 tail[tail_len..tail_len + 4].copy_from_slice(&crc.to_le_bytes());
@@ -360,26 +375,60 @@ impl Wire {
         self.head_len + self.data.len() + self.tail_len
     }
 
-    /// Adds the unwritten pieces (after `skip` bytes) to `iov`; false when `iov` is full.
-    fn slices<'a>(&'a self, mut skip: usize, iov: &mut [IoSlice<'a>], n: &mut usize) -> bool {
-        for part in [
+    /// Adds the unwritten pieces (after `skip` bytes) to `iov` up to the first piece that
+    /// lives in a file.
+    fn slices<'a>(&'a self, mut skip: usize, iov: &mut [IoSlice<'a>], n: &mut usize) -> Fill {
+        let file = match &self.data {
+            TxData::File { range, start, len } => Some((range, *start, *len)),
+            _ => None,
+        };
+        for (i, part) in [
             &self.head[..self.head_len],
             self.data.as_slice(),
             &self.tail[..self.tail_len],
-        ] {
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            if let (1, Some((range, start, len))) = (i, file) {
+                if skip >= len {
+                    skip -= len;
+                    continue;
+                }
+                if *n > 0 {
+                    return Fill::FileNext;
+                }
+                return Fill::File {
+                    fd: range.fd(),
+                    offset: range.offset() + start + skip as u64,
+                    len: len - skip,
+                };
+            }
             if skip >= part.len() {
                 skip -= part.len();
                 continue;
             }
             if *n == iov.len() {
-                return false;
+                return Fill::Full;
             }
             iov[*n] = IoSlice::new(&part[skip..]);
             *n += 1;
             skip = 0;
         }
-        true
+        Fill::More
     }
+}
+
+/// How far [`Wire::slices`] got.
+enum Fill {
+    /// The wire is in `iov`; more may follow.
+    More,
+    /// `iov` is full.
+    Full,
+    /// `iov` holds what precedes data in a file: write it (with more to come), then the file.
+    FileNext,
+    /// Nothing is in `iov`; the next bytes to send are `len` bytes of `fd` at `offset`.
+    File { fd: RawFd, offset: u64, len: usize },
 }
 
 impl Outbox {
@@ -442,13 +491,20 @@ impl Outbox {
             let mut iov = [IoSlice::new(&[]); MAX_IOV];
             let mut n = 0;
             let mut skip = st.sent;
+            let mut stop = Fill::More;
             for w in &st.wires {
-                if !w.slices(skip, &mut iov, &mut n) {
+                stop = w.slices(skip, &mut iov, &mut n);
+                if !matches!(stop, Fill::More) {
                     break;
                 }
                 skip = 0;
             }
-            let mut written = match self.sock.try_write_vectored(&iov[..n]) {
+            let r = match stop {
+                Fill::File { fd, offset, len } => self.send_file(fd, offset, len),
+                Fill::FileNext => self.send_more(&iov[..n]),
+                Fill::More | Fill::Full => self.sock.try_write_vectored(&iov[..n]),
+            };
+            let mut written = match r {
                 Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
                 Ok(k) => k,
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Ok(false),
@@ -475,6 +531,55 @@ impl Outbox {
                     .fetch_add(done as u64, Ordering::Relaxed);
             }
         }
+    }
+
+    /// `sendfile(2)` of up to `len` bytes of `fd` at `offset` into the socket, without
+    /// blocking. The file's pages go to the socket without a copy in user space.
+    fn send_file(&self, fd: RawFd, offset: u64, len: usize) -> std::io::Result<usize> {
+        let stream: &TcpStream = self.sock.as_ref();
+        let sock = stream.as_raw_fd();
+        let n = stream.try_io(Interest::WRITABLE, || {
+            let mut off = libc::off_t::try_from(offset)
+                .map_err(|_| std::io::Error::from_raw_os_error(libc::EOVERFLOW))?;
+            // SAFETY: both descriptors are open (the socket is owned by `stream`, the file by
+            // the backstore the wire's `FileRange` keeps alive) and `off` is a valid local the
+            // kernel updates.
+            let r = unsafe { libc::sendfile(sock, fd, &mut off, len) };
+            if r < 0 {
+                Err(std::io::Error::last_os_error())
+            } else {
+                Ok(r as usize)
+            }
+        })?;
+        if n == 0 {
+            // The file ended before the range: the data cannot be sent in full.
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                "data-in file range beyond the end of the file",
+            ));
+        }
+        Ok(n)
+    }
+
+    /// A vectored write with MSG_MORE: file data follows, so the kernel need not send a
+    /// segment with the headers alone.
+    fn send_more(&self, iov: &[IoSlice<'_>]) -> std::io::Result<usize> {
+        let stream: &TcpStream = self.sock.as_ref();
+        let sock = stream.as_raw_fd();
+        stream.try_io(Interest::WRITABLE, || {
+            // SAFETY: zeroed msghdr is valid (no name, no control data).
+            let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+            // IoSlice is ABI compatible with iovec on Unix; the kernel only reads it.
+            msg.msg_iov = iov.as_ptr() as *mut libc::iovec;
+            msg.msg_iovlen = iov.len() as _;
+            // SAFETY: `msg` points at `iov`, which outlives the call; the socket is open.
+            let r = unsafe { libc::sendmsg(sock, &msg, libc::MSG_MORE | libc::MSG_NOSIGNAL) };
+            if r < 0 {
+                Err(std::io::Error::last_os_error())
+            } else {
+                Ok(r as usize)
+            }
+        })
     }
 
     /// Moves queued PDUs into the transmit state, assigning StatSN in that order.
@@ -520,6 +625,8 @@ pub struct TcpDriver {
     next_ttt: AtomicU32,
     closing: AtomicBool,
     close_notify: Notify,
+    /// [`set_file_ranges`] when the connection started.
+    file_ranges: bool,
 }
 
 impl TcpDriver {
@@ -546,6 +653,80 @@ impl TcpDriver {
             }
             n.await;
         }
+    }
+
+    /// Data-In PDUs for `len` bytes whose segments `data` gives, then the status (in the
+    /// last Data-In when GOOD, else a SCSI Response).
+    async fn data_in(
+        &self,
+        task: &Arc<Task>,
+        len: usize,
+        data: impl Fn(usize, usize) -> TxData + Send + Sync,
+        done: Completion,
+    ) -> Result<(), IscsiError> {
+        let mut data_sn = 0u32;
+        let bidi = task.read && task.write;
+        let good = done.status == crate::scsi::Status::Good as u8 && done.sense.is_none() && !bidi;
+        if len > 0 {
+            let max = (self.max_xmit.load(Ordering::Relaxed) as usize).max(512);
+            let mut off = 0usize;
+            while off < len {
+                let n = max.min(len - off);
+                let last = off + n == len;
+                let s = last && good;
+                let d = DataIn {
+                    final_: last,
+                    status_present: s,
+                    status: if s { done.status } else { 0 },
+                    overflow: s && done.overflow,
+                    underflow: s && done.underflow,
+                    residual: if s { done.residual } else { 0 },
+                    lun: task.lun_bytes,
+                    itt: task.itt,
+                    ttt: RESERVED_TAG,
+                    data_sn,
+                    buffer_offset: off as u32,
+                    ..Default::default()
+                };
+                let sn = if s { StatSn::Advance } else { StatSn::Without };
+                self.send(TxPdu::new(&BhsRepr::DataIn(d), data(off, n), sn))
+                    .await?;
+                data_sn = data_sn.wrapping_add(1);
+                off += n;
+            }
+            if good {
+                return Ok(());
+            }
+        }
+        let exp_data_sn = if task.write {
+            task.xfer().next_r2t_sn
+        } else {
+            data_sn
+        };
+        let data = match &done.sense {
+            Some(sense) => {
+                let mut v = Vec::with_capacity(2 + sense.len());
+                v.extend_from_slice(&(sense.len() as u16).to_be_bytes());
+                v.extend_from_slice(sense);
+                TxData::Bytes(v.into())
+            }
+            None => TxData::Empty,
+        };
+        let r = ScsiResponse {
+            bidi_overflow: done.bidi_overflow,
+            bidi_underflow: done.bidi_underflow,
+            overflow: done.overflow,
+            underflow: done.underflow,
+            response: 0,
+            status: done.status,
+            itt: task.itt,
+            exp_data_sn,
+            bidi_residual: done.bidi_residual,
+            residual: done.residual,
+            ..Default::default()
+        };
+        self.send(TxPdu::new(&BhsRepr::ScsiResponse(r), data, StatSn::Advance))
+            .await
     }
 
     /// Responses queued from now on wait for [`TcpDriver::end_batch`] (or for a full batch).
@@ -656,77 +837,45 @@ impl ConnDriver for TcpDriver {
         data_in: Option<IoBuf>,
         done: Completion,
     ) -> Result<(), IscsiError> {
-        let mut data_sn = 0u32;
-        let bidi = task.read && task.write;
-        let good = done.status == crate::scsi::Status::Good as u8 && done.sense.is_none() && !bidi;
-        if let Some(buf) = data_in {
-            let buf = Arc::new(buf);
-            let len = buf.len();
-            let max = (self.max_xmit.load(Ordering::Relaxed) as usize).max(512);
-            let mut off = 0usize;
-            while off < len {
-                let n = max.min(len - off);
-                let last = off + n == len;
-                let s = last && good;
-                let d = DataIn {
-                    final_: last,
-                    status_present: s,
-                    status: if s { done.status } else { 0 },
-                    overflow: s && done.overflow,
-                    underflow: s && done.underflow,
-                    residual: if s { done.residual } else { 0 },
-                    lun: task.lun_bytes,
-                    itt: task.itt,
-                    ttt: RESERVED_TAG,
-                    data_sn,
-                    buffer_offset: off as u32,
-                    ..Default::default()
-                };
-                let sn = if s { StatSn::Advance } else { StatSn::Without };
-                self.send(TxPdu::new(
-                    &BhsRepr::DataIn(d),
-                    TxData::Buf(buf.clone(), off..off + n),
-                    sn,
-                ))
-                .await?;
-                data_sn = data_sn.wrapping_add(1);
-                off += n;
+        match data_in {
+            Some(buf) => {
+                let buf = Arc::new(buf);
+                let len = buf.len();
+                let data = move |off: usize, n: usize| TxData::Buf(buf.clone(), off..off + n);
+                self.data_in(task, len, data, done).await
             }
-            if good {
-                return Ok(());
-            }
+            None => self.data_in(task, 0, |_, _| TxData::Empty, done).await,
         }
-        let exp_data_sn = if task.write {
-            task.xfer().next_r2t_sn
-        } else {
-            data_sn
-        };
-        let data = match &done.sense {
-            Some(sense) => {
-                let mut v = Vec::with_capacity(2 + sense.len());
-                v.extend_from_slice(&(sense.len() as u16).to_be_bytes());
-                v.extend_from_slice(sense);
-                TxData::Bytes(v.into())
-            }
-            None => TxData::Empty,
-        };
-        let r = ScsiResponse {
-            bidi_overflow: done.bidi_overflow,
-            bidi_underflow: done.bidi_underflow,
-            overflow: done.overflow,
-            underflow: done.underflow,
-            response: 0,
-            status: done.status,
-            itt: task.itt,
-            exp_data_sn,
-            bidi_residual: done.bidi_residual,
-            residual: done.residual,
-            ..Default::default()
-        };
-        self.send(TxPdu::new(&BhsRepr::ScsiResponse(r), data, StatSn::Advance))
-            .await
     }
 
+    /// Without DataDigest, and when Data-In PDUs may carry [`FILE_RANGE_MIN`] bytes or more
+    /// (with smaller ones a `sendfile` per PDU costs more than the copy it saves).
+    fn file_ranges(&self) -> bool {
+        self.file_ranges && !self.out.dd && self.max_xmit.load(Ordering::Relaxed) >= FILE_RANGE_MIN
+    }
+
+    /// Like [`TcpDriver::complete`], each Data-In's data sent with `sendfile(2)` from the
+    /// range's file. The range (and with it the blocks' lock) is released when its last
+    /// PDU has been written.
+    async fn complete_range(
+        &self,
+        _session: &Session,
+        task: &Arc<Task>,
+        range: FileRange,
+        done: Completion,
+    ) -> Result<(), IscsiError> {
+        if self.out.dd {
+            return Err(IscsiError::Protocol("data-in from a file with DataDigest"));
+        }
+        let len = usize::try_from(range.len()).map_err(|_| IscsiError::Protocol("data-in"))?;
+        let range = Arc::new(range);
+        let data = move |off: usize, n: usize| TxData::File {
+            range: range.clone(),
+            start: off as u64,
+            len: n,
+        };
+        self.data_in(task, len, data, done).await
+    }
     fn max_xmit(&self) -> u32 {
         self.max_xmit.load(Ordering::Relaxed)
     }
@@ -906,6 +1055,7 @@ async fn full_feature(
         next_ttt: AtomicU32::new(0x1000),
         closing: AtomicBool::new(false),
         close_notify: Notify::new(),
+        file_ranges: FILE_RANGES.load(Ordering::Relaxed),
     });
     let writer_task = tokio::spawn(writer(driver.clone()));
     let conn = Conn::new(cid, session.clone(), driver.clone());

@@ -37,8 +37,21 @@ fn device(pool: &Arc<BufPool>, size: u64) -> Arc<Device> {
 
 async fn lab_with(params: IscsiParams, auth: Auth, any: bool, acls: HashMap<String, Acl>) -> Lab {
     let pool = BufPool::new(128 << 20);
+    let dev = device(&pool, 32 << 20);
+    lab_on(params, auth, any, acls, pool, dev).await
+}
+
+/// A target whose LUN 0 is `dev`.
+async fn lab_on(
+    params: IscsiParams,
+    auth: Auth,
+    any: bool,
+    acls: HashMap<String, Acl>,
+    pool: Arc<BufPool>,
+    dev: Arc<Device>,
+) -> Lab {
     let mut luns = BTreeMap::new();
-    luns.insert(0, device(&pool, 32 << 20));
+    luns.insert(0, dev);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let registry = Registry::new();
@@ -144,6 +157,8 @@ async fn patterns(s: &Session) {
         assert_eq!(read(s, 0, len).await, data.to_vec(), "len {len}");
     }
 }
+
+mod zero_copy;
 
 #[tokio::test]
 async fn login_none_io_patterns() {

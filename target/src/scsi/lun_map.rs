@@ -75,6 +75,7 @@ fn data_response(bytes: &[u8], alloc: u32, edtl: u32) -> Response {
         status: Status::Good,
         sense: None,
         data_in: (m > 0).then(|| IoBuf::from_slice(&bytes[..m])),
+        data_range: None,
         transfer_len: n as u32,
     }
 }
@@ -112,11 +113,22 @@ impl LunMap {
     /// peripheral qualifier 011b, REQUEST SENSE and CHECK CONDITION with LOGICAL UNIT NOT
     /// SUPPORTED).
     pub async fn execute(&self, nexus: &Nexus, lun: u64, cmd: Command) -> Response {
+        self.execute_ranged(nexus, lun, cmd, false).await
+    }
+
+    /// Like [`LunMap::execute`], passing `range_ok` to [`Device::execute_ranged`].
+    pub async fn execute_ranged(
+        &self,
+        nexus: &Nexus,
+        lun: u64,
+        cmd: Command,
+        range_ok: bool,
+    ) -> Response {
         if cmd.cdb.first() == Some(&0xa0) {
             return self.report_luns(nexus, &cmd);
         }
         if let Some(dev) = self.luns.get(&lun) {
-            return dev.execute(nexus, cmd).await;
+            return dev.execute_ranged(nexus, cmd, range_ok).await;
         }
         unmapped(self.luns.values().next().map(|d| d.as_ref()), &cmd)
     }

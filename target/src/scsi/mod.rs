@@ -27,6 +27,7 @@ mod xcopy;
 mod tests;
 
 use std::collections::{BTreeMap, HashMap};
+use std::os::fd::RawFd;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
@@ -109,19 +110,78 @@ pub struct Response {
     pub sense: Option<Vec<u8>>,
     /// Data-in, at most `expected_in_len` bytes.
     pub data_in: Option<IoBuf>,
+    /// Data-in as a range of the backstore's file instead of `data_in` (only when the
+    /// fabric asked for it with [`Device::execute_ranged`]), at most `expected_in_len` bytes.
+    pub data_range: Option<FileRange>,
     /// Bytes the command wanted to transfer according to its CDB (for data-in commands, the
     /// parameter data length limited by the allocation length); the fabric derives overflow /
     /// underflow residuals from this and the expected length.
     pub transfer_len: u32,
 }
 
+/// Data-in that a fabric sends straight from the backstore's file (`sendfile(2)`, `splice(2)`)
+/// instead of a buffer. The blocks stay locked against COMPARE AND WRITE, ORWRITE, WRITE
+/// ATOMIC and their kind until this is dropped, so a fabric drops it only once the kernel has
+/// taken every byte (after the last `sendfile` returned). Sending fewer bytes than
+/// [`FileRange::len`] must end the connection, never a GOOD status.
+pub struct FileRange {
+    /// Keeps the descriptor open.
+    _backstore: Arc<dyn Backstore>,
+    fd: RawFd,
+    offset: u64,
+    len: u64,
+    _guard: range_lock::OwnedRangeGuard,
+}
+
+impl FileRange {
+    /// The readable descriptor ([`Backstore::file_range`]).
+    pub fn fd(&self) -> RawFd {
+        self.fd
+    }
+
+    /// File offset of the first byte.
+    pub fn offset(&self) -> u64 {
+        self.offset
+    }
+
+    /// Bytes of data-in.
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    fn truncate(&mut self, len: u64) {
+        self.len = self.len.min(len);
+    }
+}
+
+impl std::fmt::Debug for FileRange {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FileRange")
+            .field("fd", &self.fd)
+            .field("offset", &self.offset)
+            .field("len", &self.len)
+            .finish_non_exhaustive()
+    }
+}
+
 impl Response {
+    /// Bytes of data-in, from the buffer or the file range.
+    pub fn data_in_len(&self) -> u64 {
+        self.data_in.as_ref().map_or(0, |d| d.len() as u64)
+            + self.data_range.as_ref().map_or(0, |r| r.len)
+    }
+
     /// CHECK CONDITION with fixed-format sense.
     pub fn check(sense: &Sense) -> Response {
         Response {
             status: Status::CheckCondition,
             sense: Some(sense.emit(false)),
             data_in: None,
+            data_range: None,
             transfer_len: 0,
         }
     }
@@ -318,7 +378,7 @@ pub struct Device {
     hw_read_only: bool,
     defaults: ModeState,
     state: Mutex<DevState>,
-    range_lock: range_lock::RangeLock,
+    range_lock: Arc<range_lock::RangeLock>,
 }
 
 impl std::fmt::Debug for Device {
@@ -388,6 +448,10 @@ pub(crate) struct Ctx<'a> {
     edtl_in: u32,
     /// The fabric's task tag ([`Device::abort_task`]).
     tag: u64,
+    /// The fabric takes data-in as a file range ([`Device::execute_ranged`]).
+    range_ok: bool,
+    /// Data-in a handler left as a file range.
+    data_range: Option<FileRange>,
 }
 
 impl Ctx<'_> {
@@ -469,7 +533,9 @@ impl Device {
                 sanitize: sbc::SanitizeState::default(),
                 copies: xcopy::HeldResults::default(),
             }),
-            range_lock: range_lock::RangeLock::default(),
+            range_lock: Arc::new(range_lock::RangeLock::with_exclusive_align(
+                (rtgt_backstore::PAGE / u64::from(bs)).max(1),
+            )),
             backstore,
             pool,
             config,
@@ -620,25 +686,34 @@ impl Device {
 
     /// Executes one command for `nexus`.
     pub async fn execute(&self, nexus: &Nexus, cmd: Command) -> Response {
+        self.execute_ranged(nexus, cmd, false).await
+    }
+
+    /// Like [`Device::execute`]; with `range_ok` a READ on a backstore with a
+    /// [`Backstore::file_range`] answers with [`Response::data_range`] instead of a buffer.
+    pub async fn execute_ranged(&self, nexus: &Nexus, cmd: Command, range_ok: bool) -> Response {
         let edtl = cmd.expected_in_len;
-        let (result, d_sense) = self.run(nexus, cmd).await;
+        let (result, d_sense, range) = self.run(nexus, cmd, range_ok).await;
         let mut resp = match result {
             Ok(done) => Response {
                 status: done.status,
                 sense: None,
                 data_in: done.data,
+                data_range: range,
                 transfer_len: done.transfer_len,
             },
             Err(Fail::Check(s)) => Response {
                 status: Status::CheckCondition,
                 sense: Some(s.emit(d_sense)),
                 data_in: None,
+                data_range: None,
                 transfer_len: 0,
             },
             Err(Fail::Conflict) => Response {
                 status: Status::ReservationConflict,
                 sense: None,
                 data_in: None,
+                data_range: None,
                 transfer_len: 0,
             },
         };
@@ -650,11 +725,22 @@ impl Device {
                 resp.data_in = None;
             }
         }
+        if let Some(r) = &mut resp.data_range {
+            r.truncate(u64::from(edtl));
+            if r.is_empty() {
+                resp.data_range = None;
+            }
+        }
         resp
     }
 
     /// Admission (UA, lookup, reservations, CDB validation, readiness) then the handler.
-    async fn run(&self, nexus: &Nexus, cmd: Command) -> (CmdResult, bool) {
+    async fn run(
+        &self,
+        nexus: &Nexus,
+        cmd: Command,
+        range_ok: bool,
+    ) -> (CmdResult, bool, Option<FileRange>) {
         let opcode = cmd.cdb.first().copied().unwrap_or(0xff);
         let desc = {
             let mut st = self.lock();
@@ -673,33 +759,35 @@ impl Device {
             // attentions (SAM-5 5.14); REQUEST SENSE returns them as parameter data.
             if !matches!(opcode, 0x12 | 0xa0 | 0x03) {
                 if let Some(ua) = ns.ua.pop() {
-                    return (Err(ua.sense().into()), d_sense);
+                    return (Err(ua.sense().into()), d_sense, None);
                 }
             }
             let desc = match table::lookup(&cmd.cdb, |c| self.supports(c)) {
                 Lookup::Found(d) => d,
-                Lookup::UnknownOpcode => return (Err(Sense::invalid_opcode().into()), d_sense),
+                Lookup::UnknownOpcode => {
+                    return (Err(Sense::invalid_opcode().into()), d_sense, None)
+                }
                 Lookup::UnknownServiceAction => {
-                    return (Err(Sense::invalid_cdb(1, Some(4)).into()), d_sense)
+                    return (Err(Sense::invalid_cdb(1, Some(4)).into()), d_sense, None)
                 }
             };
             if cmd.cdb.len() < desc.cdb_len() {
-                return (Err(Sense::invalid_cdb(0, None).into()), d_sense);
+                return (Err(Sense::invalid_cdb(0, None).into()), d_sense, None);
             }
             let cdb = &cmd.cdb[..desc.cdb_len()];
             if let Some(holder) = st.spc2 {
                 if holder != nexus.id && !desc.spc2_ok {
-                    return (Err(Fail::Conflict), d_sense);
+                    return (Err(Fail::Conflict), d_sense, None);
                 }
             }
             if st.pr.conflicts(nexus, desc.pr, cdb) {
-                return (Err(Fail::Conflict), d_sense);
+                return (Err(Fail::Conflict), d_sense, None);
             }
             if let Err(s) = table::check_usage(desc, cdb) {
-                return (Err(s.into()), d_sense);
+                return (Err(s.into()), d_sense, None);
             }
             if let Some(s) = st.not_ready(desc) {
-                return (Err(s.into()), d_sense);
+                return (Err(s.into()), d_sense, None);
             }
             desc
         };
@@ -717,6 +805,8 @@ impl Device {
             },
             edtl_in: cmd.expected_in_len,
             tag: cmd.tag,
+            range_ok,
+            data_range: None,
         };
         tracing::trace!(device = %self.config.name, op = desc.name, tag = cmd.tag, "execute");
         let mut r = self.dispatch(&mut ctx).await;
@@ -724,7 +814,12 @@ impl Device {
             done.transfer_len = len;
         }
         let d_sense = self.lock().mode.d_sense;
-        (r, d_sense)
+        let range = if r.is_ok() {
+            ctx.data_range.take()
+        } else {
+            None
+        };
+        (r, d_sense, range)
     }
 
     async fn dispatch(&self, ctx: &mut Ctx<'_>) -> CmdResult {

@@ -5,9 +5,7 @@
 //! A waiting exclusive request blocks later shared requests on overlapping ranges, so a
 //! stream of writes cannot starve a COMPARE AND WRITE.
 
-#[cfg(test)]
-use std::sync::Arc;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use tokio::sync::Notify;
 
@@ -42,6 +40,9 @@ struct Inner {
 pub struct RangeLock {
     inner: Mutex<Inner>,
     notify: Notify,
+    /// Exclusive ranges are widened to multiples of this many blocks (0 or 1: not at all),
+    /// so an atomic write may rewrite whole pages ([`rtgt_backstore::Backstore::write_replacing`]).
+    exclusive_align: u64,
 }
 
 /// Held range; released on drop (also when the owning future is cancelled while waiting).
@@ -53,10 +54,21 @@ pub struct RangeGuard<'a> {
 
 impl Drop for RangeGuard<'_> {
     fn drop(&mut self) {
-        let mut inner = self.lock.inner.lock().unwrap_or_else(|e| e.into_inner());
-        inner.entries.retain(|e| e.id != self.id);
-        drop(inner);
-        self.lock.notify.notify_waiters();
+        self.lock.release(self.id);
+    }
+}
+
+/// A [`RangeGuard`] that owns a reference to its lock, for a range held beyond the command
+/// handler (data-in sent straight from the file by the fabric).
+#[derive(Debug)]
+pub struct OwnedRangeGuard {
+    lock: Arc<RangeLock>,
+    id: u64,
+}
+
+impl Drop for OwnedRangeGuard {
+    fn drop(&mut self) {
+        self.lock.release(self.id);
     }
 }
 
@@ -66,34 +78,73 @@ impl RangeLock {
         Arc::new(RangeLock::default())
     }
 
+    /// A lock whose exclusive ranges cover whole groups of `align` blocks.
+    pub fn with_exclusive_align(align: u64) -> RangeLock {
+        RangeLock {
+            exclusive_align: align,
+            ..RangeLock::default()
+        }
+    }
+
     /// Locks blocks `[start, start + len)`. A zero-length range locks nothing but still
     /// returns a guard.
     pub async fn lock(&self, start: u64, len: u64, mode: Mode) -> RangeGuard<'_> {
-        let end = start.saturating_add(len);
-        let id = {
-            let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-            let id = inner.next_id;
-            inner.next_id += 1;
-            inner.entries.push(Entry {
-                id,
-                start,
-                end,
-                mode,
-                granted: false,
-            });
-            id
-        };
+        let id = self.enqueue(start, len, mode);
         // From here on the guard removes the entry if this future is dropped.
         let guard = RangeGuard { lock: self, id };
+        self.granted(id).await;
+        guard
+    }
+
+    /// Like [`RangeLock::lock`], with a guard that keeps the lock alive.
+    pub async fn lock_owned(self: &Arc<Self>, start: u64, len: u64, mode: Mode) -> OwnedRangeGuard {
+        let id = self.enqueue(start, len, mode);
+        let guard = OwnedRangeGuard {
+            lock: Arc::clone(self),
+            id,
+        };
+        self.granted(id).await;
+        guard
+    }
+
+    fn enqueue(&self, start: u64, len: u64, mode: Mode) -> u64 {
+        let mut end = start.saturating_add(len);
+        let mut start = start;
+        let a = self.exclusive_align;
+        if mode == Mode::Exclusive && a > 1 && len > 0 {
+            start = start / a * a;
+            end = end.div_ceil(a).saturating_mul(a);
+        }
+        let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let id = inner.next_id;
+        inner.next_id += 1;
+        inner.entries.push(Entry {
+            id,
+            start,
+            end,
+            mode,
+            granted: false,
+        });
+        id
+    }
+
+    async fn granted(&self, id: u64) {
         loop {
             let notified = self.notify.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
             if self.try_grant(id) {
-                return guard;
+                return;
             }
             notified.await;
         }
+    }
+
+    fn release(&self, id: u64) {
+        let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        inner.entries.retain(|e| e.id != id);
+        drop(inner);
+        self.notify.notify_waiters();
     }
 
     fn try_grant(&self, id: u64) -> bool {

@@ -16,7 +16,7 @@ use tokio::sync::{watch, Notify};
 use super::cdb::{be, field, put_be32, put_be64, LbaLayout, LbaReq, WriteSameReq};
 use super::range_lock::Mode;
 use super::sense::{asc, key, KeySpecific, Sense};
-use super::{CmdResult, Ctx, Device, Done, Nexus, Status};
+use super::{CmdResult, Ctx, Device, Done, FileRange, Nexus, Status};
 
 /// MAXIMUM COMPARE AND WRITE LENGTH (Block Limits VPD).
 pub const MAX_CAW_BLOCKS: u32 = 255;
@@ -77,6 +77,22 @@ impl Device {
     async fn read_into(&self, lba: u64, buf: IoBuf) -> Result<IoBuf, Sense> {
         let (res, buf) = self.backstore.read(self.offset(lba), buf).await;
         res.map_err(|e| io_error(&e, false))?;
+        Ok(buf)
+    }
+
+    /// Writes for an atomic command holding its range exclusively
+    /// ([`rtgt_backstore::Backstore::write_replacing`]).
+    pub(crate) async fn write_buf_atomic(
+        &self,
+        lba: u64,
+        buf: IoBuf,
+        fua: bool,
+    ) -> Result<IoBuf, Sense> {
+        let (res, buf) = self
+            .backstore
+            .write_replacing(self.offset(lba), buf, fua)
+            .await;
+        res.map_err(|e| io_error(&e, true))?;
         Ok(buf)
     }
 
@@ -161,6 +177,28 @@ pub async fn read(ctx: &mut Ctx<'_>) -> CmdResult {
             transfer_len: total as u32,
         });
     }
+    if ctx.range_ok {
+        if let Some((fd, base)) = dev.backstore.file_range() {
+            // The fabric sends the blocks from the file; the lock goes with them and is
+            // released once they are handed to the kernel.
+            let guard = dev
+                .range_lock
+                .lock_owned(r.lba, want / bs, Mode::Shared)
+                .await;
+            ctx.data_range = Some(FileRange {
+                _backstore: Arc::clone(&dev.backstore),
+                fd,
+                offset: base + dev.offset(r.lba),
+                len: want,
+                _guard: guard,
+            });
+            return Ok(Done {
+                status: Status::Good,
+                data: None,
+                transfer_len: total as u32,
+            });
+        }
+    }
     let _g = dev.range_lock.lock(r.lba, want / bs, Mode::Shared).await;
     let buf = dev.read_buf(r.lba, want as usize).await?;
     Ok(Done {
@@ -199,6 +237,9 @@ async fn write_received(
     }
     let fua = dev.write_fua(fua);
     let _g = dev.range_lock.lock(r.lba, n, mode).await;
+    if mode == Mode::Exclusive {
+        return Ok(Some(dev.write_buf_atomic(r.lba, buf, fua).await?));
+    }
     Ok(Some(dev.write_buf(r.lba, buf, fua).await?))
 }
 
@@ -317,7 +358,8 @@ pub async fn or_write(ctx: &mut Ctx<'_>) -> CmdResult {
         for (m, d) in medium.as_mut_slice().iter_mut().zip(ctx.data_out()) {
             *m |= d;
         }
-        dev.write_buf(r.lba, medium, dev.write_fua(r.fua())).await?;
+        dev.write_buf_atomic(r.lba, medium, dev.write_fua(r.fua()))
+            .await?;
     }
     Ok(done_out(&r, dev))
 }
@@ -349,7 +391,8 @@ pub async fn compare_and_write(ctx: &mut Ctx<'_>) -> CmdResult {
         return Err(Sense::miscompare(i as u64).into());
     }
     medium.as_mut_slice().copy_from_slice(&data[half..]);
-    dev.write_buf(r.lba, medium, dev.write_fua(r.fua())).await?;
+    dev.write_buf_atomic(r.lba, medium, dev.write_fua(r.fua()))
+        .await?;
     Ok(Done {
         status: Status::Good,
         data: None,
