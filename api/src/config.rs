@@ -314,6 +314,16 @@ pub struct IscsiParams {
         skip_serializing_if = "Option::is_none"
     )]
     pub nopin_timeout: Option<u32>,
+    /// Microseconds a connection keeps polling its socket for the next command after
+    /// answering the last one before it sleeps (0 turns polling off). Polling starts only on
+    /// connections whose commands arrive within this time, so idle ones cost nothing; it
+    /// saves the wake-up latency at low queue depths.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub busy_poll_micros: Option<u32>,
+    /// Send large reads from file backstores with `sendfile(2)`, straight from the page
+    /// cache, instead of copying them through a buffer. Off always when data digests are on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub zero_copy_reads: Option<bool>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]

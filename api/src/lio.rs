@@ -73,6 +73,8 @@ fn params(p: &Value, attributes: &Value) -> IscsiParams {
         queue_depth: u(attributes, "default_cmdsn_depth").map(|v| v as u32),
         nopin_interval: None,
         nopin_timeout: None,
+        busy_poll_micros: None,
+        zero_copy_reads: None,
     }
 }
 

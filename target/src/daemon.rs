@@ -406,6 +406,8 @@ fn params(p: &config::IscsiParams) -> core::IscsiParams {
         queue_depth: p.queue_depth.unwrap_or(d.queue_depth),
         nopin_interval: p.nopin_interval.unwrap_or(d.nopin_interval),
         nopin_timeout: p.nopin_timeout.unwrap_or(d.nopin_timeout),
+        busy_poll_micros: p.busy_poll_micros.unwrap_or(d.busy_poll_micros),
+        zero_copy_reads: p.zero_copy_reads.unwrap_or(d.zero_copy_reads),
     }
 }
 

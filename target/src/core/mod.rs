@@ -61,6 +61,10 @@ pub struct IscsiParams {
     pub nopin_interval: u32,
     /// Seconds to wait for the NOP-Out answering a ping before dropping the connection.
     pub nopin_timeout: u32,
+    /// Microseconds a TCP connection polls for the next command before it sleeps (0 = off).
+    pub busy_poll_micros: u32,
+    /// Large reads from file backstores go out with `sendfile(2)`.
+    pub zero_copy_reads: bool,
 }
 
 impl Default for IscsiParams {
@@ -81,6 +85,8 @@ impl Default for IscsiParams {
             queue_depth: 128,
             nopin_interval: 15,
             nopin_timeout: 30,
+            busy_poll_micros: 50,
+            zero_copy_reads: true,
         }
     }
 }

@@ -123,6 +123,8 @@ impl ServerShared {
             pool: self.pool.clone(),
             nopin_interval: params.nopin_interval,
             nopin_timeout: params.nopin_timeout,
+            busy_poll_micros: params.busy_poll_micros,
+            zero_copy_reads: params.zero_copy_reads,
         };
         self.sessions.create(setup).ok_or(status::OUT_OF_RESOURCES)
     }

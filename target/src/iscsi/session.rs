@@ -366,6 +366,10 @@ pub struct SessionSetup {
     /// Seconds between NOP-In pings and how long to wait for the answer (0 = off).
     pub nopin_interval: u32,
     pub nopin_timeout: u32,
+    /// [`crate::core::IscsiParams::busy_poll_micros`] and
+    /// [`crate::core::IscsiParams::zero_copy_reads`] of the portal group.
+    pub busy_poll_micros: u32,
+    pub zero_copy_reads: bool,
 }
 
 static NEXUS_ID: AtomicU64 = AtomicU64::new(1);
@@ -387,6 +391,8 @@ pub struct Session {
     pub pool: Arc<BufPool>,
     pub nopin_interval: u32,
     pub nopin_timeout: u32,
+    pub busy_poll_micros: u32,
+    pub zero_copy_reads: bool,
     pub stats: SessionStats,
     window: Mutex<Window>,
     tasks: Mutex<HashMap<u32, Arc<Task>>>,
@@ -489,6 +495,8 @@ impl Session {
             pool: s.pool,
             nopin_interval: s.nopin_interval,
             nopin_timeout: s.nopin_timeout,
+            busy_poll_micros: s.busy_poll_micros,
+            zero_copy_reads: s.zero_copy_reads,
             stats: SessionStats::default(),
             window: Mutex::new(Window::new(s.exp_cmd_sn, s.queue_depth)),
             tasks: Mutex::new(HashMap::new()),

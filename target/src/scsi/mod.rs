@@ -452,6 +452,8 @@ pub(crate) struct Ctx<'a> {
     range_ok: bool,
     /// Data-in a handler left as a file range.
     data_range: Option<FileRange>,
+    /// An ORDERED task: earlier reads may still be on their way out of the file's pages.
+    ordered: bool,
 }
 
 impl Ctx<'_> {
@@ -807,6 +809,7 @@ impl Device {
             tag: cmd.tag,
             range_ok,
             data_range: None,
+            ordered: cmd.attr == TaskAttr::Ordered,
         };
         tracing::trace!(device = %self.config.name, op = desc.name, tag = cmd.tag, "execute");
         let mut r = self.dispatch(&mut ctx).await;

@@ -236,6 +236,9 @@ async fn write_received(
         buf.truncate(len);
     }
     let fua = dev.write_fua(fua);
+    // An ORDERED write must not show through to the earlier reads it waited for, whose
+    // data the kernel may still be sending from the file's pages: it replaces them.
+    let mode = if ctx.ordered { Mode::Exclusive } else { mode };
     let _g = dev.range_lock.lock(r.lba, n, mode).await;
     if mode == Mode::Exclusive {
         return Ok(Some(dev.write_buf_atomic(r.lba, buf, fua).await?));

@@ -27,7 +27,6 @@ struct FileLab {
 }
 
 async fn file_lab(path: PathBuf, size: u64) -> FileLab {
-    super::super::conn_tcp::set_file_ranges(true);
     let pool = BufPool::new(128 << 20);
     let file = Arc::new(
         FileBackstore::open(
