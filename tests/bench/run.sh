@@ -5,23 +5,26 @@
 # rtgtd LUN over SRP (soft-RoCE on 127.0.0.1, the initiator on 127.0.0.2) and over iSCSI/TCP,
 # both through rtgt's own initiators.
 #
-# Usage: tests/bench/run.sh [--seconds N] [--size MiB] [--cpus TARGET,INITIATOR | --no-pin]
+# Usage: tests/bench/run.sh [--seconds N] [--rounds N] [--size MiB] [--cpus TARGET,INITIATOR | --no-pin]
 # By default (two or more CPUs) every target-side process (tgtd, rtgtd, the iperf3 server) runs
 # on CPU 1 and every initiator-side one on CPU 0, the same for both targets, so that where the
-# scheduler happens to place them does not decide the comparison.
+# scheduler happens to place them does not decide the comparison. The read rows and the iperf3
+# ceiling are measured --rounds times (default 3), tgtd and rtgtd taking turns, the 128 KiB reads
+# next to iperf3, and each figure is the median of its rounds.
 # Needs: tgt, libiscsi-bin, fio, iperf3 (Debian packages) and a release build of rtgtd and
 # rtgt-iscsi (built here, into $CARGO_TARGET_DIR or build/).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-secs=10 size_mib=1024 cpus=1,0
+secs=10 rounds=3 size_mib=1024 cpus=1,0
 (($(nproc) >= 2)) || cpus=""
 while (($#)); do
     case $1 in
     --seconds) secs=$2; shift ;;
+    --rounds) rounds=$2; shift ;;
     --size) size_mib=$2; shift ;;
     --cpus) cpus=$2; shift ;;
     --no-pin) cpus="" ;;
-    *) echo "usage: $0 [--seconds N] [--size MiB] [--cpus TARGET,INITIATOR | --no-pin]" >&2; exit 2 ;;
+    *) echo "usage: $0 [--seconds N] [--rounds N] [--size MiB] [--cpus TARGET,INITIATOR | --no-pin]" >&2; exit 2 ;;
     esac
     shift
 done
@@ -56,7 +59,7 @@ dd if=/dev/urandom of="$lun" bs=1M count="$size_mib" conv=notrunc status=none
 
 # Free ports, so that a leftover daemon of an earlier run cannot answer in our place.
 free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
-port_tgt=$(free_port) port_rtgt=$(free_port) port_iperf=$(free_port) port_srp=$(free_port) ctl=$$
+port_tgt=$(free_port) port_rtgt=$(free_port) port_srp=$(free_port) ctl=$$
 iqn_tgt=iqn.2025-01.io.rtgt:bench-tgt iqn_rtgt=iqn.2025-01.io.rtgt:bench
 
 "${on_target[@]}" tgtd -f -C "$ctl" --iscsi "portal=127.0.0.1:$port_tgt" >"$work/tgtd.log" 2>&1 &
@@ -112,27 +115,40 @@ row() { # name tgt rtgt unit-bytes
     [[ $4 -gt 65536 ]] && printf '%-34s %14s %14s\n' "" "$(mbs "$t" "$4")" "$(mbs "$r" "$4")"
     return 0
 }
-row "4K random read QD32 (iscsi-perf)" "$(perf "$url_tgt" 32 8 1)" "$(perf "$url_rtgt" 32 8 1)" 4096
-row "4K random read QD1 (iscsi-perf)" "$(perf "$url_tgt" 1 8 1)" "$(perf "$url_rtgt" 1 8 1)" 4096
-seq_t=$(perf "$url_tgt" 8 256 0) seq_r=$(perf "$url_rtgt" 8 256 0)
-row "128K sequential read QD8 (iscsi-perf)" "$seq_t" "$seq_r" 131072
+median() { printf '%s\n' "$@" | sort -n | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] + 0 }'; }
+# iperf3 over loopback, one stream, the server on the target side -> MB/s
+iperf() {
+    local port
+    port=$(free_port)
+    "${on_target[@]}" iperf3 -s -1 -p "$port" >/dev/null 2>&1 &
+    sleep 0.5
+    "${on_initiator[@]}" iperf3 -c 127.0.0.1 -p "$port" -t "$secs" -J 2>/dev/null |
+        python3 -c 'import json,sys; print(int(json.load(sys.stdin)["end"]["sum_received"]["bits_per_second"]) // 8 // 1000000)'
+    wait $! 2>/dev/null || true
+}
+q32_t=() q32_r=() q1_t=() q1_r=() seq_t=() seq_r=() tcp=()
+for ((i = 1; i <= rounds; i++)); do
+    q32_t+=("$(perf "$url_tgt" 32 8 1)") q32_r+=("$(perf "$url_rtgt" 32 8 1)")
+    q1_t+=("$(perf "$url_tgt" 1 8 1)") q1_r+=("$(perf "$url_rtgt" 1 8 1)")
+    seq_t+=("$(perf "$url_tgt" 8 256 0)") seq_r+=("$(perf "$url_rtgt" 8 256 0)") tcp+=("$(iperf)")
+done
+row "4K random read QD32 (iscsi-perf)" "$(median "${q32_t[@]}")" "$(median "${q32_r[@]}")" 4096
+row "4K random read QD1 (iscsi-perf)" "$(median "${q1_t[@]}")" "$(median "${q1_r[@]}")" 4096
+seq_r=$(median "${seq_r[@]}")
+row "128K sequential read QD8 (iscsi-perf)" "$(median "${seq_t[@]}")" "$seq_r" 131072
 row "4K random write QD32 (rtgt-iscsi)" "$(ibench "$url_tgt" randwrite 4096 32)" "$(ibench "$url_rtgt" randwrite 4096 32)" 4096
 row "128K sequential write QD8 (rtgt-iscsi)" "$(ibench "$url_tgt" write 131072 8)" "$(ibench "$url_rtgt" write 131072 8)" 131072
+((rounds > 1)) && echo "(reads: median of $rounds rounds)"
 
 echo
 fio_iops=$("${on_initiator[@]}" fio --name=ceiling --filename="$lun" --ioengine=io_uring --rw=randread --bs=4k --iodepth=32 \
     --runtime="$secs" --time_based --output-format=terse --terse-version=3 2>/dev/null | awk -F';' '{print $8}')
 echo "local io_uring (fio, 4K random read QD32 on the file): $fio_iops IOPS;" \
-    "rtgtd reaches $(ratio "$(perf "$url_rtgt" 32 8 1)" "$fio_iops") of it"
-"${on_target[@]}" iperf3 -s -1 -p "$port_iperf" >/dev/null 2>&1 &
-sleep 0.5
-tcp_bps=$("${on_initiator[@]}" iperf3 -c 127.0.0.1 -p "$port_iperf" -t "$secs" -J 2>/dev/null |
-    python3 -c 'import json,sys; print(int(json.load(sys.stdin)["end"]["sum_received"]["bits_per_second"]))')
-tcp_mbs=$((tcp_bps / 8 / 1000000))
+    "rtgtd reaches $(ratio "$(median "${q32_r[@]}")" "$fio_iops") of it"
+tcp_mbs=$(median "${tcp[@]}")
 seq_mbs=$((seq_r * 131072 / 1000000))
 echo "TCP loopback ceiling (iperf3, one stream): $tcp_mbs MB/s; rtgtd 128K read: $seq_mbs MB/s" \
     "($(ratio "$seq_mbs" "$tcp_mbs") of the ceiling)"
-
 echo
 echo "SRP (soft-RoCE) vs iSCSI/TCP, the same rtgtd LUN, rtgt's own initiators:"
 srp_target=$(grep -o "id_ext=[0-9a-f]*,ioc_guid=[0-9a-f]*,dest=127.0.0.1:$port_srp" "$work/rtgtd.log" | head -1)
