@@ -725,12 +725,15 @@ impl Backstore for FileBackstore {
         Ok(())
     }
 
-    /// The buffered descriptor: page-cache reads that see every completed write, direct
-    /// ones included. Only where [`Backstore::write_replacing`] can keep its promise: on a
-    /// memory file system (it replaces pages), or with O_DIRECT (direct writes do not change
-    /// cached pages in place, they drop them).
+    /// The buffered descriptor, on a memory file system only: there the data is in the page
+    /// cache already (sending it costs no disk read that could fail after the Data-In header
+    /// went out), and [`Backstore::write_replacing`] keeps its promise by replacing pages.
+    /// On other file systems reads keep going through io_uring (O_DIRECT where aligned), so a
+    /// medium error is still answered with sense data and the page cache is not filled
+    /// twice.
     fn file_range(&self) -> Option<(RawFd, u64)> {
-        (self.memory_fs || self.has_direct).then(|| (self.files[BUFFERED as usize].as_raw_fd(), 0))
+        self.memory_fs
+            .then(|| (self.files[BUFFERED as usize].as_raw_fd(), 0))
     }
 
     /// On a memory file system: the whole pages around the range are read, the range's

@@ -60,6 +60,16 @@ for rw in randwrite randrw; do
     done
 done
 
+lab_step "fio verify on LUN 1 (tmpfs: reads sent from the file's pages), bs 64k/1m, iodepth 1/32"
+dev1=$(lab_iscsi_disk "$portal" "$TARGET_IQN" 1 60) || lab_fail "no disk for LUN 1"
+for rw in randrw write; do
+    for bs in 64k 1m; do
+        for qd in 1 32; do
+            lab_fio_verify "$dev1" "lun1-$rw-$bs-qd$qd" "$rw" "$bs" "$qd" 0 32m
+        done
+    done
+done
+
 lab_step "logout"
 iscsiadm "${node[@]}" --logout
 lab_retry 30 bash -c "! test -e /sys/class/block/$name" || lab_fail "disk still present after logout"

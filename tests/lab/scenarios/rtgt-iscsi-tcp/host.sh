@@ -16,10 +16,14 @@ start_rtgtd() {
 
 host_setup() {
     [[ -x ${RTGTD:-} ]] || lab_skip "RTGTD does not name the rtgtd binary"
+    # LUN 1 lives on tmpfs, where large reads go out straight from the file's pages.
+    SHM_DIR=$(mktemp -d /dev/shm/rtgt-lab.XXXXXX)
+    echo "$SHM_DIR" >"$LAB_WORK/shm-dir"
     cat >"$LAB_WORK/rtgt.yaml" <<YAML
 backstores:
   - {name: disk, type: file, path: disk.img, size: 512MiB, block_size: 512,
      serial: rtgtlab0001, wwn: 6001405aabbccdd00112233445566778}
+  - {name: ram, type: file, path: $SHM_DIR/lun1.img, size: 128MiB, block_size: 512}
 targets:
   - name: $RTGT_IQN
     portal_groups:
@@ -28,7 +32,7 @@ targets:
         auth:
           chap: {user: $CHAP_USER, secret: $CHAP_SECRET}
           mutual_chap: {user: $MUTUAL_USER, secret: $MUTUAL_SECRET}
-        luns: [{lun: 0, backstore: disk}]
+        luns: [{lun: 0, backstore: disk}, {lun: 1, backstore: ram}]
         acls:
           - initiator: $GUEST_IQN
 YAML
@@ -70,4 +74,9 @@ host_check() {
         echo "rtgtd logged errors"
         return 1
     fi
+}
+
+host_teardown() {
+    [[ -f $LAB_WORK/shm-dir ]] && rm -rf "$(cat "$LAB_WORK/shm-dir")"
+    return 0
 }
