@@ -21,8 +21,8 @@ use crate::scsi::{Command, FileRange, Status, TaskAttr};
 
 use super::pdu::{
     self, reject_reason, Ahs, Bhs, BhsRepr, DataOut, LogoutRequest, LogoutResponse, NopIn, NopOut,
-    Opcode, ScsiCommand, TaskMgmtRequest, TaskMgmtResponse, TextRequest, TextResponse, BHS_LEN,
-    RESERVED_TAG,
+    Opcode, ScsiCommand, ScsiResponse, TaskMgmtRequest, TaskMgmtResponse, TextRequest,
+    TextResponse, BHS_LEN, RESERVED_TAG,
 };
 use super::session::{CloseReason, Session, SnCheck, Task};
 use super::text::{TextAssembler, TextPairs, TextSplitter};
@@ -130,6 +130,37 @@ pub struct Completion {
     pub bidi_overflow: bool,
     pub bidi_underflow: bool,
     pub bidi_residual: u32,
+}
+
+impl Completion {
+    /// The SCSI Response PDU for `itt` (RFC 7143 §11.4), the sense cut to `max_sense` bytes
+    /// (SPC-4 4.5.1 allows truncation).
+    pub fn response_pdu(&self, itt: u32, exp_data_sn: u32, max_sense: usize) -> TxPdu {
+        let data = match &self.sense {
+            Some(sense) => {
+                let n = sense.len().min(max_sense);
+                let mut v = Vec::with_capacity(2 + n);
+                v.extend_from_slice(&(n as u16).to_be_bytes());
+                v.extend_from_slice(&sense[..n]);
+                TxData::Bytes(v.into())
+            }
+            None => TxData::Empty,
+        };
+        let r = ScsiResponse {
+            bidi_overflow: self.bidi_overflow,
+            bidi_underflow: self.bidi_underflow,
+            overflow: self.overflow,
+            underflow: self.underflow,
+            response: 0,
+            status: self.status,
+            itt,
+            exp_data_sn,
+            bidi_residual: self.bidi_residual,
+            residual: self.residual,
+            ..Default::default()
+        };
+        TxPdu::new(&BhsRepr::ScsiResponse(r), data, StatSn::Advance)
+    }
 }
 
 /// What differs between connection drivers.

@@ -35,8 +35,7 @@ use super::conn::{
 use super::login::{Login, LoginStep, LOGIN_MAX_DATA};
 use super::params::TransportKind;
 use super::pdu::{
-    self, digest, pad4, Bhs, BhsRepr, DataIn, LoginResponse, Opcode, R2t, ScsiResponse, BHS_LEN,
-    RESERVED_TAG,
+    self, digest, pad4, Bhs, BhsRepr, DataIn, LoginResponse, Opcode, R2t, BHS_LEN, RESERVED_TAG,
 };
 use super::server::ServerShared;
 use super::session::{R2tState, Session, Task};
@@ -692,29 +691,7 @@ impl TcpDriver {
         } else {
             data_sn
         };
-        let data = match &done.sense {
-            Some(sense) => {
-                let mut v = Vec::with_capacity(2 + sense.len());
-                v.extend_from_slice(&(sense.len() as u16).to_be_bytes());
-                v.extend_from_slice(sense);
-                TxData::Bytes(v.into())
-            }
-            None => TxData::Empty,
-        };
-        let r = ScsiResponse {
-            bidi_overflow: done.bidi_overflow,
-            bidi_underflow: done.bidi_underflow,
-            overflow: done.overflow,
-            underflow: done.underflow,
-            response: 0,
-            status: done.status,
-            itt: task.itt,
-            exp_data_sn,
-            bidi_residual: done.bidi_residual,
-            residual: done.residual,
-            ..Default::default()
-        };
-        self.send(TxPdu::new(&BhsRepr::ScsiResponse(r), data, StatSn::Advance))
+        self.send(done.response_pdu(task.itt, exp_data_sn, usize::MAX))
             .await
     }
 

@@ -33,10 +33,10 @@ use tokio::time::Instant;
 
 use super::header::{self, Packet, Repr, Stag, HEADERS_LEN, HEADER_LEN};
 use super::mem::{self, PoolMrs};
-use crate::iscsi::conn::{Completion, Conn, ConnDriver, Flow, RxPdu, StatSn, TxData, TxPdu};
+use crate::iscsi::conn::{Completion, Conn, ConnDriver, Flow, RxPdu, StatSn, TxPdu};
 use crate::iscsi::login::{Login, LoginStep, LOGIN_MAX_DATA};
 use crate::iscsi::params::{SessionType, TransportKind};
-use crate::iscsi::pdu::{Bhs, BhsRepr, LoginResponse, Opcode, ScsiResponse, BHS_LEN};
+use crate::iscsi::pdu::{Bhs, BhsRepr, LoginResponse, Opcode, BHS_LEN};
 use crate::iscsi::server::ServerShared;
 use crate::iscsi::session::{Session, Task};
 use crate::iscsi::IscsiError;
@@ -752,37 +752,10 @@ impl ConnDriver for IserDriver {
         if !self.send_inv || bidi {
             invalidate = None;
         }
-        let data = match &done.sense {
-            Some(sense) => {
-                // SenseLength (2 bytes) and the sense must fit the initiator's 128-byte
-                // receive buffer; fixed-format sense is 18 bytes, longer descriptor sense
-                // is cut (SPC-4 4.5.1 allows truncation).
-                let n = sense.len().min(INITIATOR_RX_PAYLOAD - 2);
-                let mut v = Vec::with_capacity(2 + n);
-                v.extend_from_slice(&(n as u16).to_be_bytes());
-                v.extend_from_slice(&sense[..n]);
-                TxData::Bytes(v.into())
-            }
-            None => TxData::Empty,
-        };
-        let r = ScsiResponse {
-            bidi_overflow: done.bidi_overflow,
-            bidi_underflow: done.bidi_underflow,
-            overflow: done.overflow,
-            underflow: done.underflow,
-            response: 0,
-            status: done.status,
-            itt: task.itt,
-            exp_data_sn: 0,
-            bidi_residual: done.bidi_residual,
-            residual: done.residual,
-            ..Default::default()
-        };
-        self.send_with(
-            TxPdu::new(&BhsRepr::ScsiResponse(r), data, StatSn::Advance),
-            invalidate,
-        )
-        .await
+        // SenseLength (2 bytes) and the sense must fit the initiator's 128-byte receive
+        // buffer; fixed-format sense is 18 bytes, longer descriptor sense is cut.
+        let pdu = done.response_pdu(task.itt, 0, INITIATOR_RX_PAYLOAD - 2);
+        self.send_with(pdu, invalidate).await
     }
 
     fn max_xmit(&self) -> u32 {
