@@ -684,36 +684,7 @@ async fn target_ping_and_timeout() {
     assert!(!s.is_closed());
     write(&s, 0, pattern(512, 1)).await;
     // A peer that does not answer is dropped.
-    let mut raw = tokio::net::TcpStream::connect(lab.addr).await.unwrap();
-    let mut login = super::initiator::login::InitiatorLogin::new(
-        LoginConfig {
-            isid: [0x80, 0, 0, 0, 2, 2],
-            ..cfg()
-        },
-        1,
-    );
-    let mut step = login.start();
-    let mut reader = super::conn_tcp::PduReader::new(8192, false, false);
-    let mut buf = bytes::BytesMut::new();
-    while let super::initiator::LoginProgress::Send(req, data) = step {
-        let mut out = Vec::new();
-        super::conn_tcp::encode_pdu(
-            &mut out,
-            &BhsRepr::LoginRequest(req).to_bytes(),
-            &[],
-            &data,
-            false,
-            false,
-        );
-        raw.write_all(&out).await.unwrap();
-        let p = super::conn_tcp::read_pdu(&mut raw, &mut reader, &mut buf)
-            .await
-            .unwrap();
-        let Ok(BhsRepr::LoginResponse(r)) = BhsRepr::parse(&p.header()) else {
-            panic!()
-        };
-        step = login.on_response(&r, &p.data).unwrap();
-    }
+    let RawConn { sock: mut raw, .. } = RawConn::login(lab.addr, [0x80, 0, 0, 0, 2, 2]).await;
     let mut sink = vec![0u8; 4096];
     let closed = tokio::time::timeout(Duration::from_secs(6), async {
         loop {
@@ -725,6 +696,106 @@ async fn target_ping_and_timeout() {
     })
     .await;
     assert!(closed.is_ok(), "unanswered pings must drop the connection");
+}
+
+/// A logged-in connection driven PDU by PDU, for what the initiator library would not do.
+struct RawConn {
+    sock: tokio::net::TcpStream,
+    reader: super::conn_tcp::PduReader,
+    buf: bytes::BytesMut,
+    cmd_sn: u32,
+    exp_stat_sn: u32,
+}
+
+impl RawConn {
+    /// Logs in to [`TARGET`] with `isid` (no digests), on a socket with a large receive
+    /// buffer so that the target can write much before the test reads.
+    async fn login(addr: SocketAddr, isid: [u8; 6]) -> RawConn {
+        let sock = tokio::net::TcpSocket::new_v4().unwrap();
+        sock.set_recv_buffer_size(4 << 20).unwrap();
+        let mut sock = sock.connect(addr).await.unwrap();
+        let c = LoginConfig {
+            isid,
+            header_digest: false,
+            data_digest: false,
+            ..cfg()
+        };
+        let mut login = super::initiator::login::InitiatorLogin::new(c, 1);
+        let mut step = login.start();
+        let mut reader = super::conn_tcp::PduReader::new(1 << 20, false, false);
+        let mut buf = bytes::BytesMut::new();
+        let mut exp_stat_sn = 0;
+        while let super::initiator::LoginProgress::Send(req, data) = step {
+            let mut out = Vec::new();
+            super::conn_tcp::encode_pdu(
+                &mut out,
+                &BhsRepr::LoginRequest(req).to_bytes(),
+                &[],
+                &data,
+                false,
+                false,
+            );
+            sock.write_all(&out).await.unwrap();
+            let p = super::conn_tcp::read_pdu(&mut sock, &mut reader, &mut buf)
+                .await
+                .unwrap();
+            let Ok(BhsRepr::LoginResponse(r)) = BhsRepr::parse(&p.header()) else {
+                panic!("not a login response")
+            };
+            exp_stat_sn = r.stat_sn.wrapping_add(1);
+            step = login.on_response(&r, &p.data).unwrap();
+        }
+        RawConn {
+            sock,
+            reader,
+            buf,
+            cmd_sn: 1,
+            exp_stat_sn,
+        }
+    }
+
+    /// Sends a final SCSI Command for LUN 0 with `data` as immediate data.
+    async fn command(&mut self, itt: u32, attr: u8, cdb: &[u8], read_len: u32, data: &[u8]) {
+        let mut c = ScsiCommand {
+            final_: true,
+            read: read_len > 0,
+            write: !data.is_empty(),
+            attr,
+            itt,
+            edtl: read_len.max(data.len() as u32),
+            cmd_sn: self.cmd_sn,
+            exp_stat_sn: self.exp_stat_sn,
+            data_len: data.len() as u32,
+            ..Default::default()
+        };
+        c.cdb[..cdb.len()].copy_from_slice(cdb);
+        self.cmd_sn = self.cmd_sn.wrapping_add(1);
+        let mut out = Vec::new();
+        super::conn_tcp::encode_pdu(
+            &mut out,
+            &BhsRepr::ScsiCommand(c).to_bytes(),
+            &[],
+            data,
+            false,
+            false,
+        );
+        self.sock.write_all(&out).await.unwrap();
+    }
+
+    /// The next PDU from the target.
+    async fn next(&mut self) -> super::conn::RxPdu {
+        let p = tokio::time::timeout(
+            Duration::from_secs(10),
+            super::conn_tcp::read_pdu(&mut self.sock, &mut self.reader, &mut self.buf),
+        )
+        .await
+        .expect("no PDU from the target")
+        .unwrap();
+        if let Ok(BhsRepr::ScsiResponse(r)) = BhsRepr::parse(&p.header()) {
+            self.exp_stat_sn = r.stat_sn.wrapping_add(1);
+        }
+        p
+    }
 }
 
 /// Logs in and consumes the power-on unit attention.

@@ -252,3 +252,80 @@ async fn reads_racing_compare_and_write_see_whole_generations() {
         assert_eq!(read(&s, LBA, CAW_BLOCKS * BLOCK).await, generation(ROUNDS));
     }
 }
+
+/// An ORDERED write waits for the reads before it (SAM-5 8.9), and once it runs it must not
+/// show through to their data, which the kernel may still be sending from the file's pages.
+/// The initiator here takes nothing off its socket until the write is done: with the write
+/// changing the pages in place, the read's data would arrive with the new bytes.
+#[tokio::test]
+async fn ordered_write_leaves_earlier_read_data_alone() {
+    const LEN: usize = 64 << 10;
+    let dir = tempfile::tempdir_in("/dev/shm").expect("tmpfs at /dev/shm");
+    let fl = file_lab(dir.path().join("lun.img"), 16 << 20).await;
+    let s = connect(fl.lab.addr, cfg()).await;
+    let old = pattern(LEN, 1);
+    let new = pattern(4096, 2);
+    write(&s, 0, old.clone()).await;
+
+    let mut raw = RawConn::login(fl.lab.addr, [0x80, 0, 0, 0, 7, 7]).await;
+    // The new nexus's unit attention first.
+    let mut itt = 1;
+    loop {
+        raw.command(itt, 1, &[0u8; 6], 0, &[]).await;
+        let p = raw.next().await;
+        itt += 1;
+        match BhsRepr::parse(&p.header()) {
+            Ok(BhsRepr::ScsiResponse(r)) if r.status == 0 => break,
+            Ok(BhsRepr::ScsiResponse(_)) => continue,
+            other => panic!("{other:?}"),
+        }
+    }
+    raw.command(
+        100,
+        1,
+        &rw10(0x28, 0, (LEN / BLOCK) as u16),
+        LEN as u32,
+        &[],
+    )
+    .await;
+    raw.command(101, 2, &rw10(0x2a, 0, (4096 / BLOCK) as u16), 0, &new)
+        .await;
+    // Another session sees the ordered write once it is done (the read is done by then).
+    for _ in 0..500 {
+        if read(&s, 0, 4096).await == new[..] {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(
+        read(&s, 0, 4096).await,
+        new[..],
+        "the ordered write never ran"
+    );
+
+    let mut data = Vec::new();
+    let mut statuses = HashMap::new();
+    while statuses.len() < 2 {
+        let p = raw.next().await;
+        match BhsRepr::parse(&p.header()) {
+            Ok(BhsRepr::DataIn(d)) => {
+                assert_eq!(d.itt, 100);
+                assert_eq!(d.buffer_offset as usize, data.len());
+                data.extend_from_slice(&p.data);
+                if d.status_present {
+                    statuses.insert(d.itt, d.status);
+                }
+            }
+            Ok(BhsRepr::ScsiResponse(r)) => {
+                statuses.insert(r.itt, r.status);
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(statuses, HashMap::from([(100, 0), (101, 0)]));
+    assert_eq!(data.len(), LEN);
+    assert!(
+        data[..] == old[..],
+        "the read carries bytes of the later ordered write"
+    );
+}
