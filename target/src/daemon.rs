@@ -93,6 +93,7 @@ fn start_rdma(rdma: &config::Rdma) -> Option<Arc<Hca>> {
     }
     let mut cfg = HcaConfig::new(rdma.addresses.clone());
     cfg.eth_mtu = rdma.eth_mtu as usize;
+    cfg.busy_poll = std::time::Duration::from_micros(rdma.busy_poll_micros.into());
     match Hca::open(&cfg) {
         Ok(hca) => {
             for (addr, why) in hca.skipped() {

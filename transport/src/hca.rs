@@ -50,6 +50,8 @@ pub struct HcaConfig {
     /// Receive through an AF_PACKET socket on this interface so that IPv4 ICRCs are checked.
     pub packet_rx: Option<String>,
     pub cm_limits: CmLimits,
+    /// [`crate::verbs::DeviceConfig::busy_poll`].
+    pub busy_poll: std::time::Duration,
 }
 
 impl HcaConfig {
@@ -62,6 +64,7 @@ impl HcaConfig {
             eth_mtu: 1500,
             packet_rx: None,
             cm_limits: CmLimits::default(),
+            busy_poll: std::time::Duration::ZERO,
         }
     }
 }
@@ -116,6 +119,7 @@ impl Hca {
         let bound: Vec<IpAddr> = socks.iter().map(|s| s.local_addr().ip()).collect();
         let mut dcfg = DeviceConfig::new(&cfg.name, bound.clone());
         dcfg.eth_mtu = cfg.eth_mtu;
+        dcfg.busy_poll = cfg.busy_poll;
         // A plain UDP socket cannot see the IPv4 ID, so IPv4 ICRCs are checked only with
         // AF_PACKET receive.
         dcfg.check_icrc = cfg.packet_rx.is_some() || bound.iter().all(|a| a.is_ipv6());

@@ -69,13 +69,25 @@ pub trait AsyncNetDev: NetDev {
 /// Drives `dev` over `netdev` until an I/O error: receives on readiness, runs timers at their
 /// deadlines and sends what posted work produces. Completion work stays with the consumers,
 /// who await their CQs ([`crate::verbs::Cq::wait_nonempty`]).
+///
+/// With a [`crate::verbs::DeviceConfig::busy_poll`] time the runner keeps trying the link
+/// for that long after the last datagram moved (yielding to the runtime's other tasks
+/// between tries) before it sleeps: the next request of a busy peer then costs no wake-up.
+/// An idle device sleeps as without it.
 pub async fn run<N: AsyncNetDev>(dev: crate::verbs::Device, mut netdev: N) -> io::Result<()> {
     let epoch = tokio::time::Instant::now();
+    let busy_poll = dev.busy_poll();
+    let mut last_moved = std::time::Duration::ZERO;
     loop {
         let now = epoch.elapsed();
         // Keep going while datagrams move; otherwise sleep until a datagram arrives, work is
         // posted or a timer is due (a QP blocked on its window waits for ACKs, not the CPU).
         if dev.drive(&mut netdev, now) > 0 {
+            last_moved = now;
+            tokio::task::yield_now().await;
+            continue;
+        }
+        if now.saturating_sub(last_moved) < busy_poll {
             tokio::task::yield_now().await;
             continue;
         }

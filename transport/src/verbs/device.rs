@@ -56,6 +56,9 @@ pub struct DeviceConfig {
     pub attr: DeviceAttr,
     /// Verify the ICRC of received datagrams (needs the real IP header).
     pub check_icrc: bool,
+    /// How long the runner ([`crate::netdev::run`]) keeps polling the link after the last
+    /// datagram moved before it sleeps (zero: it sleeps at once).
+    pub busy_poll: Duration,
 }
 
 impl DeviceConfig {
@@ -66,6 +69,7 @@ impl DeviceConfig {
             eth_mtu: 4200,
             attr: DeviceAttr::default(),
             check_icrc: true,
+            busy_poll: Duration::ZERO,
         }
     }
 }
@@ -174,6 +178,7 @@ pub(crate) struct DeviceInner {
     pub events: Arc<EventQueue>,
     /// Wakes the runner when work was posted.
     pub kick: tokio::sync::Notify,
+    pub busy_poll: Duration,
 }
 
 /// A soft RoCEv2 HCA with one port (port number 1).
@@ -230,8 +235,14 @@ impl Device {
                 live_qps: AtomicUsize::new(0),
                 events,
                 kick: tokio::sync::Notify::new(),
+                busy_poll: config.busy_poll,
             }),
         })
+    }
+
+    /// [`DeviceConfig::busy_poll`].
+    pub fn busy_poll(&self) -> Duration {
+        self.inner.busy_poll
     }
 
     pub(crate) fn engine(&self) -> MutexGuard<'_, Engine> {
