@@ -12,6 +12,7 @@ use super::mad::{self, MgmtClass};
 use super::{Error, Result};
 
 pub mod apr;
+pub mod comm_ids;
 pub mod drep;
 pub mod dreq;
 pub mod lap;
@@ -298,9 +299,9 @@ impl fmt::Display for CmMessage {
             CmMessage::Mra(r) => r.fmt(f),
             CmMessage::Rej(r) => r.fmt(f),
             CmMessage::Rep(r) => r.fmt(f),
-            CmMessage::Rtu(r) => r.fmt(f),
+            CmMessage::Rtu(r) => write!(f, "RTU {r}"),
             CmMessage::Dreq(r) => r.fmt(f),
-            CmMessage::Drep(r) => r.fmt(f),
+            CmMessage::Drep(r) => write!(f, "DREP {r}"),
             CmMessage::SidrReq(r) => r.fmt(f),
             CmMessage::SidrRep(r) => r.fmt(f),
             CmMessage::Lap(r) => r.fmt(f),
