@@ -29,7 +29,8 @@ have() { declare -F "$1" >/dev/null; }
 
 mkdir -p "$LAB_SHARE/lib" "$LAB_SHARE/scenario" "$LAB_EVENTS" "$LAB_SHARE/out"
 cp "$LAB_DIR/lib/events.sh" "$LAB_DIR/lib/guest-lib.sh" "$LAB_DIR/lib/guest-run.sh" "$LAB_SHARE/lib/"
-cp -a "$SCEN_DIR/." "$LAB_SHARE/scenario/"
+# -L: a scenario may share its scripts with another through symbolic links.
+cp -aL "$SCEN_DIR/." "$LAB_SHARE/scenario/"
 {
     printf 'export %s=%q\n' LAB_SCENARIO "$LAB_SCENARIO" LAB_HOST_IP "$LAB_HOST_IP" \
         LAB_GUEST_IP "$LAB_GUEST_IP" LAB_MTU "$LAB_MTU" LAB_PREFIXLEN "$LAB_PREFIXLEN"
