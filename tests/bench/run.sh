@@ -151,7 +151,7 @@ echo "TCP loopback ceiling (iperf3, one stream): $tcp_mbs MB/s; rtgtd 128K read:
     "($(ratio "$seq_mbs" "$tcp_mbs") of the ceiling)"
 echo
 echo "SRP (soft-RoCE) vs iSCSI/TCP, the same rtgtd LUN, rtgt's own initiators:"
-srp_target=$(grep -o "id_ext=[0-9a-f]*,ioc_guid=[0-9a-f]*,dest=127.0.0.1:$port_srp" "$work/rtgtd.log" | head -1)
+srp_target=$(grep -o "id_ext=[0-9a-f]*,ioc_guid=[0-9a-f]*,dest=127.0.0.1:$port_srp" "$work/rtgtd.log" | head -1 || true)
 # rtgt-srp bench RW BS QD -> IOPS
 sbench() {
     [[ -n $srp_target ]] || return 0
