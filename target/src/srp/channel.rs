@@ -21,7 +21,7 @@ use rtgt_transport::verbs::{
     Access, Cq, Mr, Pd, Qp, QpAttr, QpAttrMask, QpCap, QpInitAttr, QpState, QpType, RecvWr, Region,
     SendFlags, SendOp, SendWr, VerbsError, WcOpcode, WcStatus, WorkCompletion,
 };
-use tokio::sync::{oneshot, watch, Semaphore};
+use tokio::sync::{oneshot, watch, Notify, Semaphore};
 
 use super::iu::{
     logout_reason, opcode, tmf, tmf_status, Cmd, DataDesc, DirectBuf, InitiatorIu, Rsp, ShortIu,
@@ -87,6 +87,8 @@ pub struct ChannelStats {
 struct Task {
     lun: u64,
     aborted: AtomicBool,
+    /// Wakes a task waiting for the ones before it ([`Task::wait_turn`]) when it is aborted.
+    abort_signal: Notify,
     done: watch::Sender<bool>,
 }
 
@@ -95,15 +97,54 @@ impl Task {
         let mut rx = self.done.subscribe();
         let _ = rx.wait_for(|d| *d).await;
     }
+
+    fn is_done(&self) -> bool {
+        *self.done.borrow()
+    }
+
+    fn abort(&self) {
+        self.aborted.store(true, Ordering::Release);
+        self.abort_signal.notify_waiters();
+    }
+
+    /// Waits until every task of `before` has finished (SAM-5 8.9 task attributes); false
+    /// when this task is aborted meanwhile.
+    async fn wait_turn(&self, before: &[Arc<Task>]) -> bool {
+        for t in before {
+            let aborted = self.abort_signal.notified();
+            tokio::pin!(aborted);
+            aborted.as_mut().enable();
+            if self.aborted.load(Ordering::Acquire) {
+                return false;
+            }
+            tokio::select! {
+                _ = t.finished() => {}
+                _ = aborted => return false,
+            }
+        }
+        !self.aborted.load(Ordering::Acquire)
+    }
 }
 
 #[derive(Default)]
 struct Inner {
     tasks: HashMap<u64, Arc<Task>>,
+    /// The most recent ORDERED task: later SIMPLE ones wait for it.
+    last_ordered: Option<Arc<Task>>,
     waiters: HashMap<u64, oneshot::Sender<WcStatus>>,
     /// Send-side memory regions kept until their work request completes.
     send_mrs: HashMap<u64, Mr>,
     closed: bool,
+}
+
+/// The SRP_CMD TASK ATTRIBUTE field (SRP r16a 6.9, the SAM task attribute codes).
+fn task_attr(code: u8) -> TaskAttr {
+    match code {
+        1 => TaskAttr::HeadOfQueue,
+        2 => TaskAttr::Ordered,
+        4 => TaskAttr::Aca,
+        _ => TaskAttr::Simple,
+    }
 }
 
 static CHANNEL_ID: AtomicU64 = AtomicU64::new(1);
@@ -381,7 +422,7 @@ impl Channel {
         };
         self.sq.close();
         for t in &tasks {
-            t.aborted.store(true, Ordering::Release);
+            t.abort();
         }
         if !tasks.is_empty() {
             for dev in self.session.luns.current().map.luns.values() {
@@ -411,26 +452,45 @@ impl Channel {
                 let task = Arc::new(Task {
                     lun: lun_from_bytes(&cmd.lun),
                     aborted: AtomicBool::new(false),
+                    abort_signal: Notify::new(),
                     done: watch::channel(false).0,
                 });
-                let dup = {
+                let attr = task_attr(cmd.task_attr);
+                let before = {
                     let mut g = lock(&self.inner);
-                    match g.tasks.entry(cmd.tag) {
-                        std::collections::hash_map::Entry::Occupied(_) => true,
-                        std::collections::hash_map::Entry::Vacant(v) => {
-                            v.insert(task.clone());
-                            false
+                    if g.tasks.contains_key(&cmd.tag) {
+                        None
+                    } else {
+                        // SAM-5 8.9: an ORDERED task waits for every task before it, a
+                        // SIMPLE one for the last ORDERED one; HEAD OF QUEUE waits for none.
+                        let before: Vec<Arc<Task>> = match attr {
+                            TaskAttr::Ordered => g.tasks.values().cloned().collect(),
+                            TaskAttr::HeadOfQueue => Vec::new(),
+                            TaskAttr::Simple | TaskAttr::Aca => g
+                                .last_ordered
+                                .iter()
+                                .filter(|t| !t.is_done())
+                                .cloned()
+                                .collect(),
+                        };
+                        if attr == TaskAttr::Ordered {
+                            g.last_ordered = Some(task.clone());
                         }
+                        g.tasks.insert(cmd.tag, task.clone());
+                        Some(before)
                     }
                 };
                 let ch = self.clone();
-                if dup {
-                    let sense = Sense::new(key::ABORTED_COMMAND, OVERLAPPED_COMMANDS);
-                    tokio::spawn(
-                        async move { ch.respond_check(slot, cmd.tag, &sense, None).await },
-                    );
-                } else {
-                    tokio::spawn(async move { ch.run_cmd(slot, iu, cmd, task).await });
+                match before {
+                    None => {
+                        let sense = Sense::new(key::ABORTED_COMMAND, OVERLAPPED_COMMANDS);
+                        tokio::spawn(
+                            async move { ch.respond_check(slot, cmd.tag, &sense, None).await },
+                        );
+                    }
+                    Some(before) => {
+                        tokio::spawn(async move { ch.run_cmd(slot, iu, cmd, task, before).await });
+                    }
                 }
             }
             Ok(InitiatorIu::TskMgmt(t)) => {
@@ -609,8 +669,19 @@ impl Channel {
         let _ = self.respond(slot, rsp, Vec::new(), None).await;
     }
 
-    async fn run_cmd(self: Arc<Self>, slot: u32, iu: Vec<u8>, cmd: Cmd, task: Arc<Task>) {
-        let r = self.exec_cmd(slot, &iu, &cmd, &task).await;
+    async fn run_cmd(
+        self: Arc<Self>,
+        slot: u32,
+        iu: Vec<u8>,
+        cmd: Cmd,
+        task: Arc<Task>,
+        before: Vec<Arc<Task>>,
+    ) {
+        let r = if task.wait_turn(&before).await {
+            self.exec_cmd(slot, &iu, &cmd, &task).await
+        } else {
+            Ok(false)
+        };
         if let Ok(false) = r {
             // Aborted: no response; the credit goes back with the next one.
             let _ = self.repost(slot);
@@ -760,12 +831,7 @@ impl Channel {
             cdb: cmd.cdb.clone(),
             data_out,
             expected_in_len: in_len,
-            attr: match cmd.task_attr {
-                1 => TaskAttr::HeadOfQueue,
-                2 => TaskAttr::Ordered,
-                4 => TaskAttr::Aca,
-                _ => TaskAttr::Simple,
-            },
+            attr: task_attr(cmd.task_attr),
             tag: cmd.tag,
         };
         let resp = s.luns.execute(&s.nexus, task.lun, command).await;
@@ -861,7 +927,7 @@ impl Channel {
             let g = lock(&ch.inner);
             for (tag, t) in g.tasks.iter() {
                 if pred(*tag, t) {
-                    t.aborted.store(true, Ordering::Release);
+                    t.abort();
                     out.push(t.clone());
                 }
             }

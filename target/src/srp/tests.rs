@@ -493,6 +493,67 @@ async fn task_management() {
     assert_eq!(ini.credits(), Limits::default().req_lim as usize - 1);
 }
 
+/// SAM-5 8.9 task attributes: with a SIMPLE read held in the backstore, an ORDERED command
+/// and the SIMPLE one after it wait, a HEAD OF QUEUE one does not; an ABORT TASK of a
+/// waiting command is answered without waiting for the held read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn task_attributes_order_commands() {
+    let r = rig();
+    let (ch, ini) = connect(&r, &login_req(12, false));
+    settle(&ini).await;
+    let tur = |tag: u64, task_attr: u8| {
+        let cmd = iu::Cmd {
+            sol_not: 0,
+            tag,
+            lun: [0; 8],
+            task_attr,
+            cdb: vec![0u8; 16],
+            data_out: iu::DataDesc::None,
+            data_in: iu::DataDesc::None,
+        };
+        let mut b = vec![0u8; cmd.buffer_len()];
+        cmd.emit(&mut b);
+        b
+    };
+    r.store.set(true);
+    let i2 = ini.clone();
+    let held = tokio::spawn(async move { i2.read(0, 0, 8, BS, DescMode::Direct).await });
+    while ch.outstanding() == 0 {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let mut ordered = ini.send_raw(tur(0x501, 2)).await.unwrap();
+    let mut simple = ini.send_raw(tur(0x502, 0)).await.unwrap();
+    let mut doomed = ini.send_raw(tur(0x503, 0)).await.unwrap();
+    let hoq = ini.send_raw(tur(0x504, 1)).await.unwrap();
+    assert_eq!(
+        hoq.await.unwrap().status,
+        0,
+        "HEAD OF QUEUE waits for nobody"
+    );
+    // Aborting a waiting SIMPLE command does not wait for the read it waits behind.
+    assert_eq!(
+        ini.task_mgmt(0, tmf::ABORT_TASK, 0x503).await.unwrap(),
+        tmf_status::COMPLETE
+    );
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(ordered.try_recv().is_err(), "ORDERED ran before the read");
+    assert!(
+        simple.try_recv().is_err(),
+        "SIMPLE ran before the ORDERED one"
+    );
+    assert_eq!(ch.outstanding(), 3);
+    r.store.set(false);
+    assert!(held.await.unwrap().is_ok());
+    assert_eq!(ordered.await.unwrap().status, 0);
+    assert_eq!(simple.await.unwrap().status, 0);
+    assert!(
+        doomed.try_recv().is_err(),
+        "an aborted command has no response"
+    );
+    assert_eq!(ch.outstanding(), 0);
+    assert_eq!(ini.credits(), Limits::default().req_lim as usize - 1);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_percent_loss_keeps_data_intact() {
     let r = rig_with(Some(FaultConfig::uniform(1.0)), true, None);
