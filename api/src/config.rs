@@ -320,8 +320,9 @@ pub struct IscsiParams {
     /// saves the wake-up latency at low queue depths.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub busy_poll_micros: Option<u32>,
-    /// Send large reads from file backstores with `sendfile(2)`, straight from the page
-    /// cache, instead of copying them through a buffer. Off always when data digests are on.
+    /// Send reads of 64 KiB or more from file backstores on a memory file system (tmpfs)
+    /// with `sendfile(2)`, straight from the page cache, instead of copying them through a
+    /// buffer. Never with data digests.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub zero_copy_reads: Option<bool>,
 }

@@ -63,7 +63,7 @@ pub struct IscsiParams {
     pub nopin_timeout: u32,
     /// Microseconds a TCP connection polls for the next command before it sleeps (0 = off).
     pub busy_poll_micros: u32,
-    /// Large reads from file backstores go out with `sendfile(2)`.
+    /// Large reads from file backstores on tmpfs go out with `sendfile(2)`.
     pub zero_copy_reads: bool,
 }
 
