@@ -26,7 +26,7 @@ use crate::core::Registry;
 use crate::daemon::{build_target, error_chain, open_device};
 use crate::iscsi::{IscsiServer, SessionType};
 use crate::iser::IserServer;
-use crate::scsi::{Device, DeviceRegistry, UnitAttention};
+use crate::scsi::{Device, DeviceRegistry};
 use crate::srp::service::{PortChange, SrpService};
 use rtgt_transport::hca::Hca;
 
@@ -490,26 +490,8 @@ impl DaemonControl {
                 );
                 continue;
             };
-            let old = s.luns.current();
-            let same = old.map.luns.len() == map.luns.len()
-                && old
-                    .map
-                    .luns
-                    .iter()
-                    .zip(map.luns.iter())
-                    .all(|((la, da), (lb, db))| la == lb && Arc::ptr_eq(da, db));
-            if same {
+            if !s.luns.remap(&s.nexus, map) {
                 continue;
-            }
-            let devices: Vec<Arc<Device>> = map.luns.values().cloned().collect();
-            s.luns.replace(map);
-            for d in old.map.luns.values() {
-                if !devices.iter().any(|n| Arc::ptr_eq(n, d)) {
-                    d.nexus_loss(&s.nexus);
-                }
-            }
-            for d in &devices {
-                d.unit_attention(&s.nexus, UnitAttention::ReportedLunsChanged);
             }
             report.push_detail(
                 "changed",

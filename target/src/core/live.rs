@@ -12,7 +12,7 @@ use std::time::Instant;
 use rtgt_api::metrics::IoStats;
 
 use crate::scsi::sense::Sense;
-use crate::scsi::{Command, LunMap, Nexus, Response, Status};
+use crate::scsi::{Command, LunMap, Nexus, Response, Status, UnitAttention};
 
 /// Index in [`rtgt_api::metrics::CLASSES`]: read, write or other.
 fn class_of(opcode: u8) -> usize {
@@ -110,6 +110,34 @@ impl LiveLuns {
             &mut *self.current.write().unwrap_or_else(|e| e.into_inner()),
             view,
         )
+    }
+
+    /// Replaces the map of `nexus`'s session when `map` differs from the current one: logical
+    /// units no longer mapped lose the nexus, the mapped ones get REPORTED LUNS DATA HAS
+    /// CHANGED. Returns whether it changed.
+    pub fn remap(&self, nexus: &Nexus, map: LunMap) -> bool {
+        let old = self.current();
+        let same = old.map.luns.len() == map.luns.len()
+            && old
+                .map
+                .luns
+                .iter()
+                .zip(map.luns.iter())
+                .all(|((la, da), (lb, db))| la == lb && Arc::ptr_eq(da, db));
+        if same {
+            return false;
+        }
+        let devices: Vec<_> = map.luns.values().cloned().collect();
+        self.replace(map);
+        for d in old.map.luns.values() {
+            if !devices.iter().any(|n| Arc::ptr_eq(n, d)) {
+                d.nexus_loss(nexus);
+            }
+        }
+        for d in &devices {
+            d.unit_attention(nexus, UnitAttention::ReportedLunsChanged);
+        }
+        true
     }
 
     /// Executes a command against the current map, recording its metrics.

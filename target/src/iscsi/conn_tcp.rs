@@ -613,8 +613,6 @@ pub struct TcpDriver {
     next_ttt: AtomicU32,
     closing: AtomicBool,
     close_notify: Notify,
-    /// The portal group's `ZeroCopyReads`.
-    file_ranges: bool,
 }
 
 impl TcpDriver {
@@ -817,7 +815,9 @@ impl ConnDriver for TcpDriver {
     /// Without DataDigest, and when Data-In PDUs may carry [`FILE_RANGE_MIN`] bytes or more
     /// (with smaller ones a `sendfile` per PDU costs more than the copy it saves).
     fn file_ranges(&self) -> bool {
-        self.file_ranges && !self.out.dd && self.max_xmit.load(Ordering::Relaxed) >= FILE_RANGE_MIN
+        self.out.session.zero_copy_reads
+            && !self.out.dd
+            && self.max_xmit.load(Ordering::Relaxed) >= FILE_RANGE_MIN
     }
 
     /// Like [`TcpDriver::complete`], each Data-In's data sent with `sendfile(2)` from the
@@ -1096,7 +1096,6 @@ async fn full_feature(
         next_ttt: AtomicU32::new(0x1000),
         closing: AtomicBool::new(false),
         close_notify: Notify::new(),
-        file_ranges: session.zero_copy_reads,
     });
     let writer_task = tokio::spawn(writer(driver.clone()));
     let conn = Conn::new(cid, session.clone(), driver.clone());

@@ -15,7 +15,7 @@ use super::channel::{Channel, CloseReason};
 use super::iu::{rej_reason, LoginRej, LoginReq, LoginRsp};
 use super::login::{self, ChannelParams, Limits};
 use crate::core::{srp_port_name, LiveLuns, Registry, SrpTargetPort};
-use crate::scsi::{LunMap, Nexus};
+use crate::scsi::Nexus;
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
@@ -327,7 +327,7 @@ impl SrpPort {
                 out.push((s.id(), true));
                 continue;
             };
-            if replace_luns(&s.luns, &s.nexus, map) {
+            if s.luns.remap(&s.nexus, map) {
                 out.push((s.id(), false));
             }
         }
@@ -355,33 +355,4 @@ pub fn logout_all(channels: Vec<Arc<Channel>>) {
             ch.logout().await;
         }
     });
-}
-
-/// Replaces the LUN map of a live nexus when `map` differs from the current one: logical
-/// units no longer mapped lose the nexus, the mapped ones get REPORTED LUNS DATA HAS
-/// CHANGED. Returns whether it changed.
-pub fn replace_luns(live: &LiveLuns, nexus: &Nexus, map: LunMap) -> bool {
-    use crate::scsi::UnitAttention;
-    let old = live.current();
-    let same = old.map.luns.len() == map.luns.len()
-        && old
-            .map
-            .luns
-            .iter()
-            .zip(map.luns.iter())
-            .all(|((la, da), (lb, db))| la == lb && Arc::ptr_eq(da, db));
-    if same {
-        return false;
-    }
-    let devices: Vec<_> = map.luns.values().cloned().collect();
-    live.replace(map);
-    for d in old.map.luns.values() {
-        if !devices.iter().any(|n| Arc::ptr_eq(n, d)) {
-            d.nexus_loss(nexus);
-        }
-    }
-    for d in &devices {
-        d.unit_attention(nexus, UnitAttention::ReportedLunsChanged);
-    }
-    true
 }

@@ -842,7 +842,18 @@ mod sys {
             })
             .collect();
         // SAFETY: every header points at a live name and iovec in `names`/`iovs`, whose
-        // buffers (`msgs`) outlive the call; the kernel only reads them.
+        // buffers (`msgs`) outlive the call.
+        unsafe { send_prepared(sock, &mut hdrs) }
+    }
+
+    /// `sendmmsg(2)` of prepared headers without blocking; returns how many went out.
+    ///
+    /// # Safety
+    /// Every header must point at names, iovecs, control data and buffers that stay valid
+    /// for the call; the kernel only reads them.
+    unsafe fn send_prepared(sock: &impl AsRawFd, hdrs: &mut [libc::mmsghdr]) -> io::Result<usize> {
+        // SAFETY: `hdrs` is a valid array of `hdrs.len()` headers; the caller vouches for
+        // what they point at.
         let r = unsafe {
             libc::sendmmsg(
                 sock.as_raw_fd(),
@@ -927,21 +938,8 @@ mod sys {
             });
         }
         // SAFETY: every header points at a live name, control buffer and iovecs in
-        // `names`/`cmsgs`/`iovs`, whose buffers (`pieces`) outlive the call; the kernel only
-        // reads them.
-        let r = unsafe {
-            libc::sendmmsg(
-                sock.as_raw_fd(),
-                hdrs.as_mut_ptr(),
-                hdrs.len() as libc::c_uint,
-                libc::MSG_DONTWAIT,
-            )
-        };
-        if r < 0 {
-            Err(io::Error::last_os_error())
-        } else {
-            Ok(r as usize)
-        }
+        // `names`/`cmsgs`/`iovs`, whose buffers (`pieces`) outlive the call.
+        unsafe { send_prepared(sock, &mut hdrs) }
     }
 
     /// Receives up to `bufs.len()` datagrams; returns (buffer index, length, source, GRO
