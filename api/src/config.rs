@@ -537,25 +537,64 @@ pub struct Config {
     pub rdma: Rdma,
     #[serde(default, skip_serializing_if = "is_default")]
     pub api: ApiConfig,
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub policy: Policy,
 }
 
-/// The administration API's listeners.
+/// The administration API's listeners and who may use them. Read at start: the API cannot
+/// change this section (a changed file applies when rtgtd restarts).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ApiConfig {
-    /// TCP listeners. Any address other than a loopback one requires the bearer token.
+    /// TCP listeners. Every request on them but the health check needs a bearer token.
     #[serde(default = "default_api_listen")]
     #[schema(value_type = Vec<String>, example = json!(["127.0.0.1:8080"]))]
     pub listen: Vec<SocketAddr>,
-    /// Serve the API on `rtgtd.sock` in the state directory too (no token: file permissions
-    /// guard it).
+    /// Serve the API on a unix socket too (no token: only root, rtgtd's own user and the
+    /// members of `socket_group` may connect).
     #[serde(default = "default_true")]
     pub socket: bool,
-    /// File holding the bearer token; default `api-token` in the state directory, created
-    /// with mode 0600 when missing.
+    /// Where the socket is; default `rtgtd.sock` in `$RUNTIME_DIRECTORY` (under systemd,
+    /// `/run/rtgt`), else in the state directory.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<String>)]
+    pub socket_path: Option<PathBuf>,
+    /// Group admitted to the socket besides root (mode 0660); default `rtgt`. Without such a
+    /// group the socket is 0600.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub socket_group: Option<String>,
+    /// File holding the admin bearer token; default `api-token` in the state directory,
+    /// created with mode 0600 when missing.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<String>)]
     pub token_file: Option<PathBuf>,
+    /// File holding the read-only bearer token (status, configuration without secrets,
+    /// sessions, metrics); default `api-token-read` in the state directory, created with
+    /// mode 0600 when missing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<String>)]
+    pub read_token_file: Option<PathBuf>,
+    /// Serve every TCP listener over TLS with this certificate.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<Tls>,
+    /// Listeners that serve only `/metrics`, without a token (for Prometheus). None unless
+    /// configured.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schema(value_type = Vec<String>, example = json!(["0.0.0.0:9283"]))]
+    pub metrics_listen: Vec<SocketAddr>,
+}
+
+/// A TLS certificate and its private key, PEM files; relative paths are in the state
+/// directory.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Tls {
+    /// The certificate chain, leaf first.
+    #[schema(value_type = String)]
+    pub cert: PathBuf,
+    /// The private key (PKCS#8, PKCS#1 or SEC1).
+    #[schema(value_type = String)]
+    pub key: PathBuf,
 }
 
 fn default_api_listen() -> Vec<SocketAddr> {
@@ -567,8 +606,91 @@ impl Default for ApiConfig {
         ApiConfig {
             listen: default_api_listen(),
             socket: true,
+            socket_path: None,
+            socket_group: None,
             token_file: None,
+            read_token_file: None,
+            tls: None,
+            metrics_listen: Vec::new(),
         }
+    }
+}
+
+impl ApiConfig {
+    fn validate(&self) -> Result<(), (String, String)> {
+        let mut seen = HashSet::new();
+        for (i, a) in self.listen.iter().enumerate() {
+            if !seen.insert(*a) {
+                return Err((format!("listen[{i}]"), format!("{a} is listed twice")));
+            }
+        }
+        for (i, a) in self.metrics_listen.iter().enumerate() {
+            if !seen.insert(*a) {
+                return Err((
+                    format!("metrics_listen[{i}]"),
+                    format!("{a} is already an API listener"),
+                ));
+            }
+        }
+        if let Some(g) = &self.socket_group {
+            let ok = !g.is_empty()
+                && g.len() <= 32
+                && g.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'));
+            if !ok {
+                return Err(("socket_group".into(), format!("{g:?} is not a group name")));
+            }
+        }
+        for (field, f) in [
+            ("token_file", &self.token_file),
+            ("read_token_file", &self.read_token_file),
+        ] {
+            if f.as_ref().is_some_and(|f| f.as_os_str().is_empty()) {
+                return Err((field.into(), "empty path".into()));
+            }
+        }
+        if self.token_file.is_some() && self.token_file == self.read_token_file {
+            return Err((
+                "read_token_file".into(),
+                "the read-only token needs a file of its own".into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// What the API may make rtgtd open. Read at start: the API cannot change this section (a
+/// changed file applies when rtgtd restarts).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Policy {
+    /// Directories file backstores may live in, besides the state directory (always one):
+    /// a file backstore's path must resolve inside one of them without a symlink or `..`
+    /// leading out.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schema(value_type = Vec<String>, example = json!(["/var/lib/rtgt/backstores"]))]
+    pub backstore_roots: Vec<PathBuf>,
+}
+
+impl Policy {
+    fn validate(&self) -> Result<(), (String, String)> {
+        for (i, r) in self.backstore_roots.iter().enumerate() {
+            if !r.is_absolute() {
+                return Err((
+                    format!("backstore_roots[{i}]"),
+                    format!("{} is not an absolute path", r.display()),
+                ));
+            }
+            if r.components()
+                .any(|c| matches!(c, std::path::Component::ParentDir))
+            {
+                return Err((
+                    format!("backstore_roots[{i}]"),
+                    format!("{} contains `..`", r.display()),
+                ));
+            }
+        }
+        Ok(())
     }
 }
 
@@ -946,6 +1068,10 @@ impl Config {
         self.rdma
             .validate()
             .map_err(|(f, m)| (format!("rdma.{f}"), m))?;
+        self.api.validate().map_err(|(f, m)| (format!("api.{f}"), m))?;
+        self.policy
+            .validate()
+            .map_err(|(f, m)| (format!("policy.{f}"), m))?;
         self.validate_srp()
     }
 

@@ -95,6 +95,10 @@ pub enum ControlError {
     /// that needs a backstore out of use.
     #[error("{field}: {message}")]
     Conflict { field: String, message: String },
+    /// Policy forbids it (HTTP 403): a backstore path outside every backstore root, a
+    /// device in use. The message names the rule.
+    #[error("{field}: {message}")]
+    Forbidden { field: String, message: String },
     /// The target failed on its side (HTTP 500): the configuration file cannot be saved.
     #[error("{0}")]
     Internal(String),

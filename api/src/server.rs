@@ -93,6 +93,9 @@ impl From<ControlError> for ApiError {
         match e {
             ControlError::Invalid { field, message } => ApiError::invalid(&field, message),
             ControlError::Conflict { field, message } => ApiError::conflict(&field, message),
+            ControlError::Forbidden { field, message } => {
+                ApiError::new(StatusCode::FORBIDDEN, message, Some(&field))
+            }
             ControlError::Internal(m) => ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, m, None),
         }
     }
