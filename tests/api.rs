@@ -5,6 +5,7 @@
 
 mod common;
 
+use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -363,40 +364,121 @@ fn secrets_are_write_only_and_apply_is_declarative() {
 }
 
 #[test]
-fn token_guards_other_than_loopback() {
-    let (open, guarded) = (free_port(), free_port());
-    let api = format!("api:\n  listen: ['127.0.0.1:{open}', '0.0.0.0:{guarded}']\n");
+fn every_tcp_listener_takes_a_token() {
+    let (lo, any, metrics) = (free_port(), free_port(), free_port());
+    let api = format!(
+        "api:\n  listen: ['127.0.0.1:{lo}', '0.0.0.0:{any}']\n  metrics_listen: ['127.0.0.1:{metrics}']\n"
+    );
     let d = Daemon::start("token", &base_config(free_port(), &api));
-    let token_file = d.dir.join("api-token");
-    let mode = std::fs::metadata(&token_file).unwrap().permissions().mode() & 0o777;
-    assert_eq!(mode, 0o600);
-    let token = std::fs::read_to_string(&token_file)
-        .unwrap()
-        .trim()
-        .to_string();
+    let read_token = |name: &str| {
+        let file = d.dir.join(name);
+        let mode = std::fs::metadata(&file).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600, "{name}");
+        std::fs::read_to_string(&file).unwrap().trim().to_string()
+    };
+    let (admin, reader) = (read_token("api-token"), read_token("api-token-read"));
+    assert_ne!(admin, reader);
     let at = |port: u16, t: Option<&str>| {
         Client::url(&format!("http://127.0.0.1:{port}"))
             .unwrap()
             .with_token(t.map(str::to_string))
     };
-    let status = |c: Client, path: &str| c.request("GET", path, None, &[]).unwrap().status;
-    assert_eq!(status(at(guarded, None), "/api/v1/config"), 401);
-    assert_eq!(
-        status(at(guarded, Some("0123456789abcdef0123")), "/api/v1/config"),
-        401
-    );
-    assert_eq!(status(at(guarded, None), "/metrics"), 401);
-    assert_eq!(status(at(guarded, Some(&token)), "/api/v1/config"), 200);
-    assert_eq!(status(at(guarded, None), "/api/v1/health"), 200);
-    let r = at(guarded, None)
-        .request("DELETE", "/api/v1/backstores/spare", None, &[])
+    let status = |c: Client, method: &str, path: &str| c.request(method, path, None, &[]).unwrap();
+    let put = |c: &Config| {
+        at(lo, Some(&admin))
+            .request(
+                "PUT",
+                "/api/v1/config",
+                Some("application/json"),
+                &serde_json::to_vec(c).unwrap(),
+            )
+            .unwrap()
+    };
+    for port in [lo, any] {
+        // Loopback is no exception: no token, a wrong one, or another scheme is a 401.
+        for t in [None, Some("0123456789abcdef0123"), Some(&admin[1..])] {
+            let r = status(at(port, t), "GET", "/api/v1/config");
+            assert_eq!(r.status, 401, "{port} {t:?}");
+            assert_eq!(r.header("www-authenticate"), Some("Bearer realm=\"rtgt\""));
+        }
+        // Another scheme with the right secret is no token either.
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        write!(
+            s,
+            "GET /api/v1/config HTTP/1.1\r\nHost: x\r\nAuthorization: Basic {admin}\r\nConnection: close\r\n\r\n"
+        )
         .unwrap();
-    assert_eq!(r.status, 401);
-    assert_eq!(r.header("www-authenticate"), Some("Bearer"));
-    assert_eq!(status(at(open, None), "/api/v1/config"), 200);
-    // Nothing was deleted by the refused request.
+        let mut answer = String::new();
+        s.read_to_string(&mut answer).unwrap();
+        assert!(answer.starts_with("HTTP/1.1 401"), "{answer}");
+        assert_eq!(status(at(port, None), "GET", "/metrics").status, 401);
+        assert_eq!(status(at(port, None), "GET", "/api/v1/health").status, 200);
+        let r = status(at(port, None), "DELETE", "/api/v1/backstores/spare");
+        assert_eq!(r.status, 401);
+        // The read-only token reads, without secrets, and changes nothing.
+        assert_eq!(
+            status(at(port, Some(&reader)), "GET", "/api/v1/config").status,
+            200
+        );
+        assert_eq!(
+            status(at(port, Some(&reader)), "GET", "/metrics").status,
+            200
+        );
+        assert_eq!(
+            status(at(port, Some(&reader)), "GET", "/api/v1/sessions").status,
+            200
+        );
+        let r = status(
+            at(port, Some(&reader)),
+            "GET",
+            "/api/v1/config?secrets=true",
+        );
+        assert_eq!(r.status, 403);
+        let r = status(
+            at(port, Some(&reader)),
+            "DELETE",
+            "/api/v1/backstores/spare",
+        );
+        assert_eq!(r.status, 403);
+        assert!(r.text().contains("read-only"), "{}", r.text());
+        // The admin token does everything.
+        let r = status(at(port, Some(&admin)), "GET", "/api/v1/config?secrets=true");
+        assert_eq!(r.status, 200);
+    }
+    // Nothing was deleted by the refused requests.
     let cfg: Config = d.client().get("/api/v1/config").unwrap();
     assert_eq!(cfg.backstores.len(), 2);
+    // The metrics listener serves /metrics to anyone, and nothing else.
+    assert_eq!(status(at(metrics, None), "GET", "/metrics").status, 200);
+    assert_eq!(
+        status(at(metrics, None), "GET", "/api/v1/config").status,
+        404
+    );
+    assert_eq!(
+        status(at(metrics, None), "DELETE", "/api/v1/backstores/spare").status,
+        404
+    );
+    // The API cannot change who may reach it or what it may open.
+    let mut c: Config = at(lo, Some(&admin)).get("/api/v1/config").unwrap();
+    c.api.listen.push("0.0.0.0:1".parse().unwrap());
+    let r = put(&c);
+    assert_eq!(r.status, 403, "{}", r.text());
+    assert_eq!(r.error().unwrap().field.as_deref(), Some("api"));
+    c.api = Default::default();
+    c.policy.backstore_roots.push("/".into());
+    let r = put(&c);
+    assert_eq!(r.status, 403, "{}", r.text());
+    assert_eq!(r.error().unwrap().field.as_deref(), Some("policy"));
+    // A document without the sections keeps them.
+    c.policy = Default::default();
+    let r = put(&c);
+    assert_eq!(r.status, 200, "{}", r.text());
+    let after: Config = d.client().get("/api/v1/config").unwrap();
+    assert_eq!(after.api.metrics_listen.len(), 1);
+    // Changes are logged with who made them; tokens never are.
+    let log = d.log();
+    assert!(log.contains("admin token from 127.0.0.1"), "{log}");
+    assert!(!log.contains(&admin) && !log.contains(&reader));
 }
 
 /// The state after `k` steps of the burst in [`kill9_during_a_burst_keeps_an_acknowledged_state`].
@@ -1275,6 +1357,7 @@ fn schemathesis_finds_no_server_error() {
     let out = Command::new("bash")
         .arg(&script)
         .arg(format!("http://127.0.0.1:{port}"))
+        .arg(d.dir.join("api-token"))
         .current_dir(&d.dir)
         .output()
         .expect("run schemathesis");

@@ -201,7 +201,44 @@ pub struct Chap {
     pub user: String,
     /// Write-only: exports and answers show it as `********` unless secrets are asked for;
     /// a document applied with `********` keeps the current secret.
+    #[serde(deserialize_with = "secret_string")]
     pub secret: String,
+}
+
+/// A secret as a string; anything else is refused without repeating the value, which an
+/// error message would otherwise carry into logs (`secret: 123456789012` is a number).
+fn secret_string<'de, D: serde::Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    struct V;
+    impl serde::de::Visitor<'_> for V {
+        type Value = String;
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("the secret as a string")
+        }
+        fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<String, E> {
+            Ok(v.to_string())
+        }
+        fn visit_string<E: serde::de::Error>(self, v: String) -> Result<String, E> {
+            Ok(v)
+        }
+        fn visit_bool<E: serde::de::Error>(self, _: bool) -> Result<String, E> {
+            Err(E::custom(NOT_A_STRING))
+        }
+        fn visit_i64<E: serde::de::Error>(self, _: i64) -> Result<String, E> {
+            Err(E::custom(NOT_A_STRING))
+        }
+        fn visit_u64<E: serde::de::Error>(self, _: u64) -> Result<String, E> {
+            Err(E::custom(NOT_A_STRING))
+        }
+        fn visit_f64<E: serde::de::Error>(self, _: f64) -> Result<String, E> {
+            Err(E::custom(NOT_A_STRING))
+        }
+        fn visit_bytes<E: serde::de::Error>(self, _: &[u8]) -> Result<String, E> {
+            Err(E::custom(NOT_A_STRING))
+        }
+    }
+    const NOT_A_STRING: &str = "a CHAP secret must be a string (quote it)";
+    // Not deserialize_string: for another type it would build its error from the value.
+    d.deserialize_any(V)
 }
 
 /// Debug output never shows the secret (configurations end up in log lines).
@@ -1068,7 +1105,9 @@ impl Config {
         self.rdma
             .validate()
             .map_err(|(f, m)| (format!("rdma.{f}"), m))?;
-        self.api.validate().map_err(|(f, m)| (format!("api.{f}"), m))?;
+        self.api
+            .validate()
+            .map_err(|(f, m)| (format!("api.{f}"), m))?;
         self.policy
             .validate()
             .map_err(|(f, m)| (format!("policy.{f}"), m))?;
@@ -1266,15 +1305,18 @@ fn validate_params(p: &IscsiParams) -> Result<(), (String, String)> {
             ));
         }
     }
-    if let Some(e) = p.error_recovery_level {
-        if e > 2 {
-            return Err(("ErrorRecoveryLevel".into(), format!("{e} is outside 0..=2")));
-        }
+    // Offering what the target would then negotiate down silently would mislead: refuse.
+    if let Some(e) = p.error_recovery_level.filter(|e| *e != 0) {
+        return Err((
+            "ErrorRecoveryLevel".into(),
+            format!("{e} is not supported: rtgt implements ErrorRecoveryLevel 0 (session recovery by the initiator)"),
+        ));
     }
-    if let Some(c) = p.max_connections {
-        if c == 0 {
-            return Err(("MaxConnections".into(), "0 is outside 1..=65535".into()));
-        }
+    if let Some(c) = p.max_connections.filter(|c| *c != 1) {
+        return Err((
+            "MaxConnections".into(),
+            format!("{c} is not supported: rtgt serves one connection per session (use multipath for more paths)"),
+        ));
     }
     Ok(())
 }
@@ -1287,6 +1329,43 @@ mod tests {
         match Config::from_yaml(yaml, Path::new("t.yaml")) {
             Err(ConfigError::Invalid { path, message, .. }) => (path, message),
             other => panic!("expected an invalid-config error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn unsupported_session_keys_are_refused() {
+        let doc = |params: &str| {
+            format!(
+                "targets:\n  - name: iqn.2025-01.io.rtgt:t\n    portal_groups:\n      - tag: 1\n        portals: ['127.0.0.1:3260']\n        params: {{{params}}}\n"
+            )
+        };
+        let (path, msg) = err_of(&doc("MaxConnections: 2"));
+        assert!(path.ends_with("params.MaxConnections"), "{path}");
+        assert!(msg.contains("one connection per session"), "{msg}");
+        let (path, msg) = err_of(&doc("ErrorRecoveryLevel: 1"));
+        assert!(path.ends_with("params.ErrorRecoveryLevel"), "{path}");
+        assert!(msg.contains("ErrorRecoveryLevel 0"), "{msg}");
+        Config::from_yaml(
+            &doc("MaxConnections: 1, ErrorRecoveryLevel: 0"),
+            Path::new("t.yaml"),
+        )
+        .unwrap();
+    }
+
+    #[test]
+    fn a_secret_of_another_type_is_not_repeated() {
+        let (path, msg) =
+            err_of("discovery:\n  auth:\n    chap: {user: u, secret: 918273645546372819}\n");
+        assert_eq!(path, "discovery.auth.chap.secret");
+        assert!(!msg.contains("918273645"), "{msg}");
+        assert!(msg.contains("must be a string"), "{msg}");
+        for body in [
+            r#"{"user":"u","secret":918273645546372819}"#,
+            r#"{"user":"u","secret":9182736455.46372819}"#,
+        ] {
+            let e = serde_json::from_str::<Chap>(body).unwrap_err().to_string();
+            assert!(!e.contains("918273645"), "{e}");
+            assert!(e.contains("must be a string"), "{e}");
         }
     }
 

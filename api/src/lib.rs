@@ -2,12 +2,14 @@
 //! tree), its validation and its atomic persistence; the REST API over a [`Control`] handle
 //! that the daemon implements; Prometheus metrics; the client `rtgtctl` uses.
 
+pub mod auth;
 pub mod client;
 pub mod config;
 pub mod control;
 pub mod lio;
 pub mod metrics;
 pub mod server;
+pub mod tls;
 pub mod token;
 
 pub use config::{Config, ConfigError};

@@ -6,14 +6,20 @@
 //! `{"error": "...", "field": "..."}`: 400 for a malformed request, 401 without the token,
 //! 404 for an unknown object, 409 for a conflict, 413 for a body over the limit, 415 for
 //! a body of another media type, 422 for a well-formed request the target cannot serve.
+//!
+//! Every listener authenticates its callers ([`crate::auth`]): a 401 for a missing or wrong
+//! token, a 403 for a caller whose scope does not allow the request. Every change, and
+//! every read of secrets, is logged with who made it.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, FromRequest, FromRequestParts, Request, State};
-use axum::http::{header, request::Parts, HeaderMap, HeaderValue, StatusCode};
+use axum::extract::{
+    ConnectInfo, DefaultBodyLimit, Extension, FromRequest, FromRequestParts, Request, State,
+};
+use axum::http::{header, request::Parts, HeaderMap, HeaderValue, Method, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
@@ -22,8 +28,10 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, OpenApi, ToSchema};
 
+use crate::auth::{Caller, Guard, PeerCred, Scope};
 use crate::config::{
-    Acl, ApiConfig, Auth, Backstore, Config, Lun, MappedLun, PortalGroup, SrpAcl, SrpPort, Target,
+    Acl, ApiConfig, Auth, Backstore, Config, Lun, MappedLun, Policy, PortalGroup, SrpAcl, SrpPort,
+    Target,
 };
 use crate::control::{ChangeReport, Control, ControlError, SessionView};
 
@@ -81,8 +89,10 @@ impl IntoResponse for ApiError {
         }
         let mut r = (self.status, axum::Json(self.body)).into_response();
         if self.status == StatusCode::UNAUTHORIZED {
-            r.headers_mut()
-                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+            r.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                HeaderValue::from_static("Bearer realm=\"rtgt\""),
+            );
         }
         r
     }
@@ -256,36 +266,52 @@ pub struct Api {
     changes: Arc<tokio::sync::Mutex<()>>,
 }
 
-/// A router's state: the API and, on listeners that need one, the bearer token.
+/// A router's state: the API and what its listener checks.
 #[derive(Clone)]
 struct AppState {
     api: Api,
-    token: Option<Arc<str>>,
+    guard: Arc<Guard>,
 }
 
 type Res<T> = Result<T, ApiError>;
 type St = State<AppState>;
 
-/// Serves `router` on a TCP listener until `shutdown` resolves.
+/// Serves `router` on a TCP listener, over TLS with `tls`, until `shutdown` resolves.
 pub async fn serve_tcp(
     listener: tokio::net::TcpListener,
+    tls: Option<Arc<rustls::ServerConfig>>,
     router: Router,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router)
-        .with_graceful_shutdown(shutdown)
-        .await
+    let service = router.into_make_service_with_connect_info::<crate::auth::Peer>();
+    match tls {
+        Some(config) => {
+            let listener = crate::tls::TlsListener::new(listener, config)?;
+            axum::serve(listener, service)
+                .with_graceful_shutdown(shutdown)
+                .await
+        }
+        None => {
+            axum::serve(listener, service)
+                .with_graceful_shutdown(shutdown)
+                .await
+        }
+    }
 }
 
-/// Serves `router` on a unix socket until `shutdown` resolves.
+/// Serves `router` on a unix socket until `shutdown` resolves; each connection's peer
+/// credentials reach the router's guard.
 pub async fn serve_unix(
     listener: tokio::net::UnixListener,
     router: Router,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router)
-        .with_graceful_shutdown(shutdown)
-        .await
+    axum::serve(
+        listener,
+        router.into_make_service_with_connect_info::<PeerCred>(),
+    )
+    .with_graceful_shutdown(shutdown)
+    .await
 }
 
 /// The suffix of a configuration path below its innermost list element, e.g. `backstore`
@@ -305,13 +331,21 @@ impl Api {
         }
     }
 
-    /// The router for one listener; with `token`, every request but the health check must
-    /// carry `Authorization: Bearer <token>`.
-    pub fn router(&self, token: Option<String>) -> Router {
+    /// The router for one listener, which admits callers as `guard` says: bearer tokens,
+    /// peer credentials, or (a metrics listener) nobody but for `/metrics`.
+    pub fn router(&self, guard: Guard) -> Router {
         let state = AppState {
             api: self.clone(),
-            token: token.map(Arc::from),
+            guard: Arc::new(guard),
         };
+        if matches!(*state.guard, Guard::Metrics) {
+            return Router::new()
+                .route("/metrics", get(metrics))
+                .fallback(not_found)
+                .method_not_allowed_fallback(method_not_allowed)
+                .layer(DefaultBodyLimit::max(BODY_LIMIT))
+                .with_state(state);
+        }
         let v1 = Router::new()
             .route("/backstores", get(list_backstores).post(create_backstore))
             .route(
@@ -434,6 +468,7 @@ impl Api {
         let current = self.control.config();
         let mut cfg = current.clone();
         let out = f(&mut cfg)?;
+        keep_startup_sections(&mut cfg, &current)?;
         cfg.restore_secrets(&current);
         cfg.validate()
             .map_err(|(path, msg)| ApiError::invalid(short_field(&path), msg))?;
@@ -447,26 +482,115 @@ impl Api {
     }
 }
 
-async fn authorize(State(st): St, req: Request, next: Next) -> Response {
-    if let Some(token) = &st.token {
-        if req.uri().path() != "/api/v1/health" {
-            let given = req
-                .headers()
-                .get(header::AUTHORIZATION)
-                .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.strip_prefix("Bearer "))
-                .map(str::trim);
-            if !given.is_some_and(|g| crate::token::matches(g, token)) {
-                return ApiError::new(
-                    StatusCode::UNAUTHORIZED,
-                    "a valid bearer token is required",
-                    None,
-                )
-                .into_response();
-            }
+/// The `api` and `policy` sections say who may reach the API and what it may open: they
+/// come from the configuration file, which only root can write, never from the API. A
+/// document that leaves them out keeps the current ones.
+fn keep_startup_sections(cfg: &mut Config, current: &Config) -> Res<()> {
+    if cfg.api == ApiConfig::default() {
+        cfg.api = current.api.clone();
+    }
+    if cfg.policy == Policy::default() {
+        cfg.policy = current.policy.clone();
+    }
+    for (field, changed) in [
+        ("api", cfg.api != current.api),
+        ("policy", cfg.policy != current.policy),
+    ] {
+        if changed {
+            return Err(ApiError::new(
+                StatusCode::FORBIDDEN,
+                format!(
+                    "the {field} section cannot change through the API: edit the configuration file as root and restart rtgtd"
+                ),
+                Some(field),
+            ));
         }
     }
-    next.run(req).await
+    Ok(())
+}
+
+/// The token of an `Authorization: Bearer` header.
+fn bearer(headers: &HeaderMap) -> Option<&str> {
+    let v = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
+    let (scheme, token) = v.trim().split_once(' ')?;
+    scheme
+        .eq_ignore_ascii_case("bearer")
+        .then_some(token.trim())
+}
+
+/// Admits the caller as the listener's guard says, checks that its scope allows the
+/// request, and logs every change and every read of secrets with who made it.
+async fn authorize(State(st): St, mut req: Request, next: Next) -> Response {
+    let path = req.uri().path().to_string();
+    // The health check and the API's own description are public: they tell nothing of
+    // the target.
+    let health = path == "/api/v1/health" || path == "/api/v1/openapi.json";
+    let peer = req
+        .extensions()
+        .get::<ConnectInfo<crate::auth::Peer>>()
+        .map(|c| c.0 .0);
+    let (caller, scope) = match &*st.guard {
+        Guard::Metrics => (Caller::Anonymous { peer }, Scope::Metrics),
+        Guard::Socket(policy) => {
+            let cred = req
+                .extensions()
+                .get::<ConnectInfo<PeerCred>>()
+                .map(|c| c.0.clone())
+                .unwrap_or_default();
+            if !policy.admits(&cred) {
+                tracing::warn!(uid = cred.uid, pid = cred.pid, method = %req.method(), path = %path, "API socket: caller refused");
+                return ApiError::new(StatusCode::FORBIDDEN, policy.refusal(), None)
+                    .into_response();
+            }
+            (Caller::Socket(cred), Scope::Admin)
+        }
+        Guard::Tokens(_) if health => (Caller::Anonymous { peer }, Scope::Metrics),
+        Guard::Tokens(tokens) => {
+            let given = bearer(req.headers());
+            match given.and_then(|g| tokens.check(g)) {
+                Some((scope, name)) => (Caller::Token { name, peer }, scope),
+                None => {
+                    tracing::debug!(peer = ?peer, method = %req.method(), path = %path, "API: no valid token");
+                    let why = if given.is_some() {
+                        "the bearer token is not valid"
+                    } else {
+                        "a bearer token is required (Authorization: Bearer, from the api-token file)"
+                    };
+                    return ApiError::new(StatusCode::UNAUTHORIZED, why, None).into_response();
+                }
+            }
+        }
+    };
+    let method = req.method().clone();
+    let changes = !matches!(method, Method::GET | Method::HEAD);
+    let needed = if health || path == "/metrics" {
+        Scope::Metrics
+    } else if changes {
+        Scope::Admin
+    } else {
+        Scope::Read
+    };
+    if scope < needed {
+        tracing::info!(caller = %caller, method = %method, path = %path, "API request refused: scope");
+        return ApiError::new(
+            StatusCode::FORBIDDEN,
+            "the read-only token cannot change the configuration: use the admin token",
+            None,
+        )
+        .into_response();
+    }
+    let secrets = path == "/api/v1/config"
+        && req
+            .uri()
+            .query()
+            .is_some_and(|q| q.split('&').any(|kv| kv.starts_with("secrets=")));
+    req.extensions_mut().insert(scope);
+    req.extensions_mut().insert(caller.clone());
+    let response = next.run(req).await;
+    if changes || secrets {
+        tracing::info!(caller = %caller, method = %method, path = %path, secrets, status = response.status().as_u16(), "API request");
+    }
+    response
 }
 
 async fn not_found() -> ApiError {
@@ -1644,17 +1768,24 @@ struct ExportQuery {
 
 #[utoipa::path(get, path = "/api/v1/config", tag = "config", params(ExportQuery),
     responses((status = 200, body = Config), (status = 400, body = ErrorBody),
-        (status = 401, body = ErrorBody)))]
+        (status = 401, body = ErrorBody), (status = 403, body = ErrorBody)))]
 async fn export_config(
     State(st): St,
+    scope: Option<Extension<Scope>>,
     QueryParams(q): QueryParams<ExportQuery>,
-) -> axum::Json<Config> {
+) -> Res<axum::Json<Config>> {
     let c = st.api.control.config();
     if q.secrets == Some(true) {
-        tracing::info!("configuration exported with secrets");
-        axum::Json(c)
+        if scope.map(|s| s.0) != Some(Scope::Admin) {
+            return Err(ApiError::new(
+                StatusCode::FORBIDDEN,
+                "reading secrets takes the admin token",
+                Some("secrets"),
+            ));
+        }
+        Ok(axum::Json(c))
     } else {
-        axum::Json(c.redacted())
+        Ok(axum::Json(c.redacted()))
     }
 }
 
@@ -1747,12 +1878,52 @@ struct BearerAuth;
 
 impl utoipa::Modify for BearerAuth {
     fn modify(&self, doc: &mut utoipa::openapi::OpenApi) {
+        use utoipa::openapi::path::HttpMethod;
         use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+        use utoipa::openapi::{ContentBuilder, Ref, ResponseBuilder};
         let components = doc.components.get_or_insert_with(Default::default);
         components.add_security_scheme(
             "bearer",
             SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
         );
+        // Every operation but the health check may be refused: 401 without a valid token,
+        // 403 for a caller whose scope does not allow it.
+        let error = |what: &str| {
+            ResponseBuilder::new()
+                .description(what)
+                .content(
+                    "application/json",
+                    ContentBuilder::new()
+                        .schema(Some(Ref::from_schema_name("ErrorBody")))
+                        .build(),
+                )
+                .build()
+        };
+        for (path, item) in doc.paths.paths.iter_mut() {
+            if path == "/api/v1/health" || path == "/api/v1/openapi.json" {
+                continue;
+            }
+            for method in [
+                HttpMethod::Get,
+                HttpMethod::Put,
+                HttpMethod::Post,
+                HttpMethod::Delete,
+            ] {
+                let op = match method {
+                    HttpMethod::Get => item.get.as_mut(),
+                    HttpMethod::Put => item.put.as_mut(),
+                    HttpMethod::Post => item.post.as_mut(),
+                    _ => item.delete.as_mut(),
+                };
+                let Some(op) = op else { continue };
+                let r = &mut op.responses.responses;
+                r.entry("401".into())
+                    .or_insert_with(|| error("No valid bearer token").into());
+                r.entry("403".into()).or_insert_with(|| {
+                    error("The caller may not do this: a read-only token, a socket peer outside the admitted users, or a section only the configuration file sets").into()
+                });
+            }
+        }
     }
 }
 

@@ -920,10 +920,14 @@ fn srp_sessions(port: &crate::srp::SrpPort) -> Vec<SessionView> {
 /// Name of the configuration file in the state directory when rtgtd runs without
 /// `--config`.
 pub const STATE_CONFIG: &str = "rtgtd.yaml";
-/// Name of the API's unix socket in the state directory.
+/// Name of the API's unix socket (in `$RUNTIME_DIRECTORY` or the state directory).
 pub const API_SOCKET: &str = "rtgtd.sock";
-/// Default name of the token file in the state directory.
+/// Default name of the admin token file in the state directory.
 pub const TOKEN_FILE: &str = "api-token";
+/// Default name of the read-only token file in the state directory.
+pub const READ_TOKEN_FILE: &str = "api-token-read";
+/// Default group admitted to the API socket.
+pub const SOCKET_GROUP: &str = "rtgt";
 
 /// Why the API could not start.
 #[derive(Debug, thiserror::Error)]
@@ -940,12 +944,56 @@ pub enum ApiStartError {
         #[source]
         source: std::io::Error,
     },
+    #[error("API TLS: {0}")]
+    Tls(String),
 }
 
-/// Starts the API listeners of `api`: TCP (a bearer token on any address other than
-/// loopback) and the unix socket in the state directory. The listeners stop when `stop`
-/// turns true. With the default listener (no `api` section), a port in use is a warning:
-/// the socket still serves.
+/// `f` if absolute, else `f` (or `default`) in the state directory.
+fn in_state_dir(state_dir: &Path, f: Option<&Path>, default: &str) -> PathBuf {
+    match f {
+        Some(f) if f.is_relative() => state_dir.join(f),
+        Some(f) => f.to_path_buf(),
+        None => state_dir.join(default),
+    }
+}
+
+/// Where the API socket is: `api.socket_path`, else `rtgtd.sock` in the service's runtime
+/// directory (`$RUNTIME_DIRECTORY`, which systemd sets), else in the state directory.
+pub fn api_socket_path(api: &config::ApiConfig, state_dir: &Path) -> PathBuf {
+    if let Some(p) = &api.socket_path {
+        return in_state_dir(state_dir, Some(p), API_SOCKET);
+    }
+    match std::env::var_os("RUNTIME_DIRECTORY") {
+        Some(d) if !d.is_empty() => {
+            let first = d
+                .to_string_lossy()
+                .split(':')
+                .next()
+                .unwrap_or_default()
+                .to_string();
+            PathBuf::from(first).join(API_SOCKET)
+        }
+        _ => state_dir.join(API_SOCKET),
+    }
+}
+
+/// Gives the socket to root (or rtgtd's user) and `group`, mode 0660, or 0600 without
+/// the group.
+fn restrict_socket(path: &Path, group: Option<u32>) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let shared = match group {
+        Some(gid) => std::os::unix::fs::chown(path, None, Some(gid)).is_ok(),
+        None => false,
+    };
+    let mode = if shared { 0o660 } else { 0o600 };
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+}
+
+/// Starts the API listeners of `api`: TCP listeners that take the admin or the read-only
+/// bearer token (over TLS when configured), metrics listeners without a token, and the
+/// unix socket that admits root, rtgtd's user and the socket group. The listeners stop
+/// when `stop` turns true. With the default listener (no `api` section), a port in use is
+/// a warning: the socket still serves.
 ///
 /// Returns the listener tasks and the API handle, whose [`rtgt_api::server::Api::apply`]
 /// applies a whole document in turn with API requests.
@@ -955,18 +1003,43 @@ pub async fn serve_api(
     explicit: bool,
     stop: watch::Receiver<bool>,
 ) -> Result<(Vec<JoinHandle<()>>, rtgt_api::server::Api), ApiStartError> {
+    use rtgt_api::auth::{Guard, SocketPolicy, Tokens};
     let router_api = rtgt_api::server::Api::new(control.clone());
+    let state_dir = control.state_dir.clone();
     let mut tasks = Vec::new();
-    let token_file = match &api.token_file {
-        Some(f) if f.is_relative() => control.state_dir.join(f),
-        Some(f) => f.clone(),
-        None => control.state_dir.join(TOKEN_FILE),
+    let tls = match &api.tls {
+        Some(t) => Some(
+            rtgt_api::tls::server_config(
+                &in_state_dir(&state_dir, Some(&t.cert), ""),
+                &in_state_dir(&state_dir, Some(&t.key), ""),
+            )
+            .map_err(ApiStartError::Tls)?,
+        ),
+        None => None,
     };
-    let mut token: Option<String> = None;
+    let tokens = if api.listen.is_empty() {
+        None
+    } else {
+        let load = |f: Option<&Path>, default: &str| {
+            let file = in_state_dir(&state_dir, f, default);
+            rtgt_api::token::load_or_create(&file)
+                .map(Arc::<str>::from)
+                .map_err(|source| ApiStartError::Token { file, source })
+        };
+        Some(Tokens {
+            admin: load(api.token_file.as_deref(), TOKEN_FILE)?,
+            read: load(api.read_token_file.as_deref(), READ_TOKEN_FILE)?,
+        })
+    };
     let wait = |mut rx: watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|s| *s).await;
     };
-    for addr in &api.listen {
+    let listeners = api
+        .listen
+        .iter()
+        .map(|a| (a, false))
+        .chain(api.metrics_listen.iter().map(|a| (a, true)));
+    for (addr, metrics_only) in listeners {
         let listener = match TcpListener::bind(addr).await {
             Ok(l) => l,
             Err(source) if !explicit => {
@@ -980,40 +1053,38 @@ pub async fn serve_api(
                 })
             }
         };
-        let needs_token = !addr.ip().is_loopback();
-        if needs_token && token.is_none() {
-            token = Some(
-                rtgt_api::token::load_or_create(&token_file).map_err(|source| {
-                    ApiStartError::Token {
-                        file: token_file.clone(),
-                        source,
-                    }
-                })?,
-            );
+        let guard = match (&tokens, metrics_only) {
+            (Some(t), false) => Guard::Tokens(t.clone()),
+            _ => Guard::Metrics,
+        };
+        let router = router_api.router(guard);
+        let local = listener.local_addr().unwrap_or(*addr);
+        if metrics_only {
+            info!(listener = %local, tls = tls.is_some(), "metrics listening (no token)");
+        } else {
+            info!(listener = %local, tls = tls.is_some(), "API listening (bearer token)");
         }
-        let router = router_api.router(if needs_token { token.clone() } else { None });
-        info!(listener = %listener.local_addr().unwrap_or(*addr), token = needs_token, "API listening");
         let stop = wait(stop.clone());
+        let tls = tls.clone();
         tasks.push(tokio::spawn(async move {
-            if let Err(e) = rtgt_api::server::serve_tcp(listener, router, stop).await {
+            if let Err(e) = rtgt_api::server::serve_tcp(listener, tls, router, stop).await {
                 error!(error = %e, "API listener failed");
             }
         }));
     }
     if api.socket {
-        let path = control.state_dir.join(API_SOCKET);
+        let path = api_socket_path(api, &state_dir);
         let _ = std::fs::remove_file(&path);
-        let listener =
-            tokio::net::UnixListener::bind(&path).map_err(|source| ApiStartError::Listen {
-                addr: path.display().to_string(),
-                source,
-            })?;
-        {
-            use std::os::unix::fs::PermissionsExt;
-            let _ = std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600));
-        }
-        info!(socket = %path.display(), "API listening");
-        let router = router_api.router(None);
+        let listen_err = |source| ApiStartError::Listen {
+            addr: path.display().to_string(),
+            source,
+        };
+        let listener = tokio::net::UnixListener::bind(&path).map_err(listen_err)?;
+        let group = api.socket_group.as_deref().unwrap_or(SOCKET_GROUP);
+        let policy = SocketPolicy::new(group);
+        restrict_socket(&path, policy.group.as_ref().map(|g| g.1)).map_err(listen_err)?;
+        info!(socket = %path.display(), group = policy.group.as_ref().map(|g| g.0.as_str()), "API listening (root, rtgtd's user and the socket group)");
+        let router = router_api.router(Guard::Socket(policy));
         let stop = wait(stop.clone());
         tasks.push(tokio::spawn(async move {
             if let Err(e) = rtgt_api::server::serve_unix(listener, router, stop).await {

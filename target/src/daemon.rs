@@ -4,6 +4,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::hash::{Hash, Hasher};
 use std::net::SocketAddr;
+use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -560,10 +561,16 @@ fn export_rdma_counters(control: &crate::control::DaemonControl, hca: &Arc<Hca>)
 
 /// Runs the daemon until SIGTERM or SIGINT.
 pub async fn run(opts: Options) -> Result<(), DaemonError> {
-    std::fs::create_dir_all(&opts.state_dir).map_err(|source| DaemonError::StateDir {
-        dir: opts.state_dir.clone(),
-        source,
-    })?;
+    // It holds the API tokens, the configuration and backing files: only rtgtd's user
+    // may enter a state directory rtgtd creates.
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(&opts.state_dir)
+        .map_err(|source| DaemonError::StateDir {
+            dir: opts.state_dir.clone(),
+            source,
+        })?;
     let config = load_config(&opts)?;
     let running = build(&config, &opts.state_dir).await?;
     let server = Arc::new(IscsiServer::new(

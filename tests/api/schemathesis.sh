@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # schemathesis against the OpenAPI document of a running rtgtd: every operation with
 # generated valid and invalid requests; fails on a server error or an answer the document
-# does not allow. Usage: schemathesis.sh http://127.0.0.1:PORT
+# does not allow. Usage: schemathesis.sh http://127.0.0.1:PORT TOKEN_FILE (the admin token).
 set -euo pipefail
-url=${1:?usage: schemathesis.sh http://HOST:PORT}
+url=${1:?usage: schemathesis.sh http://HOST:PORT TOKEN_FILE}
+token=$(cat "${2:?usage: schemathesis.sh http://HOST:PORT TOKEN_FILE}")
 here=$(cd "$(dirname "$0")" && pwd)
 # Backstore paths in generated bodies are made relative (the daemon's state directory),
 # so a generated absolute path never names a file elsewhere on the host.
@@ -11,6 +12,7 @@ export SCHEMATHESIS_HOOKS=hooks
 export PYTHONPATH="$here${PYTHONPATH:+:$PYTHONPATH}"
 run() {
     schemathesis run "$url/api/v1/openapi.json" \
+        --header "Authorization: Bearer $token" \
         --checks not_a_server_error,status_code_conformance,content_type_conformance,response_schema_conformance \
         --phases examples,coverage,fuzzing \
         --workers 1 \
