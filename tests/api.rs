@@ -1370,3 +1370,542 @@ fn schemathesis_finds_no_server_error() {
     assert!(!d.log().contains("panicked"));
     let _ = in_ci();
 }
+
+/// One API call of [`every_route_refuses_the_unprivileged`]'s plan.
+struct Call {
+    method: &'static str,
+    /// The route as the OpenAPI document names it.
+    route: &'static str,
+    path: String,
+    body: Option<serde_json::Value>,
+}
+
+/// Every operation of the OpenAPI document, with bodies that work, in an order in which
+/// each call succeeds for the admin: creations before the reads, updates and deletions of
+/// what they created.
+fn every_route(srp_listen: &str, portal: u16, extra_portal: u16) -> Vec<Call> {
+    use serde_json::json;
+    let t = "iqn.2025-01.io.rtgt:probe";
+    let ini = "iqn.2025-01.io.rtgt:probe-host";
+    let srp_ini = "0x0000000000000000000000000000abcd";
+    let tp = format!("/api/v1/targets/{}", segment(t));
+    let g = format!("{tp}/tpgs/2");
+    let a = format!("{g}/acls/{}", segment(ini));
+    let s = "/api/v1/srp/ports/probe";
+    let bs = json!({"name": "probe", "type": "ramdisk", "size": "8MiB"});
+    let mut bs2 = bs.clone();
+    bs2["size"] = json!("16MiB");
+    let tpg1 = json!({"tag": 1, "portals": [format!("127.0.0.1:{portal}")]});
+    let tpg2 = json!({"tag": 2, "portals": [format!("127.0.0.2:{portal}")]});
+    let target = json!({"name": t, "portal_groups": [tpg1]});
+    let auth = json!({"chap": {"user": "probe", "secret": "probe-secret-12"}});
+    let acl = json!({"initiator": ini});
+    let srp = json!({"name": "probe", "listen": [srp_listen]});
+    let srp_acl = json!({"initiator": srp_ini});
+    let c = |method, route, path: &str, body: Option<&serde_json::Value>| Call {
+        method,
+        route,
+        path: path.to_string(),
+        body: body.cloned(),
+    };
+    vec![
+        c("GET", "/api/v1/health", "/api/v1/health", None),
+        c("GET", "/api/v1/ready", "/api/v1/ready", None),
+        c("GET", "/api/v1/openapi.json", "/api/v1/openapi.json", None),
+        c("GET", "/metrics", "/metrics", None),
+        c("GET", "/api/v1/backstores", "/api/v1/backstores", None),
+        c(
+            "POST",
+            "/api/v1/backstores",
+            "/api/v1/backstores",
+            Some(&bs),
+        ),
+        c(
+            "GET",
+            "/api/v1/backstores/{name}",
+            "/api/v1/backstores/probe",
+            None,
+        ),
+        c(
+            "PUT",
+            "/api/v1/backstores/{name}",
+            "/api/v1/backstores/probe",
+            Some(&bs2),
+        ),
+        c("GET", "/api/v1/targets", "/api/v1/targets", None),
+        c("POST", "/api/v1/targets", "/api/v1/targets", Some(&target)),
+        c("GET", "/api/v1/targets/{target}", &tp, None),
+        c("PUT", "/api/v1/targets/{target}", &tp, Some(&target)),
+        c(
+            "GET",
+            "/api/v1/targets/{target}/tpgs",
+            &format!("{tp}/tpgs"),
+            None,
+        ),
+        c(
+            "POST",
+            "/api/v1/targets/{target}/tpgs",
+            &format!("{tp}/tpgs"),
+            Some(&tpg2),
+        ),
+        c("GET", "/api/v1/targets/{target}/tpgs/{tag}", &g, None),
+        c(
+            "PUT",
+            "/api/v1/targets/{target}/tpgs/{tag}",
+            &g,
+            Some(&tpg2),
+        ),
+        c(
+            "GET",
+            "/api/v1/targets/{target}/tpgs/{tag}/portals",
+            &format!("{g}/portals"),
+            None,
+        ),
+        c(
+            "POST",
+            "/api/v1/targets/{target}/tpgs/{tag}/portals",
+            &format!("{g}/portals"),
+            Some(&json!({"address": format!("127.0.0.2:{extra_portal}")})),
+        ),
+        c(
+            "DELETE",
+            "/api/v1/targets/{target}/tpgs/{tag}/portals/{portal}",
+            &format!(
+                "{g}/portals/{}",
+                segment(&format!("127.0.0.2:{extra_portal}"))
+            ),
+            None,
+        ),
+        c(
+            "GET",
+            "/api/v1/targets/{target}/tpgs/{tag}/auth",
+            &format!("{g}/auth"),
+            None,
+        ),
+        c(
+            "PUT",
+            "/api/v1/targets/{target}/tpgs/{tag}/auth",
+            &format!("{g}/auth"),
+            Some(&auth),
+        ),
+        c(
+            "GET",
+            "/api/v1/targets/{target}/tpgs/{tag}/luns",
+            &format!("{g}/luns"),
+            None,
+        ),
+        c(
+            "POST",
+            "/api/v1/targets/{target}/tpgs/{tag}/luns",
+            &format!("{g}/luns"),
+            Some(&json!({"lun": 0, "backstore": "probe"})),
+        ),
+        c(
+            "GET",
+            "/api/v1/targets/{target}/tpgs/{tag}/luns/{lun}",
+            &format!("{g}/luns/0"),
+            None,
+        ),
+        c(
+            "GET",
+            "/api/v1/targets/{target}/tpgs/{tag}/acls",
+            &format!("{g}/acls"),
+            None,
+        ),
+        c(
+            "POST",
+            "/api/v1/targets/{target}/tpgs/{tag}/acls",
+            &format!("{g}/acls"),
+            Some(&acl),
+        ),
+        c(
+            "GET",
+            "/api/v1/targets/{target}/tpgs/{tag}/acls/{initiator}",
+            &a,
+            None,
+        ),
+        c(
+            "PUT",
+            "/api/v1/targets/{target}/tpgs/{tag}/acls/{initiator}",
+            &a,
+            Some(&acl),
+        ),
+        c(
+            "GET",
+            "/api/v1/targets/{target}/tpgs/{tag}/acls/{initiator}/auth",
+            &format!("{a}/auth"),
+            None,
+        ),
+        c(
+            "PUT",
+            "/api/v1/targets/{target}/tpgs/{tag}/acls/{initiator}/auth",
+            &format!("{a}/auth"),
+            Some(&auth),
+        ),
+        c(
+            "POST",
+            "/api/v1/targets/{target}/tpgs/{tag}/acls/{initiator}/mapped_luns",
+            &format!("{a}/mapped_luns"),
+            Some(&json!({"lun": 0, "tpg_lun": 0})),
+        ),
+        c(
+            "DELETE",
+            "/api/v1/targets/{target}/tpgs/{tag}/acls/{initiator}/mapped_luns/{lun}",
+            &format!("{a}/mapped_luns/0"),
+            None,
+        ),
+        c(
+            "DELETE",
+            "/api/v1/targets/{target}/tpgs/{tag}/acls/{initiator}",
+            &a,
+            None,
+        ),
+        c(
+            "DELETE",
+            "/api/v1/targets/{target}/tpgs/{tag}/luns/{lun}",
+            &format!("{g}/luns/0"),
+            None,
+        ),
+        c("DELETE", "/api/v1/targets/{target}/tpgs/{tag}", &g, None),
+        c(
+            "GET",
+            "/api/v1/discovery/auth",
+            "/api/v1/discovery/auth",
+            None,
+        ),
+        c(
+            "PUT",
+            "/api/v1/discovery/auth",
+            "/api/v1/discovery/auth",
+            Some(&auth),
+        ),
+        c("GET", "/api/v1/srp/ports", "/api/v1/srp/ports", None),
+        c("POST", "/api/v1/srp/ports", "/api/v1/srp/ports", Some(&srp)),
+        c("GET", "/api/v1/srp/ports/{name}", s, None),
+        c("PUT", "/api/v1/srp/ports/{name}", s, Some(&srp)),
+        c(
+            "GET",
+            "/api/v1/srp/ports/{name}/luns",
+            &format!("{s}/luns"),
+            None,
+        ),
+        c(
+            "POST",
+            "/api/v1/srp/ports/{name}/luns",
+            &format!("{s}/luns"),
+            Some(&json!({"lun": 0, "backstore": "probe"})),
+        ),
+        c(
+            "GET",
+            "/api/v1/srp/ports/{name}/luns/{lun}",
+            &format!("{s}/luns/0"),
+            None,
+        ),
+        c(
+            "GET",
+            "/api/v1/srp/ports/{name}/acls",
+            &format!("{s}/acls"),
+            None,
+        ),
+        c(
+            "POST",
+            "/api/v1/srp/ports/{name}/acls",
+            &format!("{s}/acls"),
+            Some(&srp_acl),
+        ),
+        c(
+            "GET",
+            "/api/v1/srp/ports/{name}/acls/{initiator}",
+            &format!("{s}/acls/{srp_ini}"),
+            None,
+        ),
+        c(
+            "PUT",
+            "/api/v1/srp/ports/{name}/acls/{initiator}",
+            &format!("{s}/acls/{srp_ini}"),
+            Some(&srp_acl),
+        ),
+        c(
+            "DELETE",
+            "/api/v1/srp/ports/{name}/acls/{initiator}",
+            &format!("{s}/acls/{srp_ini}"),
+            None,
+        ),
+        c(
+            "DELETE",
+            "/api/v1/srp/ports/{name}/luns/{lun}",
+            &format!("{s}/luns/0"),
+            None,
+        ),
+        c("DELETE", "/api/v1/srp/ports/{name}", s, None),
+        c("GET", "/api/v1/sessions", "/api/v1/sessions", None),
+        // No such session: the admin gets the handler's 404.
+        c(
+            "DELETE",
+            "/api/v1/sessions/{id}",
+            "/api/v1/sessions/iscsi-999999",
+            None,
+        ),
+        c("GET", "/api/v1/config", "/api/v1/config", None),
+        c("GET", "/api/v1/config", "/api/v1/config?secrets=true", None),
+        c("DELETE", "/api/v1/targets/{target}", &tp, None),
+        c(
+            "DELETE",
+            "/api/v1/backstores/{name}",
+            "/api/v1/backstores/probe",
+            None,
+        ),
+    ]
+}
+
+/// Runs `calls` through tests/api/probe.py as uid/gid 65534 against `endpoint`
+/// (`tcp:HOST:PORT` or `unix:PATH`), each with `token`; returns per call the HTTP status, or
+/// the error text when no answer came.
+fn probe_as_nobody(
+    endpoint: &str,
+    calls: &[(&Call, Option<&str>)],
+    config_doc: Option<&Config>,
+) -> Vec<Result<u16, String>> {
+    use std::os::unix::process::CommandExt;
+    // The probe must be readable by the unprivileged user wherever the checkout is.
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let script = dir.path().join("probe.py");
+    std::fs::copy(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/api/probe.py"),
+        &script,
+    )
+    .unwrap();
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let plan = serde_json::json!({
+        "endpoint": endpoint,
+        "calls": calls.iter().map(|(c, token)| {
+            let body = if c.method == "PUT" && c.route == "/api/v1/config" {
+                config_doc.map(|d| serde_json::to_value(d).unwrap())
+            } else {
+                c.body.clone()
+            };
+            serde_json::json!({"method": c.method, "path": c.path, "body": body, "token": token})
+        }).collect::<Vec<_>>(),
+    });
+    let mut child = Command::new("/usr/bin/python3")
+        .arg(&script)
+        .uid(65534)
+        .gid(65534)
+        .env_clear()
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run python3 as uid 65534");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(plan.to_string().as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "probe failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let answers: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).unwrap();
+    answers
+        .iter()
+        .map(|a| match a["status"].as_u64() {
+            Some(s) => Ok(s as u16),
+            None => Err(a["error"].as_str().unwrap_or("?").to_string()),
+        })
+        .collect()
+}
+
+/// An unprivileged local user calls every route of the OpenAPI document on every listener
+/// — without a token, with a wrong one, on the socket — and changes nothing; the read-only
+/// token reads and cannot change; the admin token does it all.
+#[test]
+fn every_route_refuses_the_unprivileged() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        assert!(!in_ci(), "this test runs as root in CI");
+        eprintln!("skipped: calling the API as another user needs root");
+        return;
+    }
+    if !prerequisite("python3", &["/usr/bin/python3", "--version"]) {
+        return;
+    }
+    let (lo, any, metrics) = (free_port(), free_port(), free_port());
+    let api = format!(
+        "api:\n  listen: ['127.0.0.1:{lo}', '0.0.0.0:{any}']\n  metrics_listen: ['127.0.0.1:{metrics}']\n"
+    );
+    let rdma_ip = "127.0.0.45";
+    let config = base_config(free_port(), &api).replace(
+        "rdma: {enabled: false}",
+        &format!("rdma: {{addresses: [{rdma_ip}]}}"),
+    );
+    let d = Daemon::start("unprivileged", &config);
+    let srp_listen = format!("{rdma_ip}:{}", free_port());
+    let calls = every_route(&srp_listen, free_port(), free_port());
+
+    // The plan covers every operation the API documents.
+    let doc = rtgt_api::server::openapi();
+    let mut documented = std::collections::BTreeSet::new();
+    for (path, item) in &doc.paths.paths {
+        for (m, op) in [
+            ("GET", &item.get),
+            ("PUT", &item.put),
+            ("POST", &item.post),
+            ("DELETE", &item.delete),
+        ] {
+            if op.is_some() {
+                documented.insert(format!("{m} {path}"));
+            }
+        }
+    }
+    let planned: std::collections::BTreeSet<String> = calls
+        .iter()
+        .map(|c| format!("{} {}", c.method, c.route))
+        .chain(std::iter::once("PUT /api/v1/config".to_string()))
+        .collect();
+    assert_eq!(
+        documented, planned,
+        "the plan must cover every documented operation"
+    );
+
+    // Last, when the admin has removed what it made: the document it started from.
+    let mut calls = calls;
+    calls.push(Call {
+        method: "PUT",
+        route: "/api/v1/config",
+        path: "/api/v1/config".into(),
+        body: None,
+    });
+    let read = |name: &str| {
+        std::fs::read_to_string(d.dir.join(name))
+            .unwrap()
+            .trim()
+            .to_string()
+    };
+    let (admin, reader) = (read("api-token"), read("api-token-read"));
+    let on_disk = || std::fs::read(&d.config).unwrap();
+    let before = on_disk();
+    let current: Config = d.client().get("/api/v1/config").unwrap();
+    let public = |c: &Call| matches!(c.route, "/api/v1/health" | "/api/v1/openapi.json");
+    let changes = |c: &Call| c.method != "GET" || c.path.contains("secrets=true");
+    let unchanged = |what: &str| {
+        assert!(
+            on_disk() == before,
+            "{what}: the configuration file changed"
+        );
+        let now: Config = d.client().get("/api/v1/config").unwrap();
+        assert_eq!(now.backstores.len(), 2, "{what}: a backstore appeared");
+        assert!(now.srp.is_empty() && now.targets.len() == 1, "{what}");
+    };
+
+    // 1. No token, or a wrong one, on both TCP listeners: 401 for all but the public two.
+    for port in [lo, any] {
+        for token in [
+            None,
+            Some("0123456789abcdef0123456789abcdef"),
+            Some(&reader[..20]),
+        ] {
+            let plan: Vec<_> = calls.iter().map(|c| (c, token)).collect();
+            let got = probe_as_nobody(&format!("tcp:127.0.0.1:{port}"), &plan, Some(&current));
+            for (c, r) in calls.iter().zip(&got) {
+                let want = if public(c) { 200 } else { 401 };
+                assert_eq!(
+                    r,
+                    &Ok(want),
+                    "{} {} on {port} with {token:?}",
+                    c.method,
+                    c.path
+                );
+            }
+        }
+        unchanged("no token");
+    }
+    // 2. The metrics listener answers /metrics and nothing else.
+    let plan: Vec<_> = calls.iter().map(|c| (c, None)).collect();
+    let got = probe_as_nobody(&format!("tcp:127.0.0.1:{metrics}"), &plan, Some(&current));
+    for (c, r) in calls.iter().zip(&got) {
+        let r = r.clone().unwrap();
+        if c.route == "/metrics" {
+            assert_eq!(r, 200);
+        } else {
+            assert!(
+                r == 404 || r == 405,
+                "{} {} on the metrics listener: {r}",
+                c.method,
+                c.path
+            );
+        }
+    }
+    let m = Client::url(&format!("http://127.0.0.1:{metrics}"))
+        .unwrap()
+        .request("GET", "/metrics", None, &[])
+        .unwrap()
+        .text();
+    assert!(
+        !m.contains(&d.dir.display().to_string()),
+        "metrics show a path"
+    );
+    assert!(!m.contains("d0.img") && !m.contains(SECRET));
+    unchanged("metrics listener");
+    // 3. The socket: its mode keeps the user out; were it opened to everyone, the peer
+    //    check would still refuse every call.
+    let socket = d.dir.join("rtgtd.sock");
+    let mode = std::fs::metadata(&socket).unwrap().permissions().mode() & 0o777;
+    assert!(mode & 0o007 == 0, "socket mode {mode:o}");
+    let endpoint = format!("unix:{}", socket.display());
+    let got = probe_as_nobody(&endpoint, &plan, Some(&current));
+    assert!(
+        got.iter()
+            .all(|r| r.as_ref().is_err_and(|e| e.contains("Permission"))),
+        "{got:?}"
+    );
+    let dir_mode = std::fs::metadata(&d.dir).unwrap().permissions().mode();
+    std::fs::set_permissions(&d.dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let got = probe_as_nobody(&endpoint, &plan, Some(&current));
+    std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(mode)).unwrap();
+    std::fs::set_permissions(&d.dir, std::fs::Permissions::from_mode(dir_mode)).unwrap();
+    for (c, r) in calls.iter().zip(&got) {
+        assert_eq!(r, &Ok(403), "{} {} on the socket", c.method, c.path);
+    }
+    unchanged("socket");
+    assert!(d.log().contains("API socket: caller refused"));
+
+    // 4. Each call with the read-only token, then with the admin token: the read-only
+    //    token reads (no secrets) and is refused every change; the admin does it all.
+    let plan: Vec<_> = calls
+        .iter()
+        .flat_map(|c| [(c, Some(reader.as_str())), (c, Some(admin.as_str()))])
+        .collect();
+    let got = probe_as_nobody(&format!("tcp:127.0.0.1:{lo}"), &plan, Some(&current));
+    for ((c, token), r) in plan.iter().zip(&got) {
+        let r = r.clone().unwrap();
+        let who = if *token == Some(admin.as_str()) {
+            "admin"
+        } else {
+            "read-only"
+        };
+        if who == "read-only" && changes(c) {
+            assert_eq!(r, 403, "{} {} with the read-only token", c.method, c.path);
+        } else if c.route == "/api/v1/sessions/{id}" {
+            assert_eq!(r, 404, "{} {} with the {who} token", c.method, c.path);
+        } else {
+            assert!(
+                (200..300).contains(&r),
+                "{} {} with the {who} token: {r}",
+                c.method,
+                c.path
+            );
+        }
+    }
+    // The admin's calls created and removed their objects again, and the document it put
+    // back is the one it started with.
+    let after: Config = d.client().get("/api/v1/config").unwrap();
+    assert_eq!(after.backstores.len(), 2);
+    assert!(after.srp.is_empty() && after.targets.len() == 1);
+    assert!(!d.log().contains(&admin) && !d.log().contains(&reader));
+}
