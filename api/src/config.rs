@@ -718,6 +718,21 @@ impl Policy {
                     format!("{} is not an absolute path", r.display()),
                 ));
             }
+            // The service's generator writes the roots into a unit drop-in, where
+            // whitespace, quotes, backslashes and `%` would mean something else.
+            let text = r.to_str().unwrap_or("\u{0}");
+            if text
+                .chars()
+                .any(|c| c.is_whitespace() || c.is_control() || "\"'\\%".contains(c))
+            {
+                return Err((
+                    format!("backstore_roots[{i}]"),
+                    format!(
+                        "{} has whitespace, quotes, a backslash, `%` or is not UTF-8",
+                        r.display()
+                    ),
+                ));
+            }
             if r.components()
                 .any(|c| matches!(c, std::path::Component::ParentDir))
             {
@@ -1330,6 +1345,37 @@ mod tests {
             Err(ConfigError::Invalid { path, message, .. }) => (path, message),
             other => panic!("expected an invalid-config error, got {other:?}"),
         }
+    }
+
+    #[test]
+    fn packaged_config_is_the_default_with_a_backstore_root() {
+        let packaged = Config::from_yaml(
+            include_str!("../../deploy/rtgt.yaml"),
+            Path::new("deploy/rtgt.yaml"),
+        )
+        .unwrap();
+        let mut expected = Config::embedded_default();
+        expected.policy.backstore_roots = vec!["/var/lib/rtgt/backstores".into()];
+        assert_eq!(packaged, expected);
+    }
+
+    #[test]
+    fn backstore_roots_are_plain_absolute_paths() {
+        for (root, why) in [
+            ("srv/luns", "absolute"),
+            ("/srv/../etc", "`..`"),
+            ("/srv/my luns", "whitespace"),
+            ("/srv/%n", "`%`"),
+        ] {
+            let (path, msg) = err_of(&format!("policy: {{backstore_roots: ['{root}']}}\n"));
+            assert_eq!(path, "policy.backstore_roots[0]");
+            assert!(msg.contains(why), "{root}: {msg}");
+        }
+        Config::from_yaml(
+            "policy: {backstore_roots: [/srv/luns]}\n",
+            Path::new("t.yaml"),
+        )
+        .unwrap();
     }
 
     #[test]

@@ -21,10 +21,32 @@ struct Args {
     /// Log as JSON lines instead of text.
     #[arg(long)]
     log_json: bool,
+    /// Print the configured backstore roots (`policy.backstore_roots`), one per line, and
+    /// exit; the service's generator makes them writable in its sandbox.
+    #[arg(long)]
+    print_backstore_roots: bool,
 }
 
 fn main() -> ExitCode {
     let args = Args::parse();
+    if args.print_backstore_roots {
+        let config = match &args.config {
+            Some(f) => rtgt_api::Config::load(f),
+            None => Ok(rtgt_api::Config::embedded_default()),
+        };
+        return match config {
+            Ok(c) => {
+                for r in &c.policy.backstore_roots {
+                    println!("{}", r.display());
+                }
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("rtgtd: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt()
