@@ -5,6 +5,7 @@
 pub mod client;
 pub mod config;
 pub mod control;
+pub mod diff;
 pub mod lio;
 pub mod metrics;
 pub mod server;

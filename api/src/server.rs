@@ -1658,9 +1658,18 @@ async fn export_config(
     }
 }
 
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+struct ApplyQuery {
+    /// Validate the document as an apply would and answer with what it would change,
+    /// changing nothing.
+    dry_run: Option<bool>,
+}
+
 /// Applies a whole configuration document (YAML or JSON): only what differs changes.
-/// Secrets given as `********` keep their current value.
-#[utoipa::path(put, path = "/api/v1/config", tag = "config",
+/// Secrets given as `********` keep their current value. With `dry_run=true` the document
+/// is validated the same way and the answer lists what applying it would change.
+#[utoipa::path(put, path = "/api/v1/config", tag = "config", params(ApplyQuery),
     request_body(content(
         (Config = "application/json"),
         (Config = "application/yaml"))),
@@ -1668,7 +1677,19 @@ async fn export_config(
         (status = 401, body = ErrorBody), (status = 409, body = ErrorBody),
         (status = 413, body = ErrorBody), (status = 415, body = ErrorBody),
         (status = 422, body = ErrorBody)))]
-async fn apply_config(State(st): St, Document(new): Document) -> Res<axum::Json<ChangeReport>> {
+async fn apply_config(
+    State(st): St,
+    QueryParams(q): QueryParams<ApplyQuery>,
+    Document(new): Document,
+) -> Res<axum::Json<ChangeReport>> {
+    if q.dry_run == Some(true) {
+        let current = st.api.control.config();
+        let mut cfg = new;
+        cfg.restore_secrets(&current);
+        cfg.validate()
+            .map_err(|(path, msg)| ApiError::invalid(short_field(&path), msg))?;
+        return Ok(axum::Json(crate::diff::diff(&current, &cfg)));
+    }
     let (_, report) = st
         .api
         .change("apply configuration", |c| {
