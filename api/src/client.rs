@@ -360,8 +360,21 @@ impl Client {
         self.put_config(yaml, "/api/v1/config")
     }
 
-    /// What applying a YAML configuration document would change; changes nothing.
+    /// What applying a YAML configuration document would change; changes nothing. An
+    /// rtgtd that does not know dry runs would apply the document: its OpenAPI document is
+    /// asked first.
     pub fn dry_run_yaml(&self, yaml: &str) -> Result<crate::ChangeReport, ClientError> {
+        let doc: serde_json::Value = self.get("/api/v1/openapi.json")?;
+        let knows = doc
+            .pointer("/paths/~1api~1v1~1config/put/parameters")
+            .and_then(|p| p.as_array())
+            .is_some_and(|p| p.iter().any(|p| p["name"] == "dry_run"));
+        if !knows {
+            return Err(ClientError::Setup(
+                "this rtgtd cannot do dry runs (it is older than this rtgtctl): nothing was sent"
+                    .into(),
+            ));
+        }
         self.put_config(yaml, "/api/v1/config?dry_run=true")
     }
 
