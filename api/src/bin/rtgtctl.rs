@@ -1003,3 +1003,61 @@ fn main() -> ExitCode {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn apply_takes_a_file_or_standard_input() {
+        let parse = |a: &[&str]| Args::try_parse_from([&["rtgtctl"], a].concat());
+        let file_of = |a: &[&str]| match parse(a).unwrap().cmd {
+            Cmd::Apply {
+                file,
+                filename,
+                dry_run,
+            } => (filename.or(file).unwrap(), dry_run),
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(
+            file_of(&["apply", "x.yaml"]),
+            (PathBuf::from("x.yaml"), false)
+        );
+        assert_eq!(file_of(&["apply", "-f", "-"]), (PathBuf::from("-"), false));
+        assert_eq!(
+            file_of(&["apply", "--dry-run", "--filename", "y"]),
+            (PathBuf::from("y"), true)
+        );
+        assert!(parse(&["apply"]).is_err());
+        assert!(parse(&["apply", "a", "-f", "b"]).is_err());
+        assert!(parse(&["--socket", "/s", "--url", "http://h:1", "status"]).is_err());
+        assert!(parse(&["--token", "t", "--token-file", "f", "status"]).is_err());
+        let a = parse(&[
+            "export",
+            "-v",
+            "--url",
+            "https://h:1",
+            "--ca-file",
+            "ca.pem",
+        ])
+        .unwrap();
+        assert!(a.verbose);
+        assert_eq!(a.ca_file, Some(PathBuf::from("ca.pem")));
+    }
+
+    #[test]
+    fn errors_never_show_the_secrets_handled() {
+        let doc = "discovery:\n  auth:\n    chap: {user: d, secret: discovery-secret}\n    mutual_chap: {user: m, secret: 123456789012345}\ntargets:\n  - acls: [{auth: {chap: {user: u, secret: '********'}}}]\n";
+        let secrets = document_secrets(doc);
+        assert_eq!(secrets, ["discovery-secret", "123456789012345"]);
+        let ctx = Context {
+            secrets,
+            token: false,
+        };
+        assert_eq!(
+            ctx.scrub("invalid type: integer `123456789012345`, near discovery-secret"),
+            "invalid type: integer `********`, near ********"
+        );
+        assert!(document_secrets("not: [yaml").is_empty());
+    }
+}
