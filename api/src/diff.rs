@@ -11,6 +11,7 @@ use crate::control::ChangeReport;
 pub fn diff(old: &Config, new: &Config) -> ChangeReport {
     let mut report = ChangeReport::default();
     let mut others = Vec::new();
+    let mut conflicts = Vec::new();
     for b in &new.backstores {
         match old.backstore(&b.name) {
             None => others.push(("added", b.name.clone())),
@@ -25,6 +26,8 @@ pub fn diff(old: &Config, new: &Config) -> ChangeReport {
                         b.name.clone(),
                         "CAPACITY DATA HAS CHANGED",
                     );
+                } else if in_use(old, &b.name) {
+                    conflicts.push(b.name.clone());
                 } else {
                     others.push(("changed", b.name.clone()));
                 }
@@ -33,6 +36,14 @@ pub fn diff(old: &Config, new: &Config) -> ChangeReport {
     }
     for (action, name) in others {
         report.push(action, "backstore", name);
+    }
+    for name in conflicts {
+        report.push_detail(
+            "changed",
+            "backstore",
+            name,
+            "in use: only its size can change while a LUN maps it, an apply is refused (409)",
+        );
     }
     for t in &new.targets {
         match old.target(&t.name) {
@@ -96,6 +107,16 @@ pub fn diff(old: &Config, new: &Config) -> ChangeReport {
         );
     }
     report
+}
+
+/// Whether a LUN maps the backstore.
+fn in_use(c: &Config, name: &str) -> bool {
+    c.targets
+        .iter()
+        .flat_map(|t| t.portal_groups.iter())
+        .flat_map(|g| g.luns.iter())
+        .chain(c.srp.iter().flat_map(|p| p.luns.iter()))
+        .any(|l| l.backstore == name)
 }
 
 fn target_diff(report: &mut ChangeReport, old: &Target, new: &Target) {
@@ -288,6 +309,12 @@ srp:
                 "removed backstore c"
             ]
         );
+        // A backstore a LUN maps can only be resized: the dry run says so.
+        let mut in_use = old.clone();
+        in_use.backstores[0].write_cache = false;
+        let r = diff(&old, &in_use);
+        assert_eq!(lines(&r), ["changed backstore a"]);
+        assert!(r.changes[0].detail.as_deref().unwrap().contains("409"));
     }
 
     #[test]
