@@ -1331,13 +1331,36 @@ fn rtgtctl_commands() {
             "targets": [{"fabric": "iscsi", "wwn": "iqn.2003-01.org.linux-iscsi.h:sn.1",
               "tpgs": [{"tag": 1, "attributes": {"generate_node_acls": 1},
                 "portals": [{"ip_address": "0.0.0.0", "port": 3260}],
-                "luns": [{"index": 0, "storage_object": "/backstores/ramdisk/r"}]}]}]}"#,
+                "luns": [{"index": 0, "storage_object": "/backstores/ramdisk/r"}],
+                "node_acls": [{"node_wwn": "iqn.1994-05.com.redhat:client",
+                  "chap_userid": "client", "chap_password": "chap-secret-never-shown"}]}]}]}"#,
     )
     .unwrap();
     let (ok, out, err) = rtgtctl(&d, &["import-lio", lio.to_str().unwrap()]);
     assert!(ok, "{err}");
+    // Its CHAP secrets only when asked for, or into a file.
+    assert!(
+        !out.contains(SECRET) && out.contains("********") && err.contains("--secrets"),
+        "{out}{err}"
+    );
+    let (ok, out, _) = rtgtctl(&d, &["import-lio", "--secrets", lio.to_str().unwrap()]);
+    assert!(ok && out.contains(SECRET));
     let c = Config::from_yaml(&out, Path::new("import")).unwrap();
     assert!(c.targets[0].portal_groups[0].allow_any_initiator);
+    let converted = d.dir.join("converted.yaml");
+    let (ok, out, _) = rtgtctl(
+        &d,
+        &[
+            "import-lio",
+            lio.to_str().unwrap(),
+            "-o",
+            converted.to_str().unwrap(),
+        ],
+    );
+    assert!(ok && out.is_empty());
+    assert!(std::fs::read_to_string(&converted)
+        .unwrap()
+        .contains(SECRET));
 }
 
 /// schemathesis (PyPI) against the OpenAPI document of a running rtgtd: no server error,
@@ -1908,4 +1931,236 @@ fn every_route_refuses_the_unprivileged() {
     assert_eq!(after.backstores.len(), 2);
     assert!(after.srp.is_empty() && after.targets.len() == 1);
     assert!(!d.log().contains(&admin) && !d.log().contains(&reader));
+}
+
+/// rtgtd started as the quick start does: in a directory of its own, with the default
+/// state directory `./rtgt-state`; killed on drop.
+struct InDirectory {
+    child: Child,
+    dir: PathBuf,
+}
+
+impl Drop for InDirectory {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        } else {
+            eprintln!("rtgtd state and log kept in {}", self.dir.display());
+        }
+    }
+}
+
+/// rtgtctl run in `dir` with `args`, `env` and `stdin`, none of the RTGT_ variables
+/// inherited.
+fn rtgtctl_in(
+    dir: &Path,
+    args: &[&str],
+    env: &[(&str, &str)],
+    stdin: Option<&str>,
+) -> (bool, String, String) {
+    use std::io::Write;
+    static BIN: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    let mut cmd = Command::new(BIN.get_or_init(rtgtctl_bin));
+    for v in [
+        "RTGT_SOCKET",
+        "RTGT_URL",
+        "RTGT_TOKEN",
+        "RTGT_TOKEN_FILE",
+        "RTGT_CA_FILE",
+    ] {
+        cmd.env_remove(v);
+    }
+    let mut child = cmd
+        .args(args)
+        .envs(env.iter().copied())
+        .current_dir(dir)
+        .stdin(if stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run rtgtctl");
+    if let Some(text) = stdin {
+        let mut input = child.stdin.take().unwrap();
+        input.write_all(text.as_bytes()).unwrap();
+    }
+    let out = child.wait_with_output().expect("run rtgtctl");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn rtgtctl_finds_rtgtd_and_applies_documents() {
+    let dir = std::env::temp_dir().join(format!("rtgt-api-quickstart-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    // The loopback listener, and one on every address that needs the token (so that the
+    // token file exists and is checked whatever loopback listeners ask for).
+    let (open, guarded) = (free_port(), free_port());
+    let api = format!("api:\n  listen: ['127.0.0.1:{open}', '0.0.0.0:{guarded}']\n");
+    let file = dir.join("rtgt.yaml");
+    std::fs::write(&file, base_config(free_port(), &api)).unwrap();
+    let log = std::fs::File::create(dir.join("rtgtd.log")).unwrap();
+    let child = Command::new(env!("CARGO_BIN_EXE_rtgtd"))
+        .arg("--config")
+        .arg("rtgt.yaml")
+        .current_dir(&dir)
+        .env("RUST_LOG", "info")
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .spawn()
+        .expect("start rtgtd");
+    let mut d = InDirectory {
+        child,
+        dir: dir.clone(),
+    };
+    let sock = dir.join("rtgt-state/rtgtd.sock");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !Client::unix(&sock)
+        .request("GET", "/api/v1/ready", None, &[])
+        .is_ok_and(|r| r.status == 200)
+    {
+        if let Ok(Some(st)) = d.child.try_wait() {
+            panic!(
+                "rtgtd exited with {st}:\n{}",
+                std::fs::read_to_string(dir.join("rtgtd.log")).unwrap_or_default()
+            );
+        }
+        assert!(Instant::now() < deadline, "rtgtd not ready");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+
+    // No flags: the socket of the working directory.
+    let (ok, before, err) = rtgtctl_in(&dir, &["-v", "export"], &[], None);
+    assert!(ok, "{err}");
+    assert!(before.contains(TARGET), "{before}");
+    assert!(
+        err.contains(
+            "rtgtctl: API at unix socket ./rtgt-state/rtgtd.sock (found in the working directory)"
+        ),
+        "{err}"
+    );
+    // RTGT_URL on loopback: the token of ./rtgt-state/api-token, found by itself; the
+    // listener on every address refuses requests without it.
+    let token = std::fs::read_to_string(dir.join("rtgt-state/api-token"))
+        .unwrap()
+        .trim()
+        .to_string();
+    for port in [open, guarded] {
+        let url = format!("http://127.0.0.1:{port}");
+        let (ok, out, err) = rtgtctl_in(&dir, &["-v", "export"], &[("RTGT_URL", &url)], None);
+        assert!(ok, "{err}");
+        assert_eq!(out, before);
+        assert!(
+            err.contains(&format!("rtgtctl: API at {url} (RTGT_URL)"))
+                && err.contains("rtgtctl: token from ./rtgt-state/api-token"),
+            "{err}"
+        );
+        assert!(!err.contains(&token), "-v never shows the token");
+    }
+    // Elsewhere there is no such file: a 401 comes with a hint.
+    let elsewhere = dir.join("rtgt-state");
+    let url = format!("http://127.0.0.1:{guarded}");
+    let (ok, _, err) = rtgtctl_in(&elsewhere, &["export"], &[("RTGT_URL", &url)], None);
+    assert!(!ok);
+    assert!(
+        err.contains("401")
+            && err.contains("--token-file FILE (rtgtd's state directory holds api-token)"),
+        "{err}"
+    );
+    // And without a socket to find, what was tried.
+    let (ok, _, err) = rtgtctl_in(&elsewhere, &["export"], &[], None);
+    if !Path::new("/run/rtgt/rtgtd.sock").exists()
+        && !Path::new("/var/lib/rtgt/rtgtd.sock").exists()
+    {
+        assert!(!ok);
+        assert!(
+            err.contains("./rtgt-state/rtgtd.sock") && err.contains("/run/rtgt/rtgtd.sock"),
+            "{err}"
+        );
+    }
+
+    // apply -f -: the document on standard input.
+    let doc = before.replace(
+        "backstores:\n",
+        "backstores:\n- name: fromstdin\n  type: ramdisk\n  size: 4MiB\n",
+    );
+    assert_ne!(doc, before);
+    let (ok, out, err) = rtgtctl_in(&dir, &["apply", "-f", "-"], &[], Some(&doc));
+    assert!(ok, "{err}");
+    assert_eq!(out.trim(), "added backstore fromstdin");
+    let (_, now, _) = rtgtctl_in(&dir, &["export"], &[], None);
+    let running = Config::from_yaml(&now, Path::new("export")).unwrap();
+    assert_eq!(running, Config::from_yaml(&doc, Path::new("doc")).unwrap());
+    assert!(running.backstore("fromstdin").is_some());
+
+    // apply --dry-run -f FILE: the differences, nothing changed.
+    let mut smaller = running.clone();
+    smaller.backstores.retain(|b| b.name != "fromstdin");
+    smaller.backstores.retain(|b| b.name != "spare");
+    smaller.targets[0].portal_groups[0].acls.remove(1);
+    let plan = dir.join("plan.yaml");
+    std::fs::write(&plan, smaller.to_yaml()).unwrap();
+    let saved = std::fs::read(&file).unwrap();
+    let (ok, out, err) = rtgtctl_in(&dir, &["apply", "--dry-run", "-f", "plan.yaml"], &[], None);
+    assert!(ok, "{err}");
+    let rows: Vec<Vec<&str>> = out
+        .lines()
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    assert_eq!(rows[0], ["ACTION", "OBJECT", "NAME", "DETAIL"], "{out}");
+    assert_eq!(
+        rows[1..],
+        [
+            vec![
+                "removed".to_string(),
+                "acl".into(),
+                format!("{TARGET}/tpg1/acl/{INI_B}")
+            ],
+            vec!["removed".into(), "backstore".into(), "fromstdin".into()],
+            vec!["removed".into(), "backstore".into(), "spare".into()],
+            vec![
+                "(dry".into(),
+                "run:".into(),
+                "nothing".into(),
+                "changed)".into()
+            ],
+        ]
+    );
+    let (_, after, _) = rtgtctl_in(&dir, &["export"], &[], None);
+    assert_eq!(after, now, "a dry run changes nothing");
+    assert_eq!(std::fs::read(&file).unwrap(), saved, "nor the file");
+    let (ok, out, err) = rtgtctl_in(
+        &dir,
+        &["--json", "apply", "--dry-run", "plan.yaml"],
+        &[],
+        None,
+    );
+    assert!(ok && err.contains("(dry run: nothing changed)"), "{err}");
+    let r: ChangeReport = serde_json::from_str(&out).unwrap();
+    assert_eq!(r.changes.len(), 3);
+    // A dry run validates as an apply does.
+    let (ok, _, err) = rtgtctl_in(
+        &dir,
+        &["apply", "--dry-run", "-f", "-"],
+        &[],
+        Some("backstores: [{name: x, type: ramdisk}]\n"),
+    );
+    assert!(!ok && err.contains("422") && err.contains("size"), "{err}");
+    // Then the real thing.
+    let (ok, out, err) = rtgtctl_in(&dir, &["apply", "plan.yaml"], &[], None);
+    assert!(ok, "{err}");
+    assert_eq!(out.lines().count(), 3, "{out}");
+    // The OpenAPI document lists the parameter.
+    let doc: serde_json::Value = Client::unix(&sock).get("/api/v1/openapi.json").unwrap();
+    let params = &doc["paths"]["/api/v1/config"]["put"]["parameters"];
+    assert_eq!(params[0]["name"], "dry_run", "{params}");
 }

@@ -6,6 +6,7 @@ pub mod auth;
 pub mod client;
 pub mod config;
 pub mod control;
+pub mod diff;
 pub mod lio;
 pub mod metrics;
 pub mod server;

@@ -466,12 +466,7 @@ impl Api {
     ) -> Res<(T, ChangeReport)> {
         let _serial = self.changes.lock().await;
         let current = self.control.config();
-        let mut cfg = current.clone();
-        let out = f(&mut cfg)?;
-        keep_startup_sections(&mut cfg, &current)?;
-        cfg.restore_secrets(&current);
-        cfg.validate()
-            .map_err(|(path, msg)| ApiError::invalid(short_field(&path), msg))?;
+        let (out, cfg) = edited(&current, f)?;
         let report = self.control.apply(cfg).await?;
         tracing::info!(
             request = what,
@@ -480,6 +475,18 @@ impl Api {
         );
         Ok((out, report))
     }
+}
+
+/// A copy of `current` edited by `f`, as an apply would serve it: sections only the file
+/// sets kept, `********` secrets restored, validated.
+fn edited<T>(current: &Config, f: impl FnOnce(&mut Config) -> Res<T>) -> Res<(T, Config)> {
+    let mut cfg = current.clone();
+    let out = f(&mut cfg)?;
+    keep_startup_sections(&mut cfg, current)?;
+    cfg.restore_secrets(current);
+    cfg.validate()
+        .map_err(|(path, msg)| ApiError::invalid(short_field(&path), msg))?;
+    Ok((out, cfg))
 }
 
 /// The `api` and `policy` sections say who may reach the API and what it may open: they
@@ -1789,9 +1796,18 @@ async fn export_config(
     }
 }
 
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+struct ApplyQuery {
+    /// Validate the document as an apply would and answer with what it would change,
+    /// changing nothing.
+    dry_run: Option<bool>,
+}
+
 /// Applies a whole configuration document (YAML or JSON): only what differs changes.
-/// Secrets given as `********` keep their current value.
-#[utoipa::path(put, path = "/api/v1/config", tag = "config",
+/// Secrets given as `********` keep their current value. With `dry_run=true` the document
+/// is validated the same way and the answer lists what applying it would change.
+#[utoipa::path(put, path = "/api/v1/config", tag = "config", params(ApplyQuery),
     request_body(content(
         (Config = "application/json"),
         (Config = "application/yaml"))),
@@ -1799,7 +1815,19 @@ async fn export_config(
         (status = 401, body = ErrorBody), (status = 409, body = ErrorBody),
         (status = 413, body = ErrorBody), (status = 415, body = ErrorBody),
         (status = 422, body = ErrorBody)))]
-async fn apply_config(State(st): St, Document(new): Document) -> Res<axum::Json<ChangeReport>> {
+async fn apply_config(
+    State(st): St,
+    QueryParams(q): QueryParams<ApplyQuery>,
+    Document(new): Document,
+) -> Res<axum::Json<ChangeReport>> {
+    if q.dry_run == Some(true) {
+        let current = st.api.control.config();
+        let ((), cfg) = edited(&current, |c| {
+            *c = new;
+            Ok(())
+        })?;
+        return Ok(axum::Json(crate::diff::diff(&current, &cfg)));
+    }
     let (_, report) = st
         .api
         .change("apply configuration", |c| {

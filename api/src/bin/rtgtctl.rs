@@ -1,34 +1,51 @@
 //! rtgtctl: the command line over rtgtd's administration API.
 
-use std::path::PathBuf;
+use std::io::Read;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use rtgt_api::client::{segment, Client, ClientError};
+use rtgt_api::client::{discover, segment, ClientError, Given, System};
 use rtgt_api::config::{
     Acl, Auth, Backstore, BackstoreKind, ByteSize, Chap, Config, Lun, MappedLun, PortalGroup,
-    SrpAcl, SrpPort, Target,
+    SrpAcl, SrpPort, Target, REDACTED,
 };
 use rtgt_api::server::Portal;
 use rtgt_api::{ChangeReport, SessionView};
 
 /// Manages a running rtgtd: backstores, targets, LUNs, ACLs, sessions and the whole
-/// configuration. Talks to the unix socket of the state directory unless --url is given.
+/// configuration.
 #[derive(Parser, Debug)]
-#[command(name = "rtgtctl", version)]
+#[command(
+    name = "rtgtctl",
+    version,
+    after_help = "Finding rtgtd: --socket or --url; else RTGT_SOCKET or RTGT_URL; else the \
+        first socket present of ./rtgt-state/rtgtd.sock (rtgtd started in this directory), \
+        /run/rtgt/rtgtd.sock (the service) and /var/lib/rtgt/rtgtd.sock. A TCP API takes \
+        the token of --token, --token-file, RTGT_TOKEN or RTGT_TOKEN_FILE; on a loopback \
+        address rtgtctl reads ./rtgt-state/api-token or /var/lib/rtgt/api-token when it \
+        may. -v tells which it used."
+)]
 struct Args {
-    /// The API's unix socket.
-    #[arg(long, env = "RTGT_SOCKET", default_value = "/var/lib/rtgt/rtgtd.sock")]
-    socket: PathBuf,
-    /// The API over TCP instead, e.g. http://192.0.2.10:8080.
-    #[arg(long, env = "RTGT_URL")]
+    /// The API's unix socket [env: RTGT_SOCKET].
+    #[arg(long, global = true, conflicts_with = "url")]
+    socket: Option<PathBuf>,
+    /// The API over TCP instead: http://HOST:PORT or https://HOST:PORT [env: RTGT_URL].
+    #[arg(long, global = true)]
     url: Option<String>,
-    /// Bearer token (listeners on addresses other than loopback require it).
-    #[arg(long, env = "RTGT_TOKEN", hide_env_values = true)]
+    /// Bearer token for a TCP API [env: RTGT_TOKEN].
+    #[arg(long, global = true, conflicts_with = "token_file")]
     token: Option<String>,
-    /// File holding the bearer token.
-    #[arg(long)]
+    /// File holding the bearer token [env: RTGT_TOKEN_FILE].
+    #[arg(long, global = true)]
     token_file: Option<PathBuf>,
+    /// CA certificates (PEM) for an https URL; for a self-signed certificate, the
+    /// certificate itself. Default: the system's [env: RTGT_CA_FILE].
+    #[arg(long, global = true)]
+    ca_file: Option<PathBuf>,
+    /// Tell on standard error where the API was found and whence the token came.
+    #[arg(long, short, global = true)]
+    verbose: bool,
     /// Print JSON instead of tables.
     #[arg(long, global = true)]
     json: bool,
@@ -59,20 +76,34 @@ enum Cmd {
     /// Sessions of every transport (iSCSI over TCP, iSER, SRP).
     #[command(subcommand)]
     Sessions(SessionCmd),
-    /// Applies a configuration file (YAML or JSON): only what differs changes.
-    Apply { file: PathBuf },
+    /// Applies a configuration document (YAML or JSON): only what differs changes.
+    Apply {
+        /// The document; `-` reads standard input.
+        #[arg(conflicts_with = "filename", required_unless_present = "filename")]
+        file: Option<PathBuf>,
+        /// The document, as `-f FILE` or `-f -` (standard input).
+        #[arg(short = 'f', long = "filename", value_name = "FILE")]
+        filename: Option<PathBuf>,
+        /// Print what would change, changing nothing.
+        #[arg(long)]
+        dry_run: bool,
+    },
     /// Prints the running configuration as YAML.
     Export {
-        /// Include CHAP secrets.
+        /// Include CHAP secrets (otherwise shown as `********`).
         #[arg(long)]
         secrets: bool,
     },
     /// Converts a targetcli saveconfig.json into an rtgt configuration (offline).
     ImportLio {
         file: PathBuf,
-        /// Write the result here instead of standard output.
+        /// Write the result here (mode 0600, CHAP secrets included) instead of standard
+        /// output.
         #[arg(long, short)]
         output: Option<PathBuf>,
+        /// Print CHAP secrets on standard output instead of `********`.
+        #[arg(long)]
+        secrets: bool,
     },
     /// Prints the Prometheus metrics.
     Metrics,
@@ -444,9 +475,105 @@ fn print_targets(json: bool, v: &[Target]) {
     table(&["TARGET", "TPG", "PORTALS", "LUNS", "ACLS", "AUTH"], rows);
 }
 
-fn run(args: Args) -> Result<(), ClientError> {
+/// What error messages must not show, and whether a token went with the request.
+#[derive(Default)]
+struct Context {
+    secrets: Vec<String>,
+    token: bool,
+}
+
+impl Context {
+    /// `text` with every secret this run handled replaced by `********`.
+    fn scrub(&self, text: &str) -> String {
+        let mut t = text.to_string();
+        for s in self.secrets.iter().filter(|s| s.len() >= 6) {
+            t = t.replace(s.as_str(), REDACTED);
+        }
+        t
+    }
+}
+
+/// The CHAP secrets a configuration document holds (as far as it parses).
+fn document_secrets(text: &str) -> Vec<String> {
+    fn walk(v: &serde_norway::Value, out: &mut Vec<String>) {
+        use serde_norway::Value;
+        match v {
+            Value::Mapping(m) => {
+                for (k, v) in m {
+                    match (k.as_str(), v) {
+                        (Some("secret"), Value::String(s)) => out.push(s.clone()),
+                        (Some("secret"), Value::Number(n)) => out.push(n.to_string()),
+                        _ => walk(v, out),
+                    }
+                }
+            }
+            Value::Sequence(s) => s.iter().for_each(|v| walk(v, out)),
+            Value::Tagged(t) => walk(&t.value, out),
+            _ => {}
+        }
+    }
+    let mut out = Vec::new();
+    if let Ok(v) = serde_norway::from_str::<serde_norway::Value>(text) {
+        walk(&v, &mut out);
+    }
+    out.retain(|s| s != REDACTED);
+    out
+}
+
+/// Reads a document from a file, or from standard input for `-`.
+fn read_document(path: &Path) -> Result<String, ClientError> {
+    let mut text = String::new();
+    let read = if path.as_os_str() == "-" {
+        std::io::stdin().read_to_string(&mut text).map(|_| ())
+    } else {
+        std::fs::read_to_string(path).map(|t| text = t)
+    };
+    read.map_err(|e| {
+        let what = if path.as_os_str() == "-" {
+            "standard input".to_string()
+        } else {
+            path.display().to_string()
+        };
+        ClientError::Setup(format!("cannot read {what}: {e}"))
+    })?;
+    Ok(text)
+}
+
+fn print_dry_run(json: bool, r: &ChangeReport) {
+    if json {
+        print_json(r);
+        eprintln!("(dry run: nothing changed)");
+        return;
+    }
+    if r.changes.is_empty() {
+        println!("no changes");
+    } else {
+        table(
+            &["ACTION", "OBJECT", "NAME", "DETAIL"],
+            r.changes
+                .iter()
+                .map(|c| {
+                    vec![
+                        c.action.clone(),
+                        c.object.clone(),
+                        c.name.clone(),
+                        c.detail.clone().unwrap_or_default(),
+                    ]
+                })
+                .collect(),
+        );
+    }
+    println!("(dry run: nothing changed)");
+}
+
+fn run(args: Args, ctx: &mut Context) -> Result<(), ClientError> {
     let json = args.json;
-    if let Cmd::ImportLio { file, output } = &args.cmd {
+    if let Cmd::ImportLio {
+        file,
+        output,
+        secrets,
+    } = &args.cmd
+    {
         let text = std::fs::read_to_string(file)?;
         let import = rtgt_api::lio::convert(&text).map_err(|message| ClientError::Http {
             status: 422,
@@ -456,30 +583,49 @@ fn run(args: Args) -> Result<(), ClientError> {
         for w in &import.warnings {
             eprintln!("warning: {w}");
         }
-        let yaml = format!(
-            "# Converted from {} by rtgtctl import-lio.\n{}",
-            file.display(),
-            import.config.to_yaml()
-        );
         match output {
             Some(o) => import
                 .config
                 .save(o)
                 .map_err(|e| ClientError::Io(std::io::Error::other(e.to_string())))?,
-            None => print!("{yaml}"),
+            None => {
+                let shown = if *secrets {
+                    import.config.clone()
+                } else {
+                    import.config.redacted()
+                };
+                if shown != import.config {
+                    eprintln!(
+                        "rtgtctl: CHAP secrets are shown as {REDACTED}: --secrets prints them, -o FILE writes them"
+                    );
+                }
+                print!(
+                    "# Converted from {} by rtgtctl import-lio.\n{}",
+                    file.display(),
+                    shown.to_yaml()
+                );
+            }
         }
         return Ok(());
     }
-    let token = match (&args.token, &args.token_file) {
-        (Some(t), _) => Some(t.clone()),
-        (None, Some(f)) => Some(std::fs::read_to_string(f)?.trim().to_string()),
-        _ => None,
-    };
-    let client = match &args.url {
-        Some(u) => Client::url(u)?,
-        None => Client::unix(&args.socket),
+    let found = discover(
+        &Given {
+            socket: args.socket.clone(),
+            url: args.url.clone(),
+            token: args.token.clone(),
+            token_file: args.token_file.clone(),
+            ca_file: args.ca_file.clone(),
+        },
+        &System,
+    )?;
+    if args.verbose {
+        for n in &found.notes {
+            eprintln!("rtgtctl: {n}");
+        }
     }
-    .with_token(token);
+    ctx.token = found.token.is_some();
+    ctx.secrets.extend(found.token.clone());
+    let client = found.client()?;
     let c = &client;
     match args.cmd {
         Cmd::Backstores(cmd) => match cmd {
@@ -532,6 +678,13 @@ fn run(args: Args) -> Result<(), ClientError> {
             TargetCmd::List => print_targets(json, &c.get::<Vec<Target>>("/api/v1/targets")?),
             TargetCmd::Show { name } => {
                 let t: Target = c.get(&format!("/api/v1/targets/{}", segment(&name)))?;
+                let t = Config {
+                    targets: vec![t],
+                    ..Config::default()
+                }
+                .redacted()
+                .targets
+                .remove(0);
                 if json {
                     print_json(&t);
                 } else {
@@ -655,6 +808,7 @@ fn run(args: Args) -> Result<(), ClientError> {
                 chap_secret,
                 maps,
             } => {
+                ctx.secrets.extend(chap_secret.clone());
                 let acl = Acl {
                     initiator,
                     auth: Auth {
@@ -769,16 +923,28 @@ fn run(args: Args) -> Result<(), ClientError> {
             }
             SessionCmd::Logout { id } => c.delete(&format!("/api/v1/sessions/{}", segment(&id)))?,
         },
-        Cmd::Apply { file } => {
-            let text = std::fs::read_to_string(&file)?;
-            print_report(json, &c.apply_yaml(&text)?);
+        Cmd::Apply {
+            file,
+            filename,
+            dry_run,
+        } => {
+            let path = filename
+                .or(file)
+                .ok_or_else(|| ClientError::Setup("apply needs a document: FILE or -f -".into()))?;
+            let text = read_document(&path)?;
+            ctx.secrets.extend(document_secrets(&text));
+            if dry_run {
+                print_dry_run(json, &c.dry_run_yaml(&text)?);
+            } else {
+                print_report(json, &c.apply_yaml(&text)?);
+            }
         }
         Cmd::Export { secrets } => {
-            let cfg: Config = c.get(if secrets {
-                "/api/v1/config?secrets=true"
+            let cfg: Config = if secrets {
+                c.get("/api/v1/config?secrets=true")?
             } else {
-                "/api/v1/config"
-            })?;
+                c.get::<Config>("/api/v1/config")?.redacted()
+            };
             if json {
                 print_json(&cfg);
             } else {
@@ -818,11 +984,80 @@ fn serde_norway_yaml<T: serde::Serialize>(v: &T) -> String {
 }
 
 fn main() -> ExitCode {
-    match run(Args::parse()) {
+    let mut ctx = Context::default();
+    match run(Args::parse(), &mut ctx) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("rtgtctl: {e}");
+            eprintln!("rtgtctl: {}", ctx.scrub(&e.to_string()));
+            if let ClientError::Http { status: 401, .. } = e {
+                eprintln!(
+                    "rtgtctl: {}: --token-file FILE (rtgtd's state directory holds api-token)",
+                    if ctx.token {
+                        "the token was refused"
+                    } else {
+                        "the API needs a token"
+                    }
+                );
+            }
             ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn apply_takes_a_file_or_standard_input() {
+        let parse = |a: &[&str]| Args::try_parse_from([&["rtgtctl"], a].concat());
+        let file_of = |a: &[&str]| match parse(a).unwrap().cmd {
+            Cmd::Apply {
+                file,
+                filename,
+                dry_run,
+            } => (filename.or(file).unwrap(), dry_run),
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(
+            file_of(&["apply", "x.yaml"]),
+            (PathBuf::from("x.yaml"), false)
+        );
+        assert_eq!(file_of(&["apply", "-f", "-"]), (PathBuf::from("-"), false));
+        assert_eq!(
+            file_of(&["apply", "--dry-run", "--filename", "y"]),
+            (PathBuf::from("y"), true)
+        );
+        assert!(parse(&["apply"]).is_err());
+        assert!(parse(&["apply", "a", "-f", "b"]).is_err());
+        assert!(parse(&["--socket", "/s", "--url", "http://h:1", "status"]).is_err());
+        assert!(parse(&["--token", "t", "--token-file", "f", "status"]).is_err());
+        let a = parse(&[
+            "export",
+            "-v",
+            "--url",
+            "https://h:1",
+            "--ca-file",
+            "ca.pem",
+        ])
+        .unwrap();
+        assert!(a.verbose);
+        assert_eq!(a.ca_file, Some(PathBuf::from("ca.pem")));
+    }
+
+    #[test]
+    fn errors_never_show_the_secrets_handled() {
+        let doc = "discovery:\n  auth:\n    chap: {user: d, secret: discovery-secret}\n    mutual_chap: {user: m, secret: 123456789012345}\ntargets:\n  - acls: [{auth: {chap: {user: u, secret: '********'}}}]\n";
+        let secrets = document_secrets(doc);
+        assert_eq!(secrets, ["discovery-secret", "123456789012345"]);
+        let ctx = Context {
+            secrets,
+            token: false,
+        };
+        assert_eq!(
+            ctx.scrub("invalid type: integer `123456789012345`, near discovery-secret"),
+            "invalid type: integer `********`, near ********"
+        );
+        assert!(document_secrets("not: [yaml").is_empty());
     }
 }

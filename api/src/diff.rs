@@ -1,0 +1,473 @@
+//! What applying a document would change: the differences between two configurations,
+//! named as the report of a real apply names them (`iqn…:t/tpg1/lun/0`, `srp/p0/acl/0x…`).
+//! `PUT /api/v1/config?dry_run=true` answers with it.
+
+use crate::config::{Config, PortalGroup, SrpPort, Target};
+use crate::control::ChangeReport;
+
+/// The changes that make `old` into `new`, in the order an apply makes them: backstores
+/// resized, added or changed; targets; SRP ports; discovery; backstores removed; then the
+/// sections that apply when rtgtd restarts. Empty when the two are equal.
+pub fn diff(old: &Config, new: &Config) -> ChangeReport {
+    let mut report = ChangeReport::default();
+    let mut others = Vec::new();
+    let mut conflicts = Vec::new();
+    for b in &new.backstores {
+        match old.backstore(&b.name) {
+            None => others.push(("added", b.name.clone())),
+            Some(o) if o == b => {}
+            Some(o) => {
+                let mut same_but_size = o.clone();
+                same_but_size.size = b.size;
+                if same_but_size == *b && b.size.is_some() {
+                    report.push_detail(
+                        "resized",
+                        "backstore",
+                        b.name.clone(),
+                        "CAPACITY DATA HAS CHANGED",
+                    );
+                } else if in_use(old, &b.name) {
+                    conflicts.push(b.name.clone());
+                } else {
+                    others.push(("changed", b.name.clone()));
+                }
+            }
+        }
+    }
+    for (action, name) in others {
+        report.push(action, "backstore", name);
+    }
+    for name in conflicts {
+        report.push_detail(
+            "changed",
+            "backstore",
+            name,
+            "in use: only its size can change while a LUN maps it, an apply is refused (409)",
+        );
+    }
+    for t in &new.targets {
+        match old.target(&t.name) {
+            None => report.push("added", "target", t.name.clone()),
+            Some(o) if o == t => {}
+            Some(o) => target_diff(&mut report, o, t),
+        }
+    }
+    for t in &old.targets {
+        if new.target(&t.name).is_none() {
+            report.push("removed", "target", t.name.clone());
+        }
+    }
+    for p in &new.srp {
+        match old.srp.iter().find(|x| x.name == p.name) {
+            None => report.push("added", "srp_port", p.name.clone()),
+            Some(o) if o == p => {}
+            Some(o) => srp_diff(&mut report, o, p),
+        }
+    }
+    for p in &old.srp {
+        if !new.srp.iter().any(|x| x.name == p.name) {
+            report.push_detail(
+                "removed",
+                "srp_port",
+                p.name.clone(),
+                "its channels are logged out",
+            );
+        }
+    }
+    if new.discovery != old.discovery {
+        report.push("changed", "discovery", "discovery");
+    }
+    for b in &old.backstores {
+        if new.backstore(&b.name).is_none() {
+            report.push("removed", "backstore", b.name.clone());
+        }
+    }
+    if new.rdma != old.rdma {
+        report.push_detail(
+            "changed",
+            "rdma",
+            "rdma",
+            "the RDMA device changes when rtgtd restarts",
+        );
+    }
+    if new.api != old.api {
+        report.push_detail(
+            "changed",
+            "api",
+            "api",
+            "API listeners change when rtgtd restarts",
+        );
+    }
+    if new.policy != old.policy {
+        report.push_detail(
+            "changed",
+            "policy",
+            "policy",
+            "the policy changes when rtgtd restarts",
+        );
+    }
+    report
+}
+
+/// Whether a LUN maps the backstore.
+fn in_use(c: &Config, name: &str) -> bool {
+    c.targets
+        .iter()
+        .flat_map(|t| t.portal_groups.iter())
+        .flat_map(|g| g.luns.iter())
+        .chain(c.srp.iter().flat_map(|p| p.luns.iter()))
+        .any(|l| l.backstore == name)
+}
+
+fn target_diff(report: &mut ChangeReport, old: &Target, new: &Target) {
+    for g in &new.portal_groups {
+        let path = format!("{}/tpg{}", new.name, g.tag);
+        match old.portal_groups.iter().find(|x| x.tag == g.tag) {
+            None => report.push("added", "portal_group", path),
+            Some(o) => portal_group_diff(report, &path, o, g),
+        }
+    }
+    for o in &old.portal_groups {
+        if !new.portal_groups.iter().any(|g| g.tag == o.tag) {
+            report.push(
+                "removed",
+                "portal_group",
+                format!("{}/tpg{}", new.name, o.tag),
+            );
+        }
+    }
+    if old.alias != new.alias {
+        report.push("changed", "target", new.name.clone());
+    }
+}
+
+fn portal_group_diff(report: &mut ChangeReport, path: &str, o: &PortalGroup, g: &PortalGroup) {
+    for p in g.portals.iter().filter(|p| !o.portals.contains(p)) {
+        report.push("added", "portal", format!("{path}/{p}"));
+    }
+    for p in o.portals.iter().filter(|p| !g.portals.contains(p)) {
+        report.push("removed", "portal", format!("{path}/{p}"));
+    }
+    keyed_diff(
+        report,
+        "lun",
+        path,
+        &o.luns,
+        &g.luns,
+        |l| l.lun.to_string(),
+        |a, b| a.lun == b.lun,
+    );
+    keyed_diff(
+        report,
+        "acl",
+        path,
+        &o.acls,
+        &g.acls,
+        |a| a.initiator.clone(),
+        |a, b| a.initiator == b.initiator,
+    );
+    if g.auth != o.auth {
+        report.push("changed", "auth", path);
+    }
+    if g.allow_any_initiator != o.allow_any_initiator || g.params != o.params || g.iser != o.iser {
+        report.push("changed", "params", path);
+    }
+}
+
+fn srp_diff(report: &mut ChangeReport, old: &SrpPort, new: &SrpPort) {
+    let path = format!("srp/{}", new.name);
+    keyed_diff(
+        report,
+        "lun",
+        &path,
+        &old.luns,
+        &new.luns,
+        |l| l.lun.to_string(),
+        |a, b| a.lun == b.lun,
+    );
+    // SRP initiator port identifiers are hex: case does not matter.
+    keyed_diff(
+        report,
+        "acl",
+        &path,
+        &old.acls,
+        &new.acls,
+        |a| a.initiator.clone(),
+        |a, b| a.initiator.eq_ignore_ascii_case(&b.initiator),
+    );
+    if old.listen != new.listen
+        || old.id_ext != new.id_ext
+        || old.ioc_guid != new.ioc_guid
+        || old.allow_any_initiator != new.allow_any_initiator
+    {
+        report.push("changed", "srp_port", new.name.clone());
+    }
+}
+
+/// Added, changed and removed members of a list whose members `same` identifies, named
+/// `{path}/{object}/{key}`.
+fn keyed_diff<T: PartialEq>(
+    report: &mut ChangeReport,
+    object: &str,
+    path: &str,
+    old: &[T],
+    new: &[T],
+    key: impl Fn(&T) -> String,
+    same: impl Fn(&T, &T) -> bool,
+) {
+    for n in new {
+        match old.iter().find(|o| same(o, n)) {
+            None => report.push("added", object, format!("{path}/{object}/{}", key(n))),
+            Some(o) if o != n => {
+                report.push("changed", object, format!("{path}/{object}/{}", key(n)))
+            }
+            _ => {}
+        }
+    }
+    for o in old.iter().filter(|o| !new.iter().any(|n| same(o, n))) {
+        report.push("removed", object, format!("{path}/{object}/{}", key(o)));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{Acl, ByteSize, Chap, Lun, SrpAcl};
+    use std::path::Path;
+
+    const IQN: &str = "iqn.2025-01.io.rtgt:t";
+
+    fn base() -> Config {
+        Config::from_yaml(
+            &format!(
+                "\
+backstores:
+  - {{name: a, type: ramdisk, size: 1MiB}}
+  - {{name: b, type: null, size: 1MiB}}
+targets:
+  - name: {IQN}
+    portal_groups:
+      - tag: 1
+        portals: ['127.0.0.1:3260']
+        luns: [{{lun: 0, backstore: a}}]
+        acls:
+          - initiator: iqn.2025-01.io.rtgt:h1
+            auth: {{chap: {{user: u, secret: secret-number-one}}}}
+srp:
+  - name: p0
+    luns: [{{lun: 0, backstore: a}}]
+    acls: [{{initiator: '0x0000000000000000505400fffe123403'}}]
+"
+            ),
+            Path::new("t.yaml"),
+        )
+        .unwrap()
+    }
+
+    fn lines(r: &ChangeReport) -> Vec<String> {
+        r.changes
+            .iter()
+            .map(|c| format!("{} {} {}", c.action, c.object, c.name))
+            .collect()
+    }
+
+    #[test]
+    fn equal_documents_differ_in_nothing() {
+        let c = base();
+        assert!(diff(&c, &c).changes.is_empty());
+        assert!(diff(&Config::default(), &Config::default())
+            .changes
+            .is_empty());
+    }
+
+    #[test]
+    fn backstores_added_removed_changed_and_resized() {
+        let old = base();
+        let mut new = old.clone();
+        new.backstores[0].size = Some(ByteSize(2 << 20));
+        new.backstores[1].read_only = true;
+        new.backstores.push(new.backstores[1].clone());
+        new.backstores[2].name = "c".into();
+        let r = diff(&old, &new);
+        assert_eq!(
+            lines(&r),
+            [
+                "resized backstore a",
+                "changed backstore b",
+                "added backstore c"
+            ]
+        );
+        assert_eq!(
+            r.changes[0].detail.as_deref(),
+            Some("CAPACITY DATA HAS CHANGED")
+        );
+        assert_eq!(
+            lines(&diff(&new, &old)),
+            [
+                "resized backstore a",
+                "changed backstore b",
+                "removed backstore c"
+            ]
+        );
+        // A backstore a LUN maps can only be resized: the dry run says so.
+        let mut in_use = old.clone();
+        in_use.backstores[0].write_cache = false;
+        let r = diff(&old, &in_use);
+        assert_eq!(lines(&r), ["changed backstore a"]);
+        assert!(r.changes[0].detail.as_deref().unwrap().contains("409"));
+    }
+
+    #[test]
+    fn targets_and_what_is_inside_them() {
+        let old = base();
+        let mut new = old.clone();
+        let g = &mut new.targets[0].portal_groups[0];
+        g.portals = vec!["127.0.0.1:3261".parse().unwrap()];
+        g.luns.push(Lun {
+            lun: 1,
+            backstore: "b".into(),
+        });
+        g.luns[0].backstore = "b".into();
+        g.acls[0]
+            .mapped_luns
+            .push(crate::config::MappedLun { lun: 0, tpg_lun: 1 });
+        g.acls.push(Acl {
+            initiator: "iqn.2025-01.io.rtgt:h2".into(),
+            auth: Default::default(),
+            mapped_luns: Vec::new(),
+        });
+        g.auth.chap = Some(Chap {
+            user: "g".into(),
+            secret: "group-secret-1".into(),
+        });
+        g.params.queue_depth = Some(64);
+        let mut tpg2 = g.clone();
+        tpg2.tag = 2;
+        tpg2.portals = vec!["127.0.0.1:3262".parse().unwrap()];
+        new.targets[0].portal_groups.push(tpg2);
+        new.targets[0].alias = Some("x".into());
+        let mut t2 = new.targets[0].clone();
+        t2.name = "iqn.2025-01.io.rtgt:u".into();
+        new.targets.push(t2);
+        let r = diff(&old, &new);
+        let p = format!("{IQN}/tpg1");
+        assert_eq!(
+            lines(&r),
+            [
+                format!("added portal {p}/127.0.0.1:3261"),
+                format!("removed portal {p}/127.0.0.1:3260"),
+                format!("changed lun {p}/lun/0"),
+                format!("added lun {p}/lun/1"),
+                format!("changed acl {p}/acl/iqn.2025-01.io.rtgt:h1"),
+                format!("added acl {p}/acl/iqn.2025-01.io.rtgt:h2"),
+                format!("changed auth {p}"),
+                format!("changed params {p}"),
+                format!("added portal_group {IQN}/tpg2"),
+                format!("changed target {IQN}"),
+                "added target iqn.2025-01.io.rtgt:u".to_string(),
+            ]
+        );
+        assert_eq!(
+            lines(&diff(&new, &old)),
+            [
+                format!("added portal {p}/127.0.0.1:3260"),
+                format!("removed portal {p}/127.0.0.1:3261"),
+                format!("changed lun {p}/lun/0"),
+                format!("removed lun {p}/lun/1"),
+                format!("changed acl {p}/acl/iqn.2025-01.io.rtgt:h1"),
+                format!("removed acl {p}/acl/iqn.2025-01.io.rtgt:h2"),
+                format!("changed auth {p}"),
+                format!("changed params {p}"),
+                format!("removed portal_group {IQN}/tpg2"),
+                format!("changed target {IQN}"),
+                "removed target iqn.2025-01.io.rtgt:u".to_string(),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_secret_change_is_an_acl_change_and_is_never_named() {
+        let old = base();
+        let mut new = old.clone();
+        new.targets[0].portal_groups[0].acls[0]
+            .auth
+            .chap
+            .as_mut()
+            .unwrap()
+            .secret = "secret-number-two".into();
+        new.discovery.auth.chap = Some(Chap {
+            user: "d".into(),
+            secret: "discovery-secret".into(),
+        });
+        let r = diff(&old, &new);
+        assert_eq!(
+            lines(&r),
+            [
+                format!("changed acl {IQN}/tpg1/acl/iqn.2025-01.io.rtgt:h1"),
+                "changed discovery discovery".to_string(),
+            ]
+        );
+        let json = serde_json::to_string(&r).unwrap();
+        assert!(!json.contains("secret-number") && !json.contains("discovery-secret"));
+    }
+
+    #[test]
+    fn srp_ports_luns_and_acls() {
+        let old = base();
+        let mut new = old.clone();
+        let p = &mut new.srp[0];
+        p.luns.push(Lun {
+            lun: 1,
+            backstore: "b".into(),
+        });
+        // The same initiator in other case is the same ACL.
+        p.acls[0].initiator = p.acls[0].initiator.to_uppercase().replacen("0X", "0x", 1);
+        p.acls.push(SrpAcl {
+            initiator: format!("0x{}", "ab".repeat(16)),
+            mapped_luns: Vec::new(),
+        });
+        p.allow_any_initiator = true;
+        let mut p1 = p.clone();
+        p1.name = "p1".into();
+        new.srp.push(p1);
+        let r = diff(&old, &new);
+        assert_eq!(
+            lines(&r),
+            [
+                "added lun srp/p0/lun/1".to_string(),
+                "changed acl srp/p0/acl/0x0000000000000000505400FFFE123403".to_string(),
+                format!("added acl srp/p0/acl/0x{}", "ab".repeat(16)),
+                "changed srp_port p0".to_string(),
+                "added srp_port p1".to_string(),
+            ]
+        );
+        let r = diff(&new, &old);
+        assert_eq!(r.changes.last().unwrap().name, "p1");
+        assert_eq!(r.changes.last().unwrap().action, "removed");
+        let mut none = old.clone();
+        none.srp.clear();
+        assert_eq!(lines(&diff(&old, &none)), ["removed srp_port p0"]);
+    }
+
+    #[test]
+    fn sections_that_apply_at_restart() {
+        let old = base();
+        let mut new = old.clone();
+        new.rdma.eth_mtu = 9000;
+        new.api.listen.clear();
+        new.policy.backstore_roots.push("/srv/luns".into());
+        let r = diff(&old, &new);
+        assert_eq!(
+            lines(&r),
+            [
+                "changed rdma rdma",
+                "changed api api",
+                "changed policy policy"
+            ]
+        );
+        assert!(r
+            .changes
+            .iter()
+            .all(|c| c.detail.as_deref().is_some_and(|d| d.contains("restarts"))));
+    }
+}
