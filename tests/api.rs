@@ -35,9 +35,20 @@ struct Daemon {
 
 impl Daemon {
     fn start(name: &str, config: &str) -> Daemon {
+        Daemon::start_with(name, config, &[])
+    }
+
+    /// Like [`Daemon::start`], with `files` (path in the state directory, contents) written
+    /// first.
+    fn start_with(name: &str, config: &str, files: &[(&str, String)]) -> Daemon {
         let dir = std::env::temp_dir().join(format!("rtgt-api-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
+        for (f, text) in files {
+            let path = dir.join(f);
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(path, text).unwrap();
+        }
         let file = dir.join("rtgt.yaml");
         std::fs::write(&file, config).unwrap();
         let mut d = Daemon {
@@ -2163,4 +2174,71 @@ fn rtgtctl_finds_rtgtd_and_applies_documents() {
     let doc: serde_json::Value = Client::unix(&sock).get("/api/v1/openapi.json").unwrap();
     let params = &doc["paths"]["/api/v1/config"]["put"]["parameters"];
     assert_eq!(params[0]["name"], "dry_run", "{params}");
+}
+
+/// `api.tls`: every TCP listener speaks HTTPS with the configured certificate; the token
+/// is still required; a plain HTTP request gets no answer; rtgtctl trusts the certificate
+/// with --ca-file.
+#[test]
+fn tls_listeners() {
+    let port = free_port();
+    let api = format!(
+        "api:\n  listen: ['127.0.0.1:{port}']\n  tls: {{cert: tls/cert.pem, key: tls/key.pem}}\n"
+    );
+    let dir = std::env::temp_dir().join(format!("rtgt-api-tls-certs-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let cert =
+        rcgen::generate_simple_self_signed(vec!["127.0.0.1".into(), "localhost".into()]).unwrap();
+    let ca = dir.join("cert.pem");
+    std::fs::write(&ca, cert.cert.pem()).unwrap();
+    // The daemon reads the pair from its state directory (relative paths).
+    let d = Daemon::start_with(
+        "tls",
+        &base_config(free_port(), &api),
+        &[
+            ("tls/cert.pem", cert.cert.pem()),
+            ("tls/key.pem", cert.key_pair.serialize_pem()),
+        ],
+    );
+    let token = std::fs::read_to_string(d.dir.join("api-token")).unwrap();
+    let https = |token: Option<&str>| {
+        Client::url(&format!("https://127.0.0.1:{port}"))
+            .unwrap()
+            .with_ca_file(&ca)
+            .unwrap()
+            .with_token(token.map(|t| t.trim().to_string()))
+    };
+    let cfg: Config = https(Some(&token)).get("/api/v1/config").unwrap();
+    assert_eq!(cfg.backstores.len(), 2);
+    let r = https(None)
+        .request("GET", "/api/v1/config", None, &[])
+        .unwrap();
+    assert_eq!(r.status, 401);
+    // Without the CA the client refuses the server; plain HTTP gets no HTTP answer.
+    let untrusted = Client::url(&format!("https://127.0.0.1:{port}"))
+        .unwrap()
+        .with_token(Some(token.trim().to_string()))
+        .request("GET", "/api/v1/config", None, &[]);
+    assert!(untrusted.is_err());
+    let plain = Client::url(&format!("http://127.0.0.1:{port}"))
+        .unwrap()
+        .with_token(Some(token.trim().to_string()))
+        .request("GET", "/api/v1/config", None, &[]);
+    assert!(plain.is_err() || plain.unwrap().status != 200);
+    let out = Command::new(rtgtctl_bin())
+        .args(["--url", &format!("https://127.0.0.1:{port}"), "--ca-file"])
+        .arg(&ca)
+        .arg("--token-file")
+        .arg(d.dir.join("api-token"))
+        .args(["backstores", "list"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("spare"));
+    let _ = std::fs::remove_dir_all(&dir);
 }
