@@ -1068,7 +1068,9 @@ impl Config {
         self.rdma
             .validate()
             .map_err(|(f, m)| (format!("rdma.{f}"), m))?;
-        self.api.validate().map_err(|(f, m)| (format!("api.{f}"), m))?;
+        self.api
+            .validate()
+            .map_err(|(f, m)| (format!("api.{f}"), m))?;
         self.policy
             .validate()
             .map_err(|(f, m)| (format!("policy.{f}"), m))?;
