@@ -13,7 +13,7 @@ pub struct Change {
     /// `added`, `removed`, `changed` or `resized`.
     pub action: String,
     /// `backstore`, `target`, `portal_group`, `portal`, `lun`, `acl`, `auth`, `params`,
-    /// `discovery`, `srp_port`, `session`, `rdma` or `api`.
+    /// `discovery`, `srp_port`, `session`, `rdma`, `api` or `policy`.
     pub object: String,
     /// The object's path, e.g. `iqn.2025-01.io.rtgt:t/tpg1/lun/0` or `srp/p0/acl/0x…`.
     pub name: String,
