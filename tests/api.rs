@@ -235,7 +235,7 @@ fn errors_conflicts_and_not_found() {
         (422, Some("initiator".into()))
     );
     // A file backstore the daemon cannot create is the client's problem, not a 5xx.
-    let bad = serde_json::json!({"name": "x", "type": "file", "path": "/nonexistent/dir/x.img", "size": "1M"});
+    let bad = serde_json::json!({"name": "x", "type": "file", "path": "nonexistent/dir/x.img", "size": "1M"});
     let (st, field) = status_of(c.send("POST", "/api/v1/backstores", &bad));
     assert_eq!(st, 422);
     assert!(field.unwrap().starts_with("backstores["));

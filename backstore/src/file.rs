@@ -74,6 +74,15 @@ impl Default for FileOptions {
     }
 }
 
+fn check_block_size(block_size: u32) -> Result<(), BackstoreError> {
+    if block_size != 512 && block_size != 4096 {
+        return Err(BackstoreError::Config(format!(
+            "block size {block_size} (must be 512 or 4096)"
+        )));
+    }
+    Ok(())
+}
+
 /// Which I/O paths a backstore has used; for tests, metrics and benchmarks.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct FileCounters {
@@ -139,18 +148,16 @@ impl FileBackstore {
     }
 
     /// Opens `path`; at most `depth` operations are in flight, further callers wait.
+    ///
+    /// The path is taken as it is: the daemon opens backstores through
+    /// [`crate::policy::BackstoreRoots`] and [`FileBackstore::from_file`] instead.
     pub fn open_with_queue_depth(
         path: impl AsRef<Path>,
         opts: FileOptions,
         depth: u32,
     ) -> Result<FileBackstore, BackstoreError> {
         let path = path.as_ref().to_path_buf();
-        if opts.block_size != 512 && opts.block_size != 4096 {
-            return Err(BackstoreError::Config(format!(
-                "block size {} (must be 512 or 4096)",
-                opts.block_size
-            )));
-        }
+        check_block_size(opts.block_size)?;
         let open_err = |source: io::Error| BackstoreError::Open {
             path: path.clone(),
             source,
@@ -174,15 +181,51 @@ impl FileBackstore {
         } else {
             0
         };
-        let options = |extra: i32| {
-            let mut o = OpenOptions::new();
-            o.read(true)
-                .write(!opts.read_only)
-                .create(opts.create && !block_device && !opts.read_only)
-                .custom_flags(sync_flag | extra);
-            o
+        let buffered = OpenOptions::new()
+            .read(true)
+            .write(!opts.read_only)
+            .create(opts.create && !block_device && !opts.read_only)
+            .custom_flags(sync_flag | excl)
+            .open(&path)
+            .map_err(open_err)?;
+        Self::from_file_with_queue_depth(buffered, path, opts, depth)
+    }
+
+    /// A backstore over `file`, an open regular file or block device, with a submission queue
+    /// of [`DEFAULT_QUEUE_DEPTH`] entries. `file` must be open for reading, for writing too
+    /// unless `opts.read_only`, and with O_DSYNC when `opts.write_cache` is false; `path` names
+    /// it in messages. `opts.create` is not used. The O_DIRECT descriptor, when there is one,
+    /// is a reopen of the same inode (through `/proc/self/fd`), not a new lookup of `path`.
+    pub fn from_file(
+        file: File,
+        path: impl Into<PathBuf>,
+        opts: FileOptions,
+    ) -> Result<FileBackstore, BackstoreError> {
+        Self::from_file_with_queue_depth(file, path, opts, DEFAULT_QUEUE_DEPTH)
+    }
+
+    /// [`FileBackstore::from_file`] with at most `depth` operations in flight.
+    pub fn from_file_with_queue_depth(
+        buffered: File,
+        path: impl Into<PathBuf>,
+        opts: FileOptions,
+        depth: u32,
+    ) -> Result<FileBackstore, BackstoreError> {
+        let path = path.into();
+        check_block_size(opts.block_size)?;
+        let open_err = |source: io::Error| BackstoreError::Open {
+            path: path.clone(),
+            source,
         };
-        let buffered = options(excl).open(&path).map_err(open_err)?;
+        let meta = buffered.metadata().map_err(open_err)?;
+        let block_device = meta.file_type().is_block_device();
+        if !block_device && !meta.is_file() {
+            return Err(BackstoreError::Config(format!(
+                "{} is neither a regular file nor a block device",
+                path.display()
+            )));
+        }
+        let sync_flag = if opts.write_cache { 0 } else { libc::O_DSYNC };
 
         let capacity = if block_device {
             let dev = sys::bdev_size(&buffered).map_err(open_err)?;
@@ -197,7 +240,7 @@ impl FileBackstore {
                 None => dev,
             }
         } else {
-            let current = buffered.metadata().map_err(open_err)?.len();
+            let current = meta.len();
             match opts.size {
                 Some(s) if s > current && !opts.read_only => {
                     buffered.set_len(s).map_err(open_err)?;
@@ -229,7 +272,7 @@ impl FileBackstore {
                 Some(a) if a.offset == 0 => {
                     tracing::warn!(path = %path.display(), "file system has no direct I/O; using buffered I/O");
                 }
-                _ => match options(libc::O_DIRECT).open(&path) {
+                _ => match sys::reopen(&files[0], !opts.read_only, sync_flag | libc::O_DIRECT) {
                     Ok(f) => {
                         if let Some(a) = align {
                             dio_offset_align = u64::from(a.offset.max(1));

@@ -14,6 +14,7 @@ mod buf;
 mod error;
 mod file;
 mod mem;
+pub mod policy;
 mod sys;
 mod uring;
 
@@ -21,6 +22,7 @@ pub use buf::{BufPool, IoBuf, IO_BUF_ALIGN};
 pub use error::{BackstoreError, IoErrorKind};
 pub use file::{FileBackstore, FileCounters, FileOptions, DEFAULT_QUEUE_DEPTH};
 pub use mem::{NullBackstore, RamBackstore, RAM_CHUNK};
+pub use policy::{BackstoreRoots, FileRequest, PolicyError};
 
 /// Page granularity of [`Backstore::write_replacing`].
 pub const PAGE: u64 = 4096;

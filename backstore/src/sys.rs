@@ -155,3 +155,16 @@ pub(crate) fn pwrite_flags(f: &File, buf: &[u8], offset: u64, flags: i32) -> io:
     }
     Ok(n as usize)
 }
+
+/// Opens the inode `fd` refers to anew, through `/proc/self/fd` (a descriptor opened with
+/// O_PATH included): for reading, for writing too with `write`, with `flags` (O_DIRECT,
+/// O_DSYNC, O_EXCL) and close-on-exec. No path is looked up again, so the new descriptor is
+/// of the same file even if its name has been replaced meanwhile.
+pub(crate) fn reopen(fd: &impl AsRawFd, write: bool, flags: i32) -> io::Result<File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(write)
+        .custom_flags(flags)
+        .open(format!("/proc/self/fd/{}", fd.as_raw_fd()))
+}

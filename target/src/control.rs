@@ -16,6 +16,7 @@ use async_trait::async_trait;
 use rtgt_api::config::{self, Config};
 use rtgt_api::metrics::Metrics;
 use rtgt_api::{ChangeReport, Control, ControlError, SessionView};
+use rtgt_backstore::policy::BackstoreRoots;
 use rtgt_backstore::{Backstore, BufPool};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -23,7 +24,7 @@ use tokio::task::JoinHandle;
 use tracing::{error, info, warn};
 
 use crate::core::Registry;
-use crate::daemon::{build_target, error_chain, open_device};
+use crate::daemon::{build_target, error_chain, open_device, DaemonError};
 use crate::iscsi::{IscsiServer, SessionType};
 use crate::iser::IserServer;
 use crate::scsi::{Device, DeviceRegistry};
@@ -53,6 +54,8 @@ struct Objects {
 /// The running target as the API sees it.
 pub struct DaemonControl {
     state_dir: PathBuf,
+    /// Where file backstores may be: the policy rtgtd started with.
+    roots: BackstoreRoots,
     /// Where every change is saved.
     file: PathBuf,
     registry: Arc<Registry>,
@@ -123,6 +126,8 @@ fn render_rdma(devices: &[(String, RdmaCounters)]) -> String {
 /// What [`DaemonControl::new`] takes over from the daemon.
 pub struct ControlParts {
     pub state_dir: PathBuf,
+    /// The backstore roots of the configuration rtgtd started with.
+    pub roots: BackstoreRoots,
     pub file: PathBuf,
     pub config: Config,
     pub registry: Arc<Registry>,
@@ -158,6 +163,23 @@ fn invalid(field: String, message: String) -> ControlError {
     ControlError::Invalid { field, message }
 }
 
+/// Why backstore `i` of a document could not be opened: 403 for what the policy forbids,
+/// 422 for the rest.
+fn open_failed(i: usize, e: &DaemonError) -> ControlError {
+    let message = error_chain(e);
+    match e {
+        DaemonError::Policy { source, .. } if source.is_size() => {
+            invalid(format!("backstores[{i}].size"), message)
+        }
+        DaemonError::Policy { source, .. } if source.is_forbidden() => ControlError::Forbidden {
+            field: format!("backstores[{i}].path"),
+            message,
+        },
+        DaemonError::Policy { .. } => invalid(format!("backstores[{i}].path"), message),
+        _ => invalid(format!("backstores[{i}]"), message),
+    }
+}
+
 impl DaemonControl {
     pub fn new(p: ControlParts) -> Arc<DaemonControl> {
         let iser = p.hca.as_ref().and_then(|hca| {
@@ -172,6 +194,7 @@ impl DaemonControl {
             iser_unserved: Mutex::new(BTreeSet::new()),
             srp: Mutex::new(None),
             state_dir: p.state_dir,
+            roots: p.roots,
             file: p.file,
             registry: p.registry,
             server: p.server,
@@ -613,9 +636,15 @@ impl DaemonControl {
                     true
                 }
             };
-            let (store, dev) = open_device(b, &self.state_dir, &self.pool, &self.device_registry)
-                .await
-                .map_err(|e| invalid(format!("backstores[{i}]"), error_chain(&e)))?;
+            let (store, dev) = open_device(
+                b,
+                &self.state_dir,
+                &self.roots,
+                &self.pool,
+                &self.device_registry,
+            )
+            .await
+            .map_err(|e| open_failed(i, &e))?;
             opened.push((b.name.clone(), store, dev, replace));
         }
         self.check_srp_listen(&new)?;
@@ -747,6 +776,14 @@ impl DaemonControl {
                 "api",
                 "api",
                 "API listeners change when rtgtd restarts",
+            );
+        }
+        if new.policy != old.policy {
+            report.push_detail(
+                "changed",
+                "policy",
+                "policy",
+                "backstore roots change when rtgtd restarts",
             );
         }
 

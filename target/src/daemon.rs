@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rtgt_api::config::{self, BackstoreKind, Config};
+use rtgt_backstore::policy::{BackstoreRoots, FileRequest, PolicyError};
 use rtgt_backstore::{Backstore, BufPool, FileBackstore, FileOptions, NullBackstore, RamBackstore};
 use rtgt_transport::hca::{Hca, HcaConfig};
 use tracing::{error, info, warn};
@@ -38,6 +39,13 @@ pub enum DaemonError {
     },
     #[error("backstore {name}: {message}")]
     Backstore { name: String, message: String },
+    /// The backstore path policy refused the path, or the file could not be opened.
+    #[error("backstore {name}: {source}")]
+    Policy {
+        name: String,
+        #[source]
+        source: PolicyError,
+    },
     #[error("portal {addr}: cannot listen: {source}")]
     Listen {
         addr: SocketAddr,
@@ -146,13 +154,19 @@ fn derived_serial(wwn: u128) -> String {
     format!("{:016x}", wwn as u64)
 }
 
+/// Opens a backstore as the policy of `roots` allows. Returns it with the physical block size
+/// of its block device, when it is one and sysfs tells.
 async fn open_backstore(
     b: &config::Backstore,
-    state_dir: &Path,
-) -> Result<Arc<dyn Backstore>, DaemonError> {
+    roots: &BackstoreRoots,
+) -> Result<(Arc<dyn Backstore>, Option<u32>), DaemonError> {
     let fail = |message: String| DaemonError::Backstore {
         name: b.name.clone(),
         message,
+    };
+    let refused = |source: PolicyError| DaemonError::Policy {
+        name: b.name.clone(),
+        source,
     };
     let size = b.size.map(|s| s.0);
     Ok(match b.kind {
@@ -161,65 +175,65 @@ async fn open_backstore(
                 .path
                 .as_ref()
                 .expect("validated: file backstores have a path");
-            let path = if path.is_relative() {
-                state_dir.join(path)
+            let file = b.kind == BackstoreKind::File;
+            let opened = if file {
+                let req = FileRequest {
+                    size,
+                    read_only: b.read_only,
+                    sync: !b.write_cache,
+                };
+                roots.open_file(path, req)
             } else {
-                path.clone()
-            };
+                roots.open_block(path, b.read_only, !b.write_cache)
+            }
+            .map_err(refused)?;
+            let pbs = opened.device.and_then(block_device_physical_block_size);
             let opts = FileOptions {
-                size: if b.kind == BackstoreKind::File {
-                    size
-                } else {
-                    None
-                },
+                size: if file { size } else { None },
                 block_size: b.block_size,
                 read_only: b.read_only,
                 write_cache: b.write_cache,
                 direct: true,
                 thin: b.thin,
-                create: b.kind == BackstoreKind::File,
+                create: false,
             };
-            Arc::new(
-                FileBackstore::open(&path, opts)
-                    .map_err(|e| fail(format!("{}: {}", path.display(), error_chain(&e))))?,
-            )
+            let store = FileBackstore::from_file(opened.file, path, opts)
+                .map_err(|e| fail(format!("{}: {}", path.display(), error_chain(&e))))?;
+            (Arc::new(store), pbs)
         }
-        BackstoreKind::Ramdisk => Arc::new(RamBackstore::new(
-            size.expect("validated: ramdisk has a size"),
-            b.block_size,
-        )),
-        BackstoreKind::Null => Arc::new(NullBackstore::new(
-            size.expect("validated: null has a size"),
-            b.block_size,
-        )),
+        BackstoreKind::Ramdisk => (
+            Arc::new(RamBackstore::new(
+                size.expect("validated: ramdisk has a size"),
+                b.block_size,
+            )),
+            None,
+        ),
+        BackstoreKind::Null => (
+            Arc::new(NullBackstore::new(
+                size.expect("validated: null has a size"),
+                b.block_size,
+            )),
+            None,
+        ),
     })
 }
 
 /// The physical block size of a backstore without one configured: 4096 for a file (the
 /// page and hole-punching granularity of Linux file systems), the device's own physical
-/// block size for a block device (4096 when it cannot be read), the logical block size for
-/// ramdisk and null; never less than the logical block size.
-fn default_physical_block_size(b: &config::Backstore, state_dir: &Path) -> u32 {
+/// block size for a block device (`device_pbs`, 4096 when it could not be read), the logical
+/// block size for ramdisk and null; never less than the logical block size.
+fn default_physical_block_size(b: &config::Backstore, device_pbs: Option<u32>) -> u32 {
     let pbs = match b.kind {
         BackstoreKind::File => 4096,
-        BackstoreKind::Block => b
-            .path
-            .as_ref()
-            .map(|p| state_dir.join(p))
-            .and_then(|p| block_device_physical_block_size(&p))
-            .unwrap_or(4096),
+        BackstoreKind::Block => device_pbs.unwrap_or(4096),
         BackstoreKind::Ramdisk | BackstoreKind::Null => b.block_size,
     };
     pbs.max(b.block_size)
 }
 
-/// `queue/physical_block_size` of a block device in sysfs, when it is a power of two of at
-/// most 64 KiB.
-fn block_device_physical_block_size(path: &Path) -> Option<u32> {
-    use std::os::unix::fs::MetadataExt;
-    let rdev = std::fs::metadata(path).ok()?.rdev();
-    let major = ((rdev >> 8) & 0xfff) | ((rdev >> 32) & !0xfff);
-    let minor = (rdev & 0xff) | ((rdev >> 12) & !0xff);
+/// `queue/physical_block_size` of a block device (major, minor) in sysfs, when it is a power
+/// of two of at most 64 KiB.
+fn block_device_physical_block_size((major, minor): (u32, u32)) -> Option<u32> {
     let text = std::fs::read_to_string(format!(
         "/sys/dev/block/{major}:{minor}/queue/physical_block_size"
     ))
@@ -232,11 +246,12 @@ fn block_device_physical_block_size(path: &Path) -> Option<u32> {
 pub(crate) async fn open_device(
     b: &config::Backstore,
     state_dir: &Path,
+    roots: &BackstoreRoots,
     pool: &Arc<BufPool>,
     device_registry: &Arc<DeviceRegistry>,
 ) -> Result<(Arc<dyn Backstore>, Arc<Device>), DaemonError> {
     let pr_dir = state_dir.join("pr");
-    let store = open_backstore(b, state_dir).await?;
+    let (store, device_pbs) = open_backstore(b, roots).await?;
     let wwn = b
         .wwn
         .as_deref()
@@ -252,7 +267,7 @@ pub(crate) async fn open_device(
         physical_block_size: Some(
             b.physical_block_size
                 .and_then(|p| u32::try_from(p.0).ok())
-                .unwrap_or_else(|| default_physical_block_size(b, state_dir)),
+                .unwrap_or_else(|| default_physical_block_size(b, device_pbs)),
         ),
         removable: b.removable,
         sanitize_rate: b
@@ -270,8 +285,12 @@ pub(crate) async fn open_device(
     Ok((store, dev))
 }
 
-/// Opens every backstore and builds the target registry.
-pub async fn build(config: &Config, state_dir: &Path) -> Result<Running, DaemonError> {
+/// Opens every backstore, as the policy of `roots` allows, and builds the target registry.
+pub async fn build(
+    config: &Config,
+    state_dir: &Path,
+    roots: &BackstoreRoots,
+) -> Result<Running, DaemonError> {
     let pool = BufPool::new(BUFFER_BUDGET);
     let pr_dir = state_dir.join("pr");
     std::fs::create_dir_all(&pr_dir).map_err(|source| DaemonError::StateDir {
@@ -282,7 +301,7 @@ pub async fn build(config: &Config, state_dir: &Path) -> Result<Running, DaemonE
     let mut devices = BTreeMap::new();
     let mut backstores = BTreeMap::new();
     for b in &config.backstores {
-        let (store, dev) = open_device(b, state_dir, &pool, &device_registry).await?;
+        let (store, dev) = open_device(b, state_dir, roots, &pool, &device_registry).await?;
         devices.insert(b.name.clone(), dev);
         backstores.insert(b.name.clone(), store);
     }
@@ -559,6 +578,21 @@ fn export_rdma_counters(control: &crate::control::DaemonControl, hca: &Arc<Hca>)
     );
 }
 
+/// Warns about backstore roots rtgtd cannot create files in. Under systemd the unit makes
+/// the file system read-only but for the paths it lists, generated from the configuration
+/// when the unit is loaded.
+fn warn_unwritable_roots(roots: &BackstoreRoots) {
+    for (root, e) in roots.unwritable() {
+        warn!(
+            root = %root.display(),
+            error = %e,
+            "backstore root is missing or read-only for rtgtd: file backstores cannot be created in it \
+             (under systemd: `systemctl daemon-reload`, then restart rtgtd, so that the unit's \
+             ReadWritePaths include it)"
+        );
+    }
+}
+
 /// Runs the daemon until SIGTERM or SIGINT.
 pub async fn run(opts: Options) -> Result<(), DaemonError> {
     // It holds the API tokens, the configuration and backing files: only rtgtd's user
@@ -572,7 +606,10 @@ pub async fn run(opts: Options) -> Result<(), DaemonError> {
             source,
         })?;
     let config = load_config(&opts)?;
-    let running = build(&config, &opts.state_dir).await?;
+    // The policy is the one rtgtd starts with: the API cannot widen it.
+    let roots = BackstoreRoots::new(&opts.state_dir, &config.policy.backstore_roots);
+    warn_unwritable_roots(&roots);
+    let running = build(&config, &opts.state_dir, &roots).await?;
     let server = Arc::new(IscsiServer::new(
         running.registry.clone(),
         running.pool.clone(),
@@ -584,6 +621,7 @@ pub async fn run(opts: Options) -> Result<(), DaemonError> {
     let api_config = config.api.clone();
     let control = crate::control::DaemonControl::new(crate::control::ControlParts {
         state_dir: opts.state_dir.clone(),
+        roots,
         file: config_file(&opts),
         config,
         registry: running.registry.clone(),
@@ -700,14 +738,18 @@ mod tests {
 
     #[test]
     fn default_physical_block_sizes() {
-        let dir = Path::new("/nonexistent");
-        let pbs = |yaml: &str| default_physical_block_size(&backstore(yaml), dir);
+        let pbs = |yaml: &str| default_physical_block_size(&backstore(yaml), None);
         assert_eq!(pbs("{name: a, type: file, path: a.img, size: 1M}"), 4096);
         assert_eq!(
             pbs("{name: a, type: file, path: a.img, size: 1M, block_size: 4096}"),
             4096
         );
         assert_eq!(pbs("{name: a, type: block, path: /dev/nonexistent}"), 4096);
+        let block = backstore("{name: a, type: block, path: /dev/sda}");
+        assert_eq!(default_physical_block_size(&block, Some(512)), 512);
+        assert_eq!(default_physical_block_size(&block, Some(8192)), 8192);
+        let block4k = backstore("{name: a, type: block, path: /dev/sda, block_size: 4096}");
+        assert_eq!(default_physical_block_size(&block4k, Some(512)), 4096);
         assert_eq!(pbs("{name: a, type: ramdisk, size: 1M}"), 512);
         assert_eq!(
             pbs("{name: a, type: null, size: 1M, block_size: 4096}"),

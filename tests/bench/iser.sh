@@ -72,6 +72,7 @@ targets:
 rdma:
   addresses: [127.0.0.1]
   eth_mtu: 9000
+policy: {backstore_roots: ['$work']}
 YAML
 RUST_LOG=warn "${on_target[@]}" "$bin/rtgtd" --config "$work/rtgt.yaml" --state-dir "$work/state" >"$work/rtgtd.log" 2>&1 &
 pids+=($!)

@@ -85,6 +85,7 @@ srp:
     listen: ['127.0.0.1:$port_srp']
     allow_any_initiator: true
     luns: [{lun: 1, backstore: bench}]
+policy: {backstore_roots: ['$work']}
 YAML
 RUST_LOG=warn,rtgt_target::srp::service=info "${on_target[@]}" "$bin/rtgtd" --config "$work/rtgt.yaml" --state-dir "$work/state" >"$work/rtgtd.log" 2>&1 &
 pids+=($!)

@@ -35,6 +35,7 @@ targets:
         luns: [{lun: 0, backstore: disk}, {lun: 1, backstore: ram}]
         acls:
           - initiator: $GUEST_IQN
+policy: {backstore_roots: ['$SHM_DIR']}
 YAML
     cp "$LAB_WORK/rtgt.yaml" "$LAB_RESULTS/rtgt.yaml"
     start_rtgtd rtgtd
