@@ -82,31 +82,26 @@ pub fn diff(old: &Config, new: &Config) -> ChangeReport {
             report.push("removed", "backstore", b.name.clone());
         }
     }
-    if new.rdma != old.rdma {
-        report.push_detail(
-            "changed",
-            "rdma",
-            "rdma",
-            "the RDMA device changes when rtgtd restarts",
-        );
-    }
-    if new.api != old.api {
-        report.push_detail(
-            "changed",
-            "api",
-            "api",
-            "API listeners change when rtgtd restarts",
-        );
-    }
-    if new.policy != old.policy {
-        report.push_detail(
-            "changed",
-            "policy",
-            "policy",
-            "the policy changes when rtgtd restarts",
-        );
-    }
+    restart_sections(&mut report, old, new);
     report
+}
+
+/// Reports the sections read only when rtgtd starts (`rdma`, `api`, `policy`) that differ.
+pub fn restart_sections(report: &mut ChangeReport, old: &Config, new: &Config) {
+    for (differs, section, what) in [
+        (new.rdma != old.rdma, "rdma", "the RDMA device changes"),
+        (new.api != old.api, "api", "API listeners change"),
+        (new.policy != old.policy, "policy", "backstore roots change"),
+    ] {
+        if differs {
+            report.push_detail(
+                "changed",
+                section,
+                section,
+                format!("{what} when rtgtd restarts"),
+            );
+        }
+    }
 }
 
 /// Whether a LUN maps the backstore.

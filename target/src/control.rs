@@ -762,30 +762,7 @@ impl DaemonControl {
                 report.push("removed", "backstore", b.name.clone());
             }
         }
-        if new.rdma != old.rdma {
-            report.push_detail(
-                "changed",
-                "rdma",
-                "rdma",
-                "the RDMA device changes when rtgtd restarts",
-            );
-        }
-        if new.api != old.api {
-            report.push_detail(
-                "changed",
-                "api",
-                "api",
-                "API listeners change when rtgtd restarts",
-            );
-        }
-        if new.policy != old.policy {
-            report.push_detail(
-                "changed",
-                "policy",
-                "policy",
-                "backstore roots change when rtgtd restarts",
-            );
-        }
+        rtgt_api::diff::restart_sections(&mut report, &old, &new);
 
         // 3. Persistence.
         if new != old {
