@@ -72,7 +72,7 @@ for _ in $(seq 100); do [[ -S /run/rtgt/rtgtd.sock ]] && break; sleep 0.1; done
     grep -q "outside every backstore root" <<<"$err" ||
         { echo "package: unexpected refusal: $err" >&2; exit 1; }
     [[ ! -e /tmp/rtgt-outside.img ]] || { echo "package: /tmp/rtgt-outside.img was created" >&2; exit 1; }
-    iscsi-readcapacity16 iscsi://127.0.0.1/iqn.2025-01.io.rtgt:disk0/1 | grep -q 'Logical Block Length'
+    iscsi-readcapacity16 iscsi://127.0.0.1/iqn.2025-01.io.rtgt:disk0/1 | grep -qi 'logical block length'
 ) || { echo "package: rtgtd log:" >&2; cat "$log" >&2; exit 1; }
 [[ $(stat -c %a /var/lib/rtgt/backstores/pkg1.img) == 600 ]] ||
     { echo "package: backing file is not 0600" >&2; exit 1; }
