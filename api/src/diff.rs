@@ -105,7 +105,7 @@ pub fn restart_sections(report: &mut ChangeReport, old: &Config, new: &Config) {
 }
 
 /// Whether a LUN maps the backstore.
-fn in_use(c: &Config, name: &str) -> bool {
+pub fn in_use(c: &Config, name: &str) -> bool {
     c.targets
         .iter()
         .flat_map(|t| t.portal_groups.iter())
@@ -114,7 +114,9 @@ fn in_use(c: &Config, name: &str) -> bool {
         .any(|l| l.backstore == name)
 }
 
-fn target_diff(report: &mut ChangeReport, old: &Target, new: &Target) {
+/// Reports what differs between two versions of a target: portal groups, their portals,
+/// LUNs, ACLs, auth and parameters.
+pub fn target_diff(report: &mut ChangeReport, old: &Target, new: &Target) {
     for g in &new.portal_groups {
         let path = format!("{}/tpg{}", new.name, g.tag);
         match old.portal_groups.iter().find(|x| x.tag == g.tag) {
@@ -169,7 +171,9 @@ fn portal_group_diff(report: &mut ChangeReport, path: &str, o: &PortalGroup, g: 
     }
 }
 
-fn srp_diff(report: &mut ChangeReport, old: &SrpPort, new: &SrpPort) {
+/// Reports what differs between two versions of an SRP target port: its LUNs, ACLs and
+/// settings.
+pub fn srp_diff(report: &mut ChangeReport, old: &SrpPort, new: &SrpPort) {
     let path = format!("srp/{}", new.name);
     keyed_diff(
         report,

@@ -1,4 +1,5 @@
-//! The bearer token that guards API listeners on addresses other than loopback.
+//! Bearer token files of the API's TCP listeners: created at first start, compared in
+//! constant time.
 
 use std::io::{self, Write};
 use std::os::unix::fs::OpenOptionsExt;

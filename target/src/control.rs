@@ -432,48 +432,6 @@ impl DaemonControl {
         }
     }
 
-    fn report_srp_diff(report: &mut ChangeReport, old: &config::SrpPort, new: &config::SrpPort) {
-        let path = format!("srp/{}", new.name);
-        for l in &new.luns {
-            match old.luns.iter().find(|x| x.lun == l.lun) {
-                None => report.push("added", "lun", format!("{path}/lun/{}", l.lun)),
-                Some(x) if x != l => report.push("changed", "lun", format!("{path}/lun/{}", l.lun)),
-                _ => {}
-            }
-        }
-        for l in old
-            .luns
-            .iter()
-            .filter(|l| !new.luns.iter().any(|x| x.lun == l.lun))
-        {
-            report.push("removed", "lun", format!("{path}/lun/{}", l.lun));
-        }
-        let same = |a: &str, b: &str| a.eq_ignore_ascii_case(b);
-        for a in &new.acls {
-            match old.acls.iter().find(|x| same(&x.initiator, &a.initiator)) {
-                None => report.push("added", "acl", format!("{path}/acl/{}", a.initiator)),
-                Some(x) if x != a => {
-                    report.push("changed", "acl", format!("{path}/acl/{}", a.initiator))
-                }
-                _ => {}
-            }
-        }
-        for a in old
-            .acls
-            .iter()
-            .filter(|a| !new.acls.iter().any(|x| same(&x.initiator, &a.initiator)))
-        {
-            report.push("removed", "acl", format!("{path}/acl/{}", a.initiator));
-        }
-        if old.listen != new.listen
-            || old.id_ext != new.id_ext
-            || old.ioc_guid != new.ioc_guid
-            || old.allow_any_initiator != new.allow_any_initiator
-        {
-            report.push("changed", "srp_port", new.name.clone());
-        }
-    }
-
     /// Flushes every backstore (at shutdown).
     pub async fn flush_all(&self) {
         let objects = self.objects.lock().await;
@@ -525,72 +483,6 @@ impl DaemonControl {
         }
     }
 
-    fn report_target_diff(report: &mut ChangeReport, old: &config::Target, new: &config::Target) {
-        for g in &new.portal_groups {
-            let path = format!("{}/tpg{}", new.name, g.tag);
-            let Some(o) = old.portal_groups.iter().find(|x| x.tag == g.tag) else {
-                report.push("added", "portal_group", path);
-                continue;
-            };
-            for p in g.portals.iter().filter(|p| !o.portals.contains(p)) {
-                report.push("added", "portal", format!("{path}/{p}"));
-            }
-            for p in o.portals.iter().filter(|p| !g.portals.contains(p)) {
-                report.push("removed", "portal", format!("{path}/{p}"));
-            }
-            for l in &g.luns {
-                match o.luns.iter().find(|x| x.lun == l.lun) {
-                    None => report.push("added", "lun", format!("{path}/lun/{}", l.lun)),
-                    Some(x) if x != l => {
-                        report.push("changed", "lun", format!("{path}/lun/{}", l.lun))
-                    }
-                    _ => {}
-                }
-            }
-            for l in o
-                .luns
-                .iter()
-                .filter(|l| !g.luns.iter().any(|x| x.lun == l.lun))
-            {
-                report.push("removed", "lun", format!("{path}/lun/{}", l.lun));
-            }
-            for a in &g.acls {
-                match o.acls.iter().find(|x| x.initiator == a.initiator) {
-                    None => report.push("added", "acl", format!("{path}/acl/{}", a.initiator)),
-                    Some(x) if x != a => {
-                        report.push("changed", "acl", format!("{path}/acl/{}", a.initiator))
-                    }
-                    _ => {}
-                }
-            }
-            for a in o
-                .acls
-                .iter()
-                .filter(|a| !g.acls.iter().any(|x| x.initiator == a.initiator))
-            {
-                report.push("removed", "acl", format!("{path}/acl/{}", a.initiator));
-            }
-            if g.auth != o.auth {
-                report.push("changed", "auth", path.clone());
-            }
-            if g.allow_any_initiator != o.allow_any_initiator || g.params != o.params {
-                report.push("changed", "params", path.clone());
-            }
-        }
-        for o in &old.portal_groups {
-            if !new.portal_groups.iter().any(|g| g.tag == o.tag) {
-                report.push(
-                    "removed",
-                    "portal_group",
-                    format!("{}/tpg{}", new.name, o.tag),
-                );
-            }
-        }
-        if old.alias != new.alias {
-            report.push("changed", "target", new.name.clone());
-        }
-    }
-
     async fn apply_locked(
         &self,
         objects: &mut Objects,
@@ -598,15 +490,6 @@ impl DaemonControl {
     ) -> Result<ChangeReport, ControlError> {
         let old = self.config();
         let mut report = ChangeReport::default();
-        let uses = |c: &Config, name: &str| {
-            c.targets
-                .iter()
-                .flat_map(|t| t.portal_groups.iter())
-                .any(|g| g.luns.iter().any(|l| l.backstore == name))
-                || c.srp
-                    .iter()
-                    .any(|p| p.luns.iter().any(|l| l.backstore == name))
-        };
 
         // 1. What can fail, without touching the running target.
         let mut opened: Vec<Opened> = Vec::new();
@@ -624,7 +507,7 @@ impl DaemonControl {
                             continue;
                         }
                     }
-                    if uses(&old, &b.name) {
+                    if rtgt_api::diff::in_use(&old, &b.name) {
                         return Err(ControlError::Conflict {
                             field: format!("backstores[{i}]"),
                             message: format!(
@@ -700,7 +583,7 @@ impl DaemonControl {
             self.registry.set_target(build_target(t, &objects.devices));
             match before {
                 None => report.push("added", "target", t.name.clone()),
-                Some(o) => Self::report_target_diff(&mut report, o, t),
+                Some(o) => rtgt_api::diff::target_diff(&mut report, o, t),
             }
         }
         for t in &old.targets {
@@ -719,7 +602,7 @@ impl DaemonControl {
                 .set_srp_port(crate::srp::service::target_port(p, &objects.devices));
             match before {
                 None => report.push("added", "srp_port", p.name.clone()),
-                Some(o) => Self::report_srp_diff(&mut report, o, p),
+                Some(o) => rtgt_api::diff::srp_diff(&mut report, o, p),
             }
         }
         for p in &old.srp {
