@@ -98,8 +98,6 @@ pub struct FileRequest {
     /// The size to create a missing file with; an existing file must have it.
     pub size: Option<u64>,
     pub read_only: bool,
-    /// Open with O_DSYNC (no volatile write cache).
-    pub sync: bool,
 }
 
 /// A file or block device the policy allowed, open for I/O.
@@ -212,12 +210,7 @@ impl BackstoreRoots {
     /// Opens the block device of a block backstore exclusively, after checking that it is a
     /// block device, not mounted and not held. A relative path is relative to the state
     /// directory.
-    pub fn open_block(
-        &self,
-        path: &Path,
-        read_only: bool,
-        sync: bool,
-    ) -> Result<Opened, PolicyError> {
+    pub fn open_block(&self, path: &Path, read_only: bool) -> Result<Opened, PolicyError> {
         let full = if path.is_relative() {
             self.state_dir().join(path)
         } else {
@@ -255,8 +248,7 @@ impl BackstoreRoots {
                 holders: holders.join(", "),
             });
         }
-        let sync = if sync { libc::O_DSYNC } else { 0 };
-        let file = sys::reopen(&handle, !read_only, libc::O_EXCL | sync).map_err(|e| {
+        let file = sys::reopen(&handle, !read_only, libc::O_EXCL).map_err(|e| {
             if e.raw_os_error() == Some(libc::EBUSY) {
                 PolicyError::InUse {
                     path: path.to_path_buf(),
@@ -349,8 +341,7 @@ fn open_beneath(
         },
         Err(e) => return Err(refuse(e)),
     };
-    let sync = if req.sync { libc::O_DSYNC } else { 0 };
-    match sys::reopen(&handle, !req.read_only, sync) {
+    match sys::reopen(&handle, !req.read_only, 0) {
         Ok(file) => Ok(Opened {
             file,
             created,
@@ -575,7 +566,6 @@ mod tests {
         FileRequest {
             size,
             read_only: false,
-            sync: false,
         }
     }
 
@@ -838,7 +828,7 @@ mod tests {
         let s = scene();
         let e = s
             .roots
-            .open_block(Path::new("/dev/null"), false, false)
+            .open_block(Path::new("/dev/null"), false)
             .unwrap_err();
         assert!(
             matches!(
@@ -855,7 +845,7 @@ mod tests {
             "{e}"
         );
         assert!(e.is_forbidden());
-        let e = s.roots.open_block(&s.outside, true, false).unwrap_err();
+        let e = s.roots.open_block(&s.outside, true).unwrap_err();
         assert!(
             matches!(
                 e,

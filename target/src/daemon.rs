@@ -180,11 +180,10 @@ async fn open_backstore(
                 let req = FileRequest {
                     size,
                     read_only: b.read_only,
-                    sync: !b.write_cache,
                 };
                 roots.open_file(path, req)
             } else {
-                roots.open_block(path, b.read_only, !b.write_cache)
+                roots.open_block(path, b.read_only)
             }
             .map_err(refused)?;
             let pbs = opened.device.and_then(block_device_physical_block_size);
