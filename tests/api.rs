@@ -219,6 +219,16 @@ fn errors_conflicts_and_not_found() {
         status_of(c.send("POST", "/api/v1/backstores", &bad)),
         (422, Some("type".into()))
     );
+    let bad = serde_json::json!({"name": "x", "type": "file", "path": "x.img", "size": "1MiB", "direct": "maybe"});
+    assert_eq!(
+        status_of(c.send("POST", "/api/v1/backstores", &bad)),
+        (422, Some("direct".into()))
+    );
+    let bad = serde_json::json!({"name": "x", "type": "null", "size": "1MiB", "direct": true});
+    assert_eq!(
+        status_of(c.send("POST", "/api/v1/backstores", &bad)),
+        (422, Some("direct".into()))
+    );
     let bad = serde_json::json!({"name": "x", "type": "ramdisk", "size": 1000});
     assert_eq!(
         status_of(c.send("POST", "/api/v1/backstores", &bad)),
@@ -1308,6 +1318,45 @@ fn rtgtctl_commands() {
     let luns: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(luns[1]["lun"], 3);
     let (ok, _, err) = rtgtctl(&d, &["backstores", "resize", "r1", "8M"]);
+    assert!(ok, "{err}");
+    // A file backstore: created through the page cache unless asked, switched while mapped.
+    let (ok, out, err) = rtgtctl(
+        &d,
+        &[
+            "backstores",
+            "create",
+            "f1",
+            "--type",
+            "file",
+            "--path",
+            "f1.img",
+            "--size",
+            "1M",
+            "--write-cache",
+            "false",
+        ],
+    );
+    assert!(ok, "{err}");
+    assert!(out.contains(" page ") && out.contains(" off"), "{out}");
+    let (ok, _, err) = rtgtctl(&d, &["luns", "add", TARGET, "4", "f1"]);
+    assert!(ok, "{err}");
+    let (ok, out, err) = rtgtctl(
+        &d,
+        &["--json", "backstores", "cache", "f1", "--direct", "true"],
+    );
+    assert!(ok, "{err}");
+    let f1: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(
+        (&f1[0]["direct"], &f1[0]["write_cache"]),
+        (&true.into(), &false.into())
+    );
+    let (ok, _, err) = rtgtctl(&d, &["backstores", "cache", "f1", "--direct", "maybe"]);
+    assert!(!ok && err.contains("maybe"), "{err}");
+    let (ok, _, err) = rtgtctl(&d, &["backstores", "cache", "f1"]);
+    assert!(!ok && err.contains("--direct"), "{err}");
+    let (ok, _, err) = rtgtctl(&d, &["luns", "remove", TARGET, "4"]);
+    assert!(ok, "{err}");
+    let (ok, _, err) = rtgtctl(&d, &["backstores", "delete", "f1"]);
     assert!(ok, "{err}");
     let (ok, _, err) = rtgtctl(&d, &["luns", "add", TARGET, "3", "r1"]);
     assert!(!ok);
