@@ -10,7 +10,7 @@
 #   LAB_WORK       scratch directory of this run (always removed; put backing files here)
 #   LAB_SHARE      directory shared with the guest (/lab in the guest)
 #   LAB_DIR        tests/lab of the checkout     RTGTD  path of rtgtd, when the caller set it
-#   LAB_DISK       the guest's disk file (/dev/vda) when the scenario set LAB_DISK_MB
+#   LAB_DISK       the guest's first disk file (/dev/vda; the next are disk1.img...) with LAB_DISK_MB
 
 LAB_EVENTS=${LAB_EVENTS:-$LAB_SHARE/events}
 LAB_PEER_END=guest-exited
@@ -140,7 +140,7 @@ lab_rtgtd_add_target() {
 }
 
 # lab_power_cut: cut the guest's power: SIGKILL to QEMU, nothing written back, no shutdown. The
-# runner takes the guest's end as expected and boots it again on the same disk (LAB_DISK) when
+# runner takes the guest's end as expected and boots it again on the same disks (LAB_DISK_MB) when
 # the scenario has guest-reboot.sh. Returns when QEMU is gone.
 lab_power_cut() {
     local pid boot i

@@ -10,8 +10,9 @@
 #                  its exit status is raised to the guest as the event host-done)
 #   host_check     after the guest powered off (inspect logs); non-zero fails the scenario
 #   host_teardown  always, last (the daemons of lab_start_daemon are stopped after it)
-# LAB_DISK_MB (conf or host_setup) gives the guest a virtio disk of that size (/dev/vda) on the
-# host file $LAB_DISK, opened by QEMU with cache=directsync. lab_power_cut (a host hook) kills
+# LAB_DISK_MB="N [N...]" (conf or host_setup) gives the guest virtio disks of these sizes (/dev/vda,
+# /dev/vdb...) on the host files $LAB_WORK/diskI.img ($LAB_DISK is the first), opened by QEMU with
+# cache=directsync. lab_power_cut (a host hook) kills
 # QEMU with SIGKILL; the runner then boots the guest again on the same disk and share if the
 # scenario has guest-reboot.sh (run instead of guest.sh), else the guest's end counts as expected.
 set -euo pipefail
@@ -25,7 +26,7 @@ LAB_EVENTS=$LAB_SHARE/events
 export LAB_SHARE LAB_EVENTS LAB_PREFIXLEN
 
 SCEN_DIR=$LAB_DIR/scenarios/$LAB_SCENARIO
-LAB_DISK=$LAB_WORK/disk.img
+LAB_DISK=$LAB_WORK/disk0.img
 LAB_BOOT=1
 # shellcheck disable=SC1090,SC1091
 LAB_DISK_MB=$([[ -f $SCEN_DIR/conf ]] && source "$SCEN_DIR/conf"; echo "${LAB_DISK_MB:-}")
@@ -114,16 +115,20 @@ qemu=(
     -fsdev "local,id=fs0,path=$LAB_SHARE,security_model=none"
     -device virtio-9p-pci,fsdev=fs0,mount_tag=lab
 )
-if [[ -n $LAB_DISK_MB ]]; then
-    [[ $LAB_DISK_MB =~ ^[1-9][0-9]*$ ]] || { say "LAB_DISK_MB must be a number of MiB"; exit 1; }
-    [[ -e $LAB_DISK ]] || truncate -s "${LAB_DISK_MB}M" "$LAB_DISK"
-    # Every write the guest sees completed is on the host file (O_DIRECT|O_DSYNC): what the
+# LAB_DISK_MB="N [N...]": one virtio disk per size (MiB), /dev/vda, /dev/vdb...
+disk_i=0
+for mb in $LAB_DISK_MB; do
+    [[ $mb =~ ^[1-9][0-9]*$ ]] || { say "LAB_DISK_MB: '$mb' is not a number of MiB"; exit 1; }
+    f=$LAB_WORK/disk$disk_i.img
+    [[ -e $f ]] || truncate -s "${mb}M" "$f"
+    # Every write the guest saw completed is on the host file (O_DIRECT|O_DSYNC): what the
     # guest kept in its memory is all a power cut loses.
     # shellcheck disable=SC2054
-    qemu+=(-drive "file=$LAB_DISK,if=none,id=disk0,format=raw,cache=directsync,aio=threads"
-        -device virtio-blk-pci,drive=disk0,serial=lab-disk)
-    say "guest disk: $LAB_DISK ($LAB_DISK_MB MiB, cache=directsync) as /dev/vda"
-fi
+    qemu+=(-drive "file=$f,if=none,id=disk$disk_i,format=raw,cache=directsync,aio=threads"
+        -device "virtio-blk-pci,drive=disk$disk_i,serial=lab-disk$disk_i")
+    say "guest disk $((disk_i + 1)): $f ($mb MiB, cache=directsync)"
+    disk_i=$((disk_i + 1))
+done
 
 # boot_guest: start QEMU in the background (qemu_pid; also in $LAB_WORK/qemu.pid for
 # lab_power_cut), boot number LAB_BOOT (in the share for guest-run.sh).

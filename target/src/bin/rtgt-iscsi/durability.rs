@@ -92,6 +92,9 @@ pub struct CheckArgs {
     /// SYNCHRONIZE CACHE was sent (the cut came while the writer was busy).
     #[arg(long, default_value_t = 1)]
     min_after_flush: u64,
+    /// Fail unless at least this many acknowledged writes had to survive.
+    #[arg(long, default_value_t = 1)]
+    min_required: u64,
     /// Bytes per read.
     #[arg(long, default_value = "1m")]
     read_size: String,
@@ -900,6 +903,12 @@ async fn check(cli: &Cli, a: &CheckArgs) -> Result<(), String> {
         fail.push(format!(
             "only {} acknowledged flushes (--min-flushes {})",
             an.flushes, a.min_flushes
+        ));
+    }
+    if v.required < a.min_required {
+        fail.push(format!(
+            "only {} writes had to survive (--min-required {})",
+            v.required, a.min_required
         ));
     }
     if an.after_last_flush < a.min_after_flush {

@@ -1,15 +1,17 @@
 #!/bin/bash
-# Second boot of rtgt-power-cut, after the power cut: mount the disk (ext4 replays its journal),
-# serve the same LUNs again for the host's check, then check the file system.
+# Second boot of rtgt-power-cut, after the power cut: mount the disks (ext4 replays the journals),
+# serve the same LUNs again for the host's check, then check the file systems.
 set -euo pipefail
 
 modprobe -q virtio_blk || true
-lab_retry 30 test -b /dev/vda || lab_fail "no /dev/vda"
-lab_step "mount /dev/vda after the power cut"
-mkdir -p /mnt/luns
-mount /dev/vda /mnt/luns
-dmesg | grep -E 'EXT4-fs \(vda\)' || true
-ls -ls /mnt/luns
+lab_retry 30 test -b /dev/vdb || lab_fail "no /dev/vda and /dev/vdb"
+for d in sync:vda other:vdb; do
+    lab_step "mount /dev/${d#*:} after the power cut"
+    mkdir -p "/mnt/luns/${d%:*}"
+    mount "/dev/${d#*:}" "/mnt/luns/${d%:*}"
+done
+dmesg | grep -E 'EXT4-fs \(vd' || true
+ls -ls /mnt/luns/*
 
 lab_step "rtgtd on the same configuration"
 mkdir -p /run/rtgt
@@ -24,8 +26,13 @@ lab_step "the host checks the LUNs"
 lab_wait host-done 600 || lab_fail "the host did not finish"
 kill -TERM "$rtgtd_pid"
 wait "$rtgtd_pid" || lab_fail "rtgtd exited with status $?"
-umount /mnt/luns
-lab_step "e2fsck after the power cut"
-e2fsck -fn /dev/vda >"$LAB_OUT/e2fsck.txt" 2>&1 || { cat "$LAB_OUT/e2fsck.txt"; lab_fail "e2fsck found errors"; }
+for d in sync:vda other:vdb; do
+    umount "/mnt/luns/${d%:*}"
+    lab_step "e2fsck /dev/${d#*:} after the power cut"
+    e2fsck -fn "/dev/${d#*:}" >"$LAB_OUT/e2fsck-${d#*:}.txt" 2>&1 || {
+        cat "$LAB_OUT/e2fsck-${d#*:}.txt"
+        lab_fail "e2fsck found errors on /dev/${d#*:}"
+    }
+done
 [[ $(lab_host_status) == 0 ]] || lab_fail "the host's check failed"
 lab_step "rtgt-power-cut done"

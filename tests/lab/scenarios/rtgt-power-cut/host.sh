@@ -5,15 +5,21 @@
 # `rtgt-iscsi durability check`.
 
 RTGT_IQN=iqn.2025-01.io.rtgt.lab:power-cut
-# LUN number, backstore name, direct, write_cache.
+# LUN number, backstore name, file system, direct, write_cache, writer options. The LUNs that
+# test SYNCHRONIZE CACHE have a file system of their own (/dev/vda): a FUA write or an O_DSYNC
+# write commits the whole file system's journal, which would make the allocations of direct
+# writes durable without any flush. The FUA and write-through LUNs share /dev/vdb.
 LUNS=(
-    "0 cached-wc false true"
-    "1 direct-wc true true"
-    "2 cached-wt false false"
-    "3 direct-wt true false"
+    "0 cached-sync sync false true --sync-every 100 --fua-every 0"
+    "1 direct-sync sync true true --sync-every 100 --fua-every 0"
+    "2 cached-fua other false true --sync-every 0 --fua-every 25"
+    "3 direct-fua other true true --sync-every 0 --fua-every 25"
+    "4 cached-wt other false false --sync-every 0 --fua-every 0"
+    "5 direct-wt other true false --sync-every 0 --fua-every 0"
 )
-LUN_SIZE_MB=64
-# Before the cut: at least this long, and at least this many acknowledged flushes per LUN.
+LUN_SIZE_MB=32
+# Before the cut: at least this long, and at least this many acknowledged flushes per LUN that
+# sends them.
 WRITE_SECONDS=${POWER_CUT_WRITE_SECONDS:-10}
 MIN_FLUSHES=3
 
@@ -24,10 +30,10 @@ host_setup() {
     echo "RTGT_ISCSI=$RTGT_ISCSI" >"$LAB_WORK/rtgt-iscsi.env"
     # The guest runs the host's rtgtd (both Debian bookworm).
     cp "$RTGTD" "$LAB_SHARE/rtgtd"
-    local lun name direct wc backstores="" luns=""
+    local l lun name fs direct wc backstores="" luns=""
     for l in "${LUNS[@]}"; do
-        read -r lun name direct wc <<<"$l"
-        backstores+="  - {name: $name, type: file, path: /mnt/luns/$name.img, size: ${LUN_SIZE_MB}MiB, write_cache: $wc}"$'\n'
+        read -r lun name fs direct wc _ <<<"$l"
+        backstores+="  - {name: $name, type: file, path: /mnt/luns/$fs/$name.img, size: ${LUN_SIZE_MB}MiB, write_cache: $wc}"$'\n'
         luns+="          - {lun: $lun, backstore: $name}"$'\n'
     done
     cat >"$LAB_SHARE/rtgt.yaml" <<YAML
@@ -60,19 +66,21 @@ host_run() {
     # shellcheck disable=SC1091
     source "$LAB_WORK/rtgt-iscsi.env"
     lab_wait rtgtd-ready 300 || return 1
-    local l lun name direct wc start i ok rc=0
+    local l lun name fs direct wc opts start i ok rc=0
     for l in "${LUNS[@]}"; do
-        read -r lun name direct wc <<<"$l"
+        read -r lun name fs direct wc opts <<<"$l"
+        # shellcheck disable=SC2086  # opts: several options
         lab_start_daemon "writer-$name" "$RTGT_ISCSI" durability write --url "$(url "$lun")" \
-            --log "$LAB_RESULTS/$name.durability" --iodepth 8 --sync-every 200 --fua-every 50
+            --log "$LAB_RESULTS/$name.durability" --iodepth 8 $opts
     done
-    # Write until every LUN has had flushes acknowledged, then cut the power mid-run.
+    # Write until the LUNs that flush have had flushes acknowledged, then cut the power mid-run.
     start=$(date +%s)
     for ((i = 0; ; i++)); do
         ok=1
         for l in "${LUNS[@]}"; do
-            read -r lun name direct wc <<<"$l"
+            read -r lun name fs direct wc opts <<<"$l"
             lab_daemon_alive "writer-$name" || { echo "the writer of $name ended before the cut"; return 1; }
+            [[ $opts == *"--sync-every 0"* ]] && continue
             (($(flushes "$LAB_RESULTS/$name.durability") >= MIN_FLUSHES)) || ok=0
         done
         (($(date +%s) - start >= WRITE_SECONDS && ok)) && break
@@ -84,27 +92,34 @@ host_run() {
     done
     lab_power_cut || return 1
     for l in "${LUNS[@]}"; do
-        read -r lun name direct wc <<<"$l"
+        read -r lun name fs direct wc opts <<<"$l"
         lab_stop_daemon "writer-$name"
         [[ $(lab_daemon_status "writer-$name" 10) == 0 ]] || { echo "the writer of $name failed"; rc=1; }
-        sed -n '$p' "$LAB_RESULTS/writer-$name.log"
+        echo "$name: $(sed -n '$p' "$LAB_RESULTS/writer-$name.log")"
     done
     ((rc == 0)) || return 1
 
-    # The guest boots again on the same disk, replays the ext4 journal and serves the LUNs.
+    # The guest boots again on the same disks, replays the ext4 journals and serves the LUNs.
     lab_wait rtgtd-ready-2 300 || return 1
-    local pids=()
+    local pids=() min
     for l in "${LUNS[@]}"; do
-        read -r lun name direct wc <<<"$l"
-        local min_after=1
-        [[ $wc == true ]] && min_after=20
+        read -r lun name fs direct wc opts <<<"$l"
+        # What makes the LUN's test not vacuous: flushes acknowledged and writes after the last
+        # one, FUA writes acknowledged, or writes acknowledged at all (write-through).
+        if [[ $opts != *"--sync-every 0"* ]]; then
+            min=(--min-flushes "$MIN_FLUSHES" --min-after-flush 20 --min-required 100)
+        elif [[ $opts != *"--fua-every 0"* ]]; then
+            min=(--min-flushes 0 --min-required 5)
+        else
+            min=(--min-flushes 0 --min-required 100)
+        fi
         "$RTGT_ISCSI" durability check --url "$(url "$lun")" --log "$LAB_RESULTS/$name.durability" \
-            --min-flushes "$MIN_FLUSHES" --min-after-flush "$min_after" >"$LAB_RESULTS/check-$name.log" 2>&1 &
+            "${min[@]}" >"$LAB_RESULTS/check-$name.log" 2>&1 &
         pids+=($!)
     done
     i=0
     for l in "${LUNS[@]}"; do
-        read -r lun name direct wc <<<"$l"
+        read -r lun name fs direct wc opts <<<"$l"
         local st=0 want_wce=1
         wait "${pids[i]}" || st=$?
         i=$((i + 1))
@@ -119,6 +134,5 @@ host_run() {
         done <"$LAB_RESULTS/check-$name.log"
         ((st == 0)) || rc=1
     done
-    lab_signal checked
     return "$rc"
 }
