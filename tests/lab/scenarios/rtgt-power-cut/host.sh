@@ -33,7 +33,7 @@ host_setup() {
     local l lun name fs direct wc backstores="" luns=""
     for l in "${LUNS[@]}"; do
         read -r lun name fs direct wc _ <<<"$l"
-        backstores+="  - {name: $name, type: file, path: /mnt/luns/$fs/$name.img, size: ${LUN_SIZE_MB}MiB, write_cache: $wc}"$'\n'
+        backstores+="  - {name: $name, type: file, path: /mnt/luns/$fs/$name.img, size: ${LUN_SIZE_MB}MiB, direct: $direct, write_cache: $wc}"$'\n'
         luns+="          - {lun: $lun, backstore: $name}"$'\n'
     done
     cat >"$LAB_SHARE/rtgt.yaml" <<YAML
