@@ -2,7 +2,8 @@
 //!
 //! `write` writes every chunk of a region once, in a scattered order, with several commands in
 //! flight, a SYNCHRONIZE CACHE after every so many acknowledged writes and FUA on some writes,
-//! until it is stopped (SIGTERM, SIGINT, `--seconds`) or the connection ends. Every sector
+//! until it is stopped (SIGTERM, SIGINT, `--seconds`) or the connection ends; after SIGUSR1 it
+//! sends plain writes only. Every sector
 //! describes itself (see [`fill_sector`]); every acknowledgement goes to a log. After the
 //! target lost power, `check` reads the region back and applies [`Log::analyse`]'s rule: a
 //! write acknowledged before an acknowledged SYNCHRONIZE CACHE was sent, an acknowledged FUA
@@ -568,6 +569,9 @@ async fn write(cli: &Cli, a: &WriteArgs) -> Result<(), String> {
 
     let mut term = signal(SignalKind::terminate()).map_err(|e| format!("SIGTERM: {e}"))?;
     let mut int = signal(SignalKind::interrupt()).map_err(|e| format!("SIGINT: {e}"))?;
+    let mut usr1 = signal(SignalKind::user_defined1()).map_err(|e| format!("SIGUSR1: {e}"))?;
+    // After SIGUSR1: plain writes only, so that the log ends with writes no flush covers.
+    let mut plain = false;
     let deadline = (a.seconds > 0).then(|| Instant::now() + Duration::from_secs(a.seconds));
     let mut set: JoinSet<Result<(Done, Status), IscsiError>> = JoinSet::new();
     let (mut seq, mut flush_n, mut since_sync, mut sync_busy) = (0u64, 0u64, 0u64, false);
@@ -577,7 +581,7 @@ async fn write(cli: &Cli, a: &WriteArgs) -> Result<(), String> {
             break "the region is full".to_string();
         }
         while set.len() < a.iodepth + usize::from(sync_busy) {
-            if a.sync_every > 0 && since_sync >= a.sync_every && !sync_busy {
+            if !plain && a.sync_every > 0 && since_sync >= a.sync_every && !sync_busy {
                 flush_n += 1;
                 log.put(&Event::SyncSent(flush_n).line())?;
                 let (s, n) = (s.clone(), flush_n);
@@ -594,7 +598,7 @@ async fn write(cli: &Cli, a: &WriteArgs) -> Result<(), String> {
                 break;
             }
             let lba = h.chunk_lba(chunk_of(seq, chunks));
-            let fua = a.fua_every > 0 && seq % a.fua_every == a.fua_every - 1;
+            let fua = !plain && a.fua_every > 0 && seq % a.fua_every == a.fua_every - 1;
             let mut data = vec![0u8; (chunk_blocks * bs) as usize];
             for (i, sector) in data.chunks_mut(bs as usize).enumerate() {
                 fill_sector(sector, h.run, lba + i as u64, seq);
@@ -627,6 +631,10 @@ async fn write(cli: &Cli, a: &WriteArgs) -> Result<(), String> {
             j = set.join_next() => j,
             _ = term.recv() => break "stopped by SIGTERM".to_string(),
             _ = int.recv() => break "stopped by SIGINT".to_string(),
+            _ = usr1.recv() => {
+                plain = true;
+                continue;
+            }
             _ = sleep => break format!("stopped after {} s", a.seconds),
         };
         let Some(joined) = joined else { continue };
@@ -648,6 +656,12 @@ async fn write(cli: &Cli, a: &WriteArgs) -> Result<(), String> {
             Done::Write { seq, lba, fua } => {
                 log.put(&Event::Write { seq, lba, fua }.line())?;
                 acked += 1;
+                if acked % 16 == 0 {
+                    // Let a watcher of the log see the progress.
+                    log.w
+                        .flush()
+                        .map_err(|e| format!("{}: {e}", a.log.display()))?;
+                }
                 fua_acked += u64::from(fua);
                 since_sync += 1;
             }
