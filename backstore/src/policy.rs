@@ -331,8 +331,14 @@ fn open_beneath(
                 )
                 .map_err(refuse)?;
                 let file = File::from(fd);
-                // Sparse: only the length is set.
-                if let Err(e) = file.set_len(size) {
+                // Sparse: only the length is set. The file, its length and its name are on
+                // stable storage before it serves a LUN: a power cut must not take away a
+                // LUN whose writes were acknowledged as durable.
+                if let Err(e) = file
+                    .set_len(size)
+                    .and_then(|()| file.sync_all())
+                    .and_then(|()| sync_parent(&dir, rest))
+                {
                     remove_created(&dir, rest, &file);
                     return Err(io_err(e));
                 }
@@ -354,6 +360,17 @@ fn open_beneath(
             Err(io_err(e))
         }
     }
+}
+
+/// fsync(2) of the directory holding `rest` (relative to `dir`), so that a new name in it is
+/// durable.
+fn sync_parent(dir: &File, rest: &Path) -> io::Result<()> {
+    let parent = match rest.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    let fd = openat2(dir, parent, libc::O_RDONLY | libc::O_DIRECTORY, 0)?;
+    File::from(fd).sync_all()
 }
 
 /// Removes a file this open created and could not finish, when its name still refers to it.
