@@ -18,6 +18,13 @@
 //! a page-cache hit, and only what remains goes to the ring. Without this, io_uring hands
 //! every transfer on a file system lacking non-blocking support (tmpfs) to its worker
 //! threads, which costs a thread hand-off and a wake-up per transfer.
+//!
+//! Buffered writes on a file system that refuses `RWF_NOWAIT` for them (ext4) are copied
+//! into the page cache inline too, when small: such a write normally only copies, and the
+//! hand-off to an io_uring worker would cost more than the write. It may block — the kernel
+//! throttles writers when too much dirty data waits for the disk — so one that takes longer
+//! than [`SLOW_INLINE_WRITE`] sends the backstore's writes back to the ring for
+//! [`INLINE_WRITE_BACKOFF`]: a throttled disk never holds the caller's thread for long.
 
 use std::fs::{File, OpenOptions};
 use std::io;
@@ -44,6 +51,13 @@ const BUFFERED: u32 = 0;
 const DIRECT: u32 = 1;
 /// Resubmissions of one transfer after EINTR/EAGAIN before giving up.
 const RETRIES: u32 = 16;
+/// Largest buffered write done inline on a file system without `RWF_NOWAIT` writes.
+const INLINE_WRITE_MAX: usize = 256 << 10;
+/// An inline write that takes longer than this was held up (dirty-page throttling, a busy
+/// journal): writes go through the ring for a while.
+pub const SLOW_INLINE_WRITE: std::time::Duration = std::time::Duration::from_millis(1);
+/// How long writes stay on the ring after a slow inline write.
+pub const INLINE_WRITE_BACKOFF: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// How to open a [`FileBackstore`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -104,6 +118,9 @@ pub struct FileCounters {
     pub fixed: u64,
     /// Transfers (or their leading part) completed synchronously without the ring.
     pub inline: u64,
+    /// Inline writes slower than [`SLOW_INLINE_WRITE`] (each sent the writes that followed
+    /// to the ring for [`INLINE_WRITE_BACKOFF`]).
+    pub slow_inline_writes: u64,
 }
 
 #[derive(Default)]
@@ -113,6 +130,7 @@ struct Counters {
     direct_fallbacks: AtomicU64,
     short_transfers: AtomicU64,
     inline: AtomicU64,
+    slow_inline_writes: AtomicU64,
 }
 
 /// A regular file or block device served through io_uring.
@@ -144,6 +162,9 @@ pub struct FileBackstore {
     /// file system refuses it.
     nowait_reads: AtomicBool,
     nowait_writes: AtomicBool,
+    /// Blocking inline writes are off until this many nanoseconds after `opened`.
+    inline_writes_after: AtomicU64,
+    opened: std::time::Instant,
     counters: Counters,
     warned_fallback: AtomicBool,
 }
@@ -315,6 +336,8 @@ impl FileBackstore {
             memory_fs,
             nowait_reads: AtomicBool::new(true),
             nowait_writes: AtomicBool::new(!opts.read_only),
+            inline_writes_after: AtomicU64::new(0),
+            opened: std::time::Instant::now(),
             counters: Counters::default(),
             warned_fallback: AtomicBool::new(false),
         })
@@ -373,6 +396,7 @@ impl FileBackstore {
             short_transfers: c.short_transfers.load(Ordering::Relaxed),
             fixed: self.ring.fixed_ops(),
             inline: c.inline.load(Ordering::Relaxed),
+            slow_inline_writes: c.slow_inline_writes.load(Ordering::Relaxed),
         }
     }
 
@@ -630,6 +654,15 @@ impl FileBackstore {
         } else {
             &self.nowait_reads
         };
+        if write
+            && rw_flags == 0
+            && len > 0
+            && len <= INLINE_WRITE_MAX
+            && !nowait.load(Ordering::Relaxed)
+            && !self.direct_ok(offset, buf, 0)
+        {
+            return Ok(self.write_inline(file, offset, buf));
+        }
         if len == 0
             || !nowait.load(Ordering::Relaxed)
             || (write && rw_flags != 0)
@@ -668,6 +701,40 @@ impl FileBackstore {
             // EAGAIN (not cached, or a lock is busy) and real errors: the ring takes over and
             // reports what persists.
             Err(_) => Ok(0),
+        }
+    }
+
+    /// A buffered write the file system cannot do without possibly blocking, done here unless
+    /// a recent one was slow. Returns the bytes written; errors are left to the ring, which
+    /// repeats the write and reports what persists.
+    fn write_inline(&self, file: &File, offset: u64, buf: &IoBuf) -> usize {
+        let since_open = |t: std::time::Instant| t.duration_since(self.opened).as_nanos() as u64;
+        let start = std::time::Instant::now();
+        if since_open(start) < self.inline_writes_after.load(Ordering::Relaxed) {
+            return 0;
+        }
+        let r = sys::pwrite_flags(file, &buf[..], offset, 0);
+        let took = start.elapsed();
+        if took > SLOW_INLINE_WRITE {
+            self.inline_writes_after.store(
+                since_open(start + took + INLINE_WRITE_BACKOFF),
+                Ordering::Relaxed,
+            );
+            self.counters
+                .slow_inline_writes
+                .fetch_add(1, Ordering::Relaxed);
+        }
+        match r {
+            Ok(n) if n > 0 => {
+                self.counters.inline.fetch_add(1, Ordering::Relaxed);
+                if n < buf.len() {
+                    self.counters
+                        .short_transfers
+                        .fetch_add(1, Ordering::Relaxed);
+                }
+                n
+            }
+            _ => 0,
         }
     }
 
@@ -986,6 +1053,48 @@ mod tests {
         } else {
             assert!(c.buffered >= 3, "{c:?}");
         }
+    }
+
+    #[tokio::test]
+    async fn buffered_writes_run_inline_until_one_is_slow() {
+        let dir = tempfile::tempdir().unwrap();
+        let bs = FileBackstore::open(
+            dir.path().join("d"),
+            FileOptions {
+                direct: false,
+                ..opts()
+            },
+        )
+        .unwrap();
+        let data: Vec<u8> = (0..4096u32).map(|b| (b % 251) as u8).collect();
+        for i in 0..32u64 {
+            let (r, _) = bs.write(i * 4096, IoBuf::from_slice(&data), false).await;
+            r.unwrap();
+        }
+        let c = bs.counters();
+        // Inline with RWF_NOWAIT where the file system has it, else by a plain write: either
+        // way at most the first write (which finds out) goes to the ring.
+        assert!(c.inline + c.slow_inline_writes >= 31, "{c:?}");
+        assert!(c.buffered <= 1 + c.slow_inline_writes, "{c:?}");
+        // FUA writes wait for the disk: always on the ring.
+        let (r, _) = bs.write(0, IoBuf::from_slice(&data), true).await;
+        r.unwrap();
+        assert_eq!(bs.counters().buffered, c.buffered + 1);
+        // After a slow one, writes go to the ring for a while.
+        if !bs.nowait_writes.load(Ordering::Relaxed) {
+            bs.inline_writes_after.store(u64::MAX, Ordering::Relaxed);
+            let before = bs.counters();
+            let (r, _) = bs.write(0, IoBuf::from_slice(&data), false).await;
+            r.unwrap();
+            let after = bs.counters();
+            assert_eq!(
+                (after.buffered, after.inline),
+                (before.buffered + 1, before.inline)
+            );
+        }
+        let (r, back) = bs.read(0, IoBuf::zeroed(4096 * 32)).await;
+        r.unwrap();
+        assert!(back.chunks(4096).all(|c| c == &data[..]));
     }
 
     #[tokio::test]
