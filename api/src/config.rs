@@ -174,6 +174,14 @@ pub struct Backstore {
     /// Volatile write cache (WCE): writes are durable after SYNCHRONIZE CACHE or FUA.
     #[serde(default = "default_true")]
     pub write_cache: bool,
+    /// File and block backstores: `true` moves aligned transfers with O_DIRECT, past the
+    /// page cache (where the file system supports it); `false` serves through the page
+    /// cache. Default: `false` for a file (cached reads are answered from memory, as tgt,
+    /// LIO fileio and QEMU's `cache=writeback` do), `true` for a block device (its data is
+    /// not cached twice, once by the initiator and once by rtgtd's host, as LIO iblock and
+    /// SPDK do). Durability does not depend on it: see `write_cache`. Shown resolved.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub direct: Option<bool>,
     /// Physical block size reported to initiators (READ CAPACITY(16) logical blocks per
     /// physical block, Block Limits VPD granularities): a power of two from `block_size` to
     /// 64KiB. Default: for a file 4096 (the page and hole-punching granularity of Linux
@@ -193,6 +201,28 @@ pub struct Backstore {
 
 fn is_false(b: &bool) -> bool {
     !*b
+}
+
+impl Backstore {
+    /// Whether aligned transfers bypass the page cache: `direct` as configured, else the
+    /// default of the kind (a block device yes, a file no). Always false for ramdisk and null.
+    pub fn direct(&self) -> bool {
+        match self.kind {
+            BackstoreKind::File | BackstoreKind::Block => {
+                self.direct.unwrap_or(self.kind == BackstoreKind::Block)
+            }
+            BackstoreKind::Ramdisk | BackstoreKind::Null => false,
+        }
+    }
+
+    /// Writes out the defaults that depend on other fields (`direct` of a file or block
+    /// backstore), so that exports and answers show the effective values and a definition
+    /// that leaves them out compares equal to one that spells them.
+    pub fn resolve_defaults(&mut self) {
+        if matches!(self.kind, BackstoreKind::File | BackstoreKind::Block) {
+            self.direct = Some(self.direct());
+        }
+    }
 }
 
 #[derive(Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
@@ -794,7 +824,7 @@ impl Config {
     /// Parses and validates a YAML document; `file` names it in error messages.
     pub fn from_yaml(text: &str, file: &Path) -> Result<Config, ConfigError> {
         let de = serde_norway::Deserializer::from_str(text);
-        let config: Config = serde_path_to_error::deserialize(de).map_err(|e| {
+        let mut config: Config = serde_path_to_error::deserialize(de).map_err(|e| {
             let path = e.path().to_string();
             let inner = e.into_inner();
             // The YAML error already names the location; drop its own copy of the path.
@@ -820,6 +850,7 @@ impl Config {
                 path,
                 message,
             })?;
+        config.resolve_defaults();
         Ok(config)
     }
 
@@ -884,6 +915,13 @@ impl Config {
             .and_then(|d| d.sync_all())
             .map_err(err)?;
         Ok(())
+    }
+
+    /// [`Backstore::resolve_defaults`] for every backstore.
+    pub fn resolve_defaults(&mut self) {
+        self.backstores
+            .iter_mut()
+            .for_each(Backstore::resolve_defaults);
     }
 
     /// A copy with every CHAP secret replaced by [`REDACTED`].
@@ -967,6 +1005,12 @@ impl Config {
                 }
                 BackstoreKind::Ramdisk | BackstoreKind::Null if b.path.is_some() => {
                     return Err((at("path"), "a ramdisk or null backstore has no path".into()));
+                }
+                BackstoreKind::Ramdisk | BackstoreKind::Null if b.direct.is_some() => {
+                    return Err((
+                        at("direct"),
+                        "only file and block backstores have a cache mode".into(),
+                    ));
                 }
                 _ => {}
             }
@@ -1357,6 +1401,44 @@ mod tests {
         let mut expected = Config::embedded_default();
         expected.policy.backstore_roots = vec!["/var/lib/rtgt/backstores".into()];
         assert_eq!(packaged, expected);
+    }
+
+    #[test]
+    fn cache_mode_defaults_by_kind_and_is_shown_resolved() {
+        let doc = |extra: &str| {
+            format!(
+                "backstores:\n  - {{name: f, type: file, path: f.img, size: 1MiB{extra}}}\n  - {{name: b, type: block, path: /dev/sdx{extra}}}\n  - {{name: r, type: ramdisk, size: 1MiB}}\n"
+            )
+        };
+        let c = Config::from_yaml(&doc(""), Path::new("t.yaml")).unwrap();
+        let direct: Vec<_> = c.backstores.iter().map(|b| b.direct).collect();
+        assert_eq!(direct, [Some(false), Some(true), None]);
+        assert!(c.backstores.iter().all(|b| b.write_cache));
+        // The export spells the effective value; reading it back gives the same configuration.
+        let yaml = c.to_yaml();
+        assert_eq!(yaml.matches("direct: false").count(), 1, "{yaml}");
+        assert_eq!(yaml.matches("direct: true").count(), 1, "{yaml}");
+        assert_eq!(Config::from_yaml(&yaml, Path::new("t.yaml")).unwrap(), c);
+
+        let c = Config::from_yaml(&doc(", direct: true"), Path::new("t.yaml")).unwrap();
+        assert_eq!(c.backstores[0].direct, Some(true));
+        let c = Config::from_yaml(&doc(", direct: false"), Path::new("t.yaml")).unwrap();
+        assert_eq!(c.backstores[1].direct, Some(false));
+        assert!(!c.backstores[1].direct());
+
+        for bad in ["maybe", "1", "yes", "'true'"] {
+            let (path, msg) = err_of(&doc(&format!(", direct: {bad}")));
+            assert_eq!(path, "backstores[0].direct", "{bad}");
+            assert!(msg.contains("expected a boolean"), "{bad}: {msg}");
+        }
+        let (path, msg) =
+            err_of("backstores:\n  - {name: r, type: null, size: 1MiB, direct: true}\n");
+        assert_eq!(path, "backstores[0].direct");
+        assert!(msg.contains("file and block"), "{msg}");
+
+        let c = Config::embedded_default();
+        assert_eq!(c.backstores[0].kind, BackstoreKind::File);
+        assert!(!c.backstores[0].direct() && c.backstores[0].write_cache);
     }
 
     #[test]

@@ -2,8 +2,59 @@
 //! named as the report of a real apply names them (`iqn…:t/tpg1/lun/0`, `srp/p0/acl/0x…`).
 //! `PUT /api/v1/config?dry_run=true` answers with it.
 
-use crate::config::{Config, PortalGroup, SrpPort, Target};
+use crate::config::{Backstore, Config, PortalGroup, SrpPort, Target};
 use crate::control::ChangeReport;
+
+/// How a backstore's new definition applies to the running one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BackstoreChange {
+    Same,
+    /// Only the size differs: a live resize (CAPACITY DATA HAS CHANGED).
+    Resize(u64),
+    /// No LUN maps it: it is opened again with the new definition.
+    Reopen,
+    /// A LUN maps it and more than its size differs: refused (409), naming the fields.
+    InUse(String),
+}
+
+/// Classifies the change of backstore `old` into `new`; `in_use` says whether a LUN maps it.
+pub fn backstore_change(old: &Backstore, new: &Backstore, in_use: bool) -> BackstoreChange {
+    if old == new {
+        return BackstoreChange::Same;
+    }
+    let mut same_but_size = old.clone();
+    same_but_size.size = new.size;
+    match new.size {
+        Some(size) if same_but_size == *new => return BackstoreChange::Resize(size.0),
+        _ => {}
+    }
+    if !in_use {
+        return BackstoreChange::Reopen;
+    }
+    let fields = changed_fields(old, new)
+        .into_iter()
+        .filter(|f| f != "size")
+        .collect::<Vec<_>>()
+        .join(", ");
+    BackstoreChange::InUse(format!(
+        "backstore {:?} is in use: {fields} cannot change while a LUN maps it (only its size can); remove its LUNs first",
+        new.name
+    ))
+}
+
+/// The fields (as the document names them) whose values differ.
+fn changed_fields(old: &Backstore, new: &Backstore) -> Vec<String> {
+    let fields = |b: &Backstore| match serde_json::to_value(b) {
+        Ok(serde_json::Value::Object(m)) => m,
+        _ => serde_json::Map::new(),
+    };
+    let (a, b) = (fields(old), fields(new));
+    let mut names: Vec<String> = a.keys().chain(b.keys()).cloned().collect();
+    names.sort();
+    names.dedup();
+    names.retain(|k| a.get(k) != b.get(k));
+    names
+}
 
 /// The changes that make `old` into `new`, in the order an apply makes them: backstores
 /// resized, added or changed; targets; SRP ports; discovery; backstores removed; then the
@@ -15,34 +66,28 @@ pub fn diff(old: &Config, new: &Config) -> ChangeReport {
     for b in &new.backstores {
         match old.backstore(&b.name) {
             None => others.push(("added", b.name.clone())),
-            Some(o) if o == b => {}
-            Some(o) => {
-                let mut same_but_size = o.clone();
-                same_but_size.size = b.size;
-                if same_but_size == *b && b.size.is_some() {
-                    report.push_detail(
-                        "resized",
-                        "backstore",
-                        b.name.clone(),
-                        "CAPACITY DATA HAS CHANGED",
-                    );
-                } else if in_use(old, &b.name) {
-                    conflicts.push(b.name.clone());
-                } else {
-                    others.push(("changed", b.name.clone()));
-                }
-            }
+            Some(o) => match backstore_change(o, b, in_use(old, &b.name)) {
+                BackstoreChange::Same => {}
+                BackstoreChange::Resize(_) => report.push_detail(
+                    "resized",
+                    "backstore",
+                    b.name.clone(),
+                    "CAPACITY DATA HAS CHANGED",
+                ),
+                BackstoreChange::Reopen => others.push(("changed", b.name.clone())),
+                BackstoreChange::InUse(why) => conflicts.push((b.name.clone(), why)),
+            },
         }
     }
     for (action, name) in others {
         report.push(action, "backstore", name);
     }
-    for name in conflicts {
+    for (name, why) in conflicts {
         report.push_detail(
             "changed",
             "backstore",
             name,
-            "in use: only its size can change while a LUN maps it, an apply is refused (409)",
+            format!("{why}; an apply is refused (409)"),
         );
     }
     for t in &new.targets {
@@ -313,7 +358,17 @@ srp:
         in_use.backstores[0].write_cache = false;
         let r = diff(&old, &in_use);
         assert_eq!(lines(&r), ["changed backstore a"]);
-        assert!(r.changes[0].detail.as_deref().unwrap().contains("409"));
+        let detail = r.changes[0].detail.as_deref().unwrap();
+        assert!(detail.contains("409"), "{detail}");
+        assert!(detail.contains(": write_cache cannot change"), "{detail}");
+        in_use.backstores[0].direct = Some(true);
+        in_use.backstores[0].size = Some(ByteSize(1 << 30));
+        let r = diff(&old, &in_use);
+        let detail = r.changes[0].detail.as_deref().unwrap();
+        assert!(
+            detail.contains(": direct, write_cache cannot change"),
+            "{detail}"
+        );
     }
 
     #[test]

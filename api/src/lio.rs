@@ -130,6 +130,10 @@ pub fn convert(json: &str) -> Result<Import, String> {
                 .and_then(Value::as_bool)
                 .or_else(|| u(&attrs, "emulate_write_cache").map(|v| v != 0))
                 .unwrap_or(true),
+            // fileio goes through the page cache (O_DSYNC without write_back); iblock
+            // submits bios to the device, past it.
+            direct: matches!(kind, BackstoreKind::File | BackstoreKind::Block)
+                .then_some(kind == BackstoreKind::Block),
             physical_block_size: None,
             removable: false,
             sanitize_rate: None,
@@ -330,6 +334,10 @@ mod tests {
         assert_eq!(d.kind, BackstoreKind::File);
         assert_eq!(d.size, Some(ByteSize(1 << 30)));
         assert!(!d.write_cache && !d.thin);
+        // fileio serves through the page cache, iblock past it.
+        assert_eq!(d.direct, Some(false));
+        assert_eq!(config.backstores[1].direct, Some(true));
+        assert_eq!(config.backstores[2].direct, None);
         assert_eq!(
             d.serial.as_deref(),
             Some("043a5a3a-b788-4dce-80df-74399f76a519")

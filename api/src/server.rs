@@ -455,6 +455,7 @@ impl Api {
         cfg.restore_secrets(&self.control.config());
         cfg.validate()
             .map_err(|(field, message)| ControlError::Invalid { field, message })?;
+        cfg.resolve_defaults();
         self.control.apply(cfg).await
     }
 
@@ -486,6 +487,7 @@ fn edited<T>(current: &Config, f: impl FnOnce(&mut Config) -> Res<T>) -> Res<(T,
     cfg.restore_secrets(current);
     cfg.validate()
         .map_err(|(path, msg)| ApiError::invalid(short_field(&path), msg))?;
+    cfg.resolve_defaults();
     Ok((out, cfg))
 }
 
@@ -670,7 +672,8 @@ async fn list_backstores(State(st): St) -> Res<axum::Json<Vec<Backstore>>> {
         (status = 401, body = ErrorBody), (status = 409, body = ErrorBody),
         (status = 413, body = ErrorBody), (status = 415, body = ErrorBody),
         (status = 422, body = ErrorBody)))]
-async fn create_backstore(State(st): St, Body(b): Body<Backstore>) -> Res<Response> {
+async fn create_backstore(State(st): St, Body(mut b): Body<Backstore>) -> Res<Response> {
+    b.resolve_defaults();
     let (b, _) = st
         .api
         .change("create backstore", |c| {
@@ -713,11 +716,12 @@ async fn get_backstore(
 async fn replace_backstore(
     State(st): St,
     PathParams(name): PathParams<String>,
-    Body(b): Body<Backstore>,
+    Body(mut b): Body<Backstore>,
 ) -> Res<axum::Json<Backstore>> {
     if b.name != name {
         return Err(ApiError::invalid("name", "the name cannot change"));
     }
+    b.resolve_defaults();
     let (b, _) = st
         .api
         .change("replace backstore", |c| {

@@ -14,6 +14,7 @@ use std::sync::{Arc, Mutex, RwLock};
 
 use async_trait::async_trait;
 use rtgt_api::config::{self, Config};
+use rtgt_api::diff::{backstore_change, BackstoreChange};
 use rtgt_api::metrics::Metrics;
 use rtgt_api::{ChangeReport, Control, ControlError, SessionView};
 use rtgt_backstore::policy::BackstoreRoots;
@@ -497,27 +498,20 @@ impl DaemonControl {
         for (i, b) in new.backstores.iter().enumerate() {
             let replace = match old.backstore(&b.name) {
                 None => false,
-                Some(o) if o == b => continue,
-                Some(o) => {
-                    let mut same_but_size = o.clone();
-                    same_but_size.size = b.size;
-                    if same_but_size == *b {
-                        if let Some(size) = b.size {
-                            resizes.push((i, b.name.clone(), size.0));
-                            continue;
-                        }
+                Some(o) => match backstore_change(o, b, rtgt_api::diff::in_use(&old, &b.name)) {
+                    BackstoreChange::Same => continue,
+                    BackstoreChange::Resize(size) => {
+                        resizes.push((i, b.name.clone(), size));
+                        continue;
                     }
-                    if rtgt_api::diff::in_use(&old, &b.name) {
+                    BackstoreChange::Reopen => true,
+                    BackstoreChange::InUse(message) => {
                         return Err(ControlError::Conflict {
                             field: format!("backstores[{i}]"),
-                            message: format!(
-                                "backstore {:?} is in use: only its size can change while a LUN maps it",
-                                b.name
-                            ),
-                        });
+                            message,
+                        })
                     }
-                    true
-                }
+                },
             };
             let (store, dev) = open_device(
                 b,

@@ -193,7 +193,7 @@ async fn open_backstore(
                 block_size: b.block_size,
                 read_only: b.read_only,
                 write_cache: b.write_cache,
-                direct: true,
+                direct: b.direct(),
                 thin: b.thin,
                 create: false,
             };

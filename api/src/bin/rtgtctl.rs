@@ -130,6 +130,14 @@ enum BackstoreCmd {
         block_size: u32,
         #[arg(long)]
         read_only: bool,
+        /// File and block: bypass the page cache with O_DIRECT (true) or serve through it
+        /// (false). Default: false for a file, true for a block device.
+        #[arg(long, value_name = "BOOL", action = clap::ArgAction::Set)]
+        direct: Option<bool>,
+        /// Report a volatile write cache (WCE=1): writes are durable after SYNCHRONIZE
+        /// CACHE or with FUA. With false every write is durable on completion.
+        #[arg(long, value_name = "BOOL", action = clap::ArgAction::Set, default_value_t = true)]
+        write_cache: bool,
     },
     /// Changes the size (initiators get CAPACITY DATA HAS CHANGED).
     Resize {
@@ -427,6 +435,13 @@ fn backstore_rows(v: &[Backstore]) -> Vec<Vec<String>> {
                     .map(|p| p.display().to_string())
                     .unwrap_or_else(|| "-".into()),
                 if b.read_only { "ro" } else { "rw" }.into(),
+                match b.kind {
+                    BackstoreKind::File | BackstoreKind::Block if b.direct() => "direct",
+                    BackstoreKind::File | BackstoreKind::Block => "page",
+                    BackstoreKind::Ramdisk | BackstoreKind::Null => "-",
+                }
+                .into(),
+                if b.write_cache { "on" } else { "off" }.into(),
             ]
         })
         .collect()
@@ -437,7 +452,16 @@ fn print_backstores(json: bool, v: &[Backstore]) {
         return print_json(&v);
     }
     table(
-        &["NAME", "TYPE", "SIZE", "BLOCK", "PATH", "MODE"],
+        &[
+            "NAME",
+            "TYPE",
+            "SIZE",
+            "BLOCK",
+            "PATH",
+            "MODE",
+            "CACHE",
+            "WRITE-CACHE",
+        ],
         backstore_rows(v),
     );
 }
@@ -643,6 +667,8 @@ fn run(args: Args, ctx: &mut Context) -> Result<(), ClientError> {
                 size,
                 block_size,
                 read_only,
+                direct,
+                write_cache,
             } => {
                 let b = Backstore {
                     name,
@@ -654,7 +680,8 @@ fn run(args: Args, ctx: &mut Context) -> Result<(), ClientError> {
                     wwn: None,
                     serial: None,
                     thin: true,
-                    write_cache: true,
+                    write_cache,
+                    direct,
                     physical_block_size: None,
                     removable: false,
                     sanitize_rate: None,
