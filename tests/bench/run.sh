@@ -18,7 +18,9 @@
 #
 # Rows: 4 KiB random read at QD1 and QD32 and 128 KiB sequential read at QD8 with libiscsi's
 # iscsi-perf; 4 KiB random write at QD1 and QD32 and 128 KiB sequential write at QD8 with rtgt's
-# own initiator (`rtgt-iscsi bench`, the same tool and data for both targets). Every row is
+# own initiator (`rtgt-iscsi bench`, the same tool and data for both targets); then 4 KiB random
+# read at QD32 and 128 KiB sequential read at QD8 with rtgt-iscsi too, since iscsi-perf (one
+# thread copying every Data-In) can be the limit before the target is. Every row is
 # measured --rounds times (default 3), tgtd and rtgtd taking turns (the first of the pair
 # alternating between rounds), and the medians are printed. Next to the IOPS the target's CPU
 # time per I/O: user plus system time of the target process, all its threads (io_uring
@@ -274,7 +276,13 @@ run_load() {
         ;;
     *)
         local rw bs qd
-        case $1 in rw1) rw=randwrite bs=4k qd=1 ;; rw32) rw=randwrite bs=4k qd=32 ;; sw8) rw=write bs=128k qd=8 ;; esac
+        case $1 in
+        rw1) rw=randwrite bs=4k qd=1 ;;
+        rw32) rw=randwrite bs=4k qd=32 ;;
+        sw8) rw=write bs=128k qd=8 ;;
+        rr32i) rw=randread bs=4k qd=32 ;;
+        sr8i) rw=read bs=128k qd=8 ;;
+        esac
         out=$("${on_initiator[@]}" timeout $((secs + 30)) "$bin/rtgt-iscsi" bench --url "$2" --rw "$rw" --bs "$bs" \
             --iodepth "$qd" --seconds "$secs" 2>&1 | sed -n 's/.* ios=\([0-9]*\) IOPS=\([0-9]*\).*/\2 \1/p' | tail -1)
         echo "${out:-0 0}"
@@ -299,15 +307,17 @@ median() { printf '%s\n' "$@" | sort -n | awk '{ v[NR] = $1 } END { print v[int(
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2fx", a / b; else print "n/a" }'; }
 mbs() { awk -v i="$1" -v bs="$2" 'BEGIN { printf "%.0f MB/s", i * bs / 1e6 }'; }
 
-kinds=(rr1 rr32 rw1 rw32 sr8 sw8)
+kinds=(rr1 rr32 rw1 rw32 sr8 sw8 rr32i sr8i)
 declare -A name=(
-    [rr1]="4K random read QD1" [rr32]="4K random read QD32" [sr8]="128K sequential read QD8"
-    [rw1]="4K random write QD1" [rw32]="4K random write QD32" [sw8]="128K sequential write QD8"
+    [rr1]="4K random read QD1 (iscsi-perf)" [rr32]="4K random read QD32 (iscsi-perf)"
+    [sr8]="128K seq. read QD8 (iscsi-perf)" [rw1]="4K random write QD1 (rtgt-iscsi)"
+    [rw32]="4K random write QD32 (rtgt-iscsi)" [sw8]="128K seq. write QD8 (rtgt-iscsi)"
+    [rr32i]="4K random read QD32 (rtgt-iscsi)" [sr8i]="128K seq. read QD8 (rtgt-iscsi)"
 )
-declare -A unit=([rr1]=4096 [rr32]=4096 [rw1]=4096 [rw32]=4096 [sr8]=131072 [sw8]=131072)
+declare -A unit=([rr1]=4096 [rr32]=4096 [rw1]=4096 [rw32]=4096 [sr8]=131072 [sw8]=131072 [rr32i]=4096 [sr8i]=131072)
 declare -A iops cpu busy # "MODE KIND TARGET" -> values of the rounds
 
-fmt='%-26s %10s %10s %7s   %13s %13s %7s\n'
+fmt='%-34s %10s %10s %7s   %13s %13s %7s\n'
 for m in "${modes[@]}"; do
     start_tgtd "$m"
     start_rtgtd "$m"
@@ -329,7 +339,7 @@ for m in "${modes[@]}"; do
         echo "== O_DIRECT: rtgtd direct: true vs tgtd --bsoflags direct; file dropped from the page cache before each run"
     fi
     # µ takes two bytes: one more column for printf.
-    printf '%-26s %10s %10s %7s   %14s %14s %7s\n' workload "tgtd IOPS" "rtgtd IOPS" rtgt/tgt "tgtd µs/IO" \
+    printf '%-34s %10s %10s %7s   %14s %14s %7s\n' workload "tgtd IOPS" "rtgtd IOPS" rtgt/tgt "tgtd µs/IO" \
         "rtgtd µs/IO" rtgt/tgt
     for k in "${kinds[@]}"; do
         declare -A med=()
@@ -356,8 +366,10 @@ for m in "${modes[@]}"; do
     direct=0
     [[ $m == direct ]] && direct=1
     for qd in 1 32; do
+        # --invalidate=0: fio would otherwise drop the file from the page cache first.
         prepare "$m"
         fio_iops=$("${on_initiator[@]}" fio --name=ceiling --filename="$lun" --ioengine=io_uring --direct="$direct" \
+            --invalidate=0 \
             --rw=randread --bs=4k --iodepth="$qd" --runtime="$secs" --time_based --output-format=terse \
             --terse-version=3 2>/dev/null | awk -F';' '{ print $8 }')
         echo "local io_uring (fio, $m, 4K random read QD$qd on the file): $fio_iops IOPS"
