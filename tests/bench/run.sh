@@ -122,8 +122,8 @@ work=$(cd "$work" && pwd -P)
 pids=()
 cleanup() {
     # tgtd ignores SIGTERM; neither target holds state worth a graceful stop here.
-    for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
-    wait 2>/dev/null || true
+    local p
+    for p in "${pids[@]}"; do { kill -9 "$p" && wait "$p"; } 2>/dev/null || true; done
     rm -rf "$work"
 }
 trap cleanup EXIT
