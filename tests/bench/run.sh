@@ -138,7 +138,8 @@ allocated=$(($(stat -c '%b * %B' "$lun")))
 
 fs=$(stat -f -c %T "$work")
 if command -v findmnt >/dev/null; then
-    fs="$(findmnt -n -o FSTYPE,SOURCE --target "$work" | awk '{ print $1 " on " $2 }')"
+    # The last line is the mount on top when several are stacked.
+    fs="$(findmnt -n -o FSTYPE,SOURCE --target "$work" | awk 'END { print $1 " (" $2 ")" }')"
 fi
 echo "bench: backing file $lun: $size_mib MiB on $fs, fully allocated"
 echo "bench: modes ${modes[*]}; $pinning; ${secs} s per measurement, $rounds round(s), medians; $(nproc) CPUs," \
