@@ -7,7 +7,7 @@ mod common;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::os::unix::fs::PermissionsExt;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -218,6 +218,16 @@ fn errors_conflicts_and_not_found() {
     assert_eq!(
         status_of(c.send("POST", "/api/v1/backstores", &bad)),
         (422, Some("type".into()))
+    );
+    let bad = serde_json::json!({"name": "x", "type": "file", "path": "x.img", "size": "1MiB", "direct": "maybe"});
+    assert_eq!(
+        status_of(c.send("POST", "/api/v1/backstores", &bad)),
+        (422, Some("direct".into()))
+    );
+    let bad = serde_json::json!({"name": "x", "type": "null", "size": "1MiB", "direct": true});
+    assert_eq!(
+        status_of(c.send("POST", "/api/v1/backstores", &bad)),
+        (422, Some("direct".into()))
     );
     let bad = serde_json::json!({"name": "x", "type": "ramdisk", "size": 1000});
     assert_eq!(
@@ -580,6 +590,26 @@ fn kill9_during_a_burst_keeps_an_acknowledged_state() {
     assert!(leftovers.len() <= 1);
 }
 
+/// Whether the file system of `dir` serves O_DIRECT opens (tmpfs, for one, only emulates it
+/// and rtgtd does not use it there).
+fn o_direct_supported(dir: &Path) -> bool {
+    let probe = dir.join(".o_direct_probe");
+    std::fs::write(&probe, b"").unwrap();
+    let tmpfs = Command::new("stat")
+        .args(["-f", "-c", "%T"])
+        .arg(&probe)
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "tmpfs")
+        .unwrap_or(false);
+    let opened = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(&probe)
+        .is_ok();
+    let _ = std::fs::remove_file(&probe);
+    opened && !tmpfs
+}
+
 fn login(port: u16, initiator: &str, isid: u8) -> LoginConfig {
     let _ = port;
     LoginConfig {
@@ -690,9 +720,49 @@ fn live_changes_under_io() {
     bs["size"] = serde_json::json!("32MiB");
     let back = c.send("PUT", "/api/v1/backstores/d0", &bs).unwrap();
     assert_eq!(back["size"], "32MiB");
+    assert_eq!(
+        back["direct"], false,
+        "a file serves through the page cache"
+    );
     wait_ios(20, &io);
+    // Switch its cache modes back and forth under the writer: O_DIRECT, no write cache,
+    // then back. No command fails, every read returns what was written.
+    let o_direct = o_direct_supported(&d.dir);
+    for (direct, write_cache) in [(true, true), (true, false), (false, false), (false, true)] {
+        let mut bs: serde_json::Value = c.get("/api/v1/backstores/d0").unwrap();
+        bs["direct"] = direct.into();
+        bs["write_cache"] = write_cache.into();
+        let back = c.send("PUT", "/api/v1/backstores/d0", &bs).unwrap();
+        assert_eq!(
+            (back["direct"].clone(), back["write_cache"].clone()),
+            (direct.into(), write_cache.into())
+        );
+        let metrics = c.get_text("/metrics").unwrap();
+        let lun_direct = u8::from(direct && o_direct);
+        assert!(
+            metrics.contains(&format!(
+                "rtgt_lun_direct{{backstore=\"d0\"}} {lun_direct}\n"
+            )),
+            "{metrics}"
+        );
+        assert!(metrics.contains(&format!(
+            "rtgt_lun_write_cache{{backstore=\"d0\"}} {}\n",
+            u8::from(write_cache)
+        )));
+        wait_ios(20, &io);
+        if !write_cache {
+            let mode_sense = [0x5a, 0x08, 0x08, 0, 0, 0, 0, 0, 64, 0];
+            let r = rt.block_on(async { run(&a, 0, &mode_sense, None, 64, &mut Vec::new()).await });
+            assert!(r.is_good() && r.data[8] & 0x3f == 0x08, "{r:?}");
+            assert_eq!(r.data[10] & 0x04, 0, "WCE is 0 once write_cache is off");
+        }
+    }
     stop.store(true, Ordering::Release);
     let uas = rt.block_on(io).expect("the I/O task did not fail");
+    assert!(
+        uas.contains(&(0x2a, 0x01)),
+        "MODE PARAMETERS CHANGED: {uas:?}"
+    );
     assert!(
         uas.contains(&(0x3f, 0x0e)),
         "REPORTED LUNS DATA HAS CHANGED: {uas:?}"
@@ -1248,6 +1318,45 @@ fn rtgtctl_commands() {
     let luns: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(luns[1]["lun"], 3);
     let (ok, _, err) = rtgtctl(&d, &["backstores", "resize", "r1", "8M"]);
+    assert!(ok, "{err}");
+    // A file backstore: created through the page cache unless asked, switched while mapped.
+    let (ok, out, err) = rtgtctl(
+        &d,
+        &[
+            "backstores",
+            "create",
+            "f1",
+            "--type",
+            "file",
+            "--path",
+            "f1.img",
+            "--size",
+            "1M",
+            "--write-cache",
+            "false",
+        ],
+    );
+    assert!(ok, "{err}");
+    assert!(out.contains(" page ") && out.contains(" off"), "{out}");
+    let (ok, _, err) = rtgtctl(&d, &["luns", "add", TARGET, "4", "f1"]);
+    assert!(ok, "{err}");
+    let (ok, out, err) = rtgtctl(
+        &d,
+        &["--json", "backstores", "cache", "f1", "--direct", "true"],
+    );
+    assert!(ok, "{err}");
+    let f1: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(
+        (&f1[0]["direct"], &f1[0]["write_cache"]),
+        (&true.into(), &false.into())
+    );
+    let (ok, _, err) = rtgtctl(&d, &["backstores", "cache", "f1", "--direct", "maybe"]);
+    assert!(!ok && err.contains("maybe"), "{err}");
+    let (ok, _, err) = rtgtctl(&d, &["backstores", "cache", "f1"]);
+    assert!(!ok && err.contains("--direct"), "{err}");
+    let (ok, _, err) = rtgtctl(&d, &["luns", "remove", TARGET, "4"]);
+    assert!(ok, "{err}");
+    let (ok, _, err) = rtgtctl(&d, &["backstores", "delete", "f1"]);
     assert!(ok, "{err}");
     let (ok, _, err) = rtgtctl(&d, &["luns", "add", TARGET, "3", "r1"]);
     assert!(!ok);

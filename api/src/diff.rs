@@ -9,12 +9,52 @@ use crate::control::ChangeReport;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum BackstoreChange {
     Same,
-    /// Only the size differs: a live resize (CAPACITY DATA HAS CHANGED).
-    Resize(u64),
+    /// Only the size, the cache mode and the write cache differ: changed in place, under I/O.
+    Live(LiveChange),
     /// No LUN maps it: it is opened again with the new definition.
     Reopen,
-    /// A LUN maps it and more than its size differs: refused (409), naming the fields.
+    /// A LUN maps it and more than what can change live differs: refused (409), naming the
+    /// fields.
     InUse(String),
+}
+
+/// What changes in place on a running backstore; `None` stays as it is.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LiveChange {
+    /// New capacity in bytes (initiators get CAPACITY DATA HAS CHANGED).
+    pub size: Option<u64>,
+    /// Transfers past the page cache or through it.
+    pub direct: Option<bool>,
+    /// The volatile write cache (initiators get MODE PARAMETERS CHANGED; turned off, what
+    /// was cached is flushed first).
+    pub write_cache: Option<bool>,
+}
+
+impl LiveChange {
+    /// Its lines in a change report, as an apply and a dry run name them.
+    pub fn report(&self, report: &mut ChangeReport, name: &str) {
+        if self.size.is_some() {
+            report.push_detail("resized", "backstore", name, "CAPACITY DATA HAS CHANGED");
+        }
+        let mut cache = Vec::new();
+        if let Some(d) = self.direct {
+            cache.push(if d {
+                "direct: true (past the page cache)"
+            } else {
+                "direct: false (through the page cache)"
+            });
+        }
+        if let Some(w) = self.write_cache {
+            cache.push(if w {
+                "write_cache: true (MODE PARAMETERS CHANGED)"
+            } else {
+                "write_cache: false (cached writes flushed; MODE PARAMETERS CHANGED)"
+            });
+        }
+        if !cache.is_empty() {
+            report.push_detail("changed", "backstore", name, cache.join(", "));
+        }
+    }
 }
 
 /// Classifies the change of backstore `old` into `new`; `in_use` says whether a LUN maps it.
@@ -22,22 +62,30 @@ pub fn backstore_change(old: &Backstore, new: &Backstore, in_use: bool) -> Backs
     if old == new {
         return BackstoreChange::Same;
     }
-    let mut same_but_size = old.clone();
-    same_but_size.size = new.size;
-    match new.size {
-        Some(size) if same_but_size == *new => return BackstoreChange::Resize(size.0),
-        _ => {}
+    let mut rest = old.clone();
+    rest.direct = new.direct;
+    rest.write_cache = new.write_cache;
+    if new.size.is_some() {
+        rest.size = new.size;
+    }
+    if rest == *new {
+        return BackstoreChange::Live(LiveChange {
+            size: new.size.filter(|_| new.size != old.size).map(|s| s.0),
+            direct: (new.direct() != old.direct()).then_some(new.direct()),
+            write_cache: (new.write_cache != old.write_cache).then_some(new.write_cache),
+        });
     }
     if !in_use {
         return BackstoreChange::Reopen;
     }
+    let live = ["size", "direct", "write_cache"];
     let fields = changed_fields(old, new)
         .into_iter()
-        .filter(|f| f != "size")
+        .filter(|f| !live.contains(&f.as_str()))
         .collect::<Vec<_>>()
         .join(", ");
     BackstoreChange::InUse(format!(
-        "backstore {:?} is in use: {fields} cannot change while a LUN maps it (only its size can); remove its LUNs first",
+        "backstore {:?} is in use: {fields} cannot change while a LUN maps it (size, direct and write_cache can); remove its LUNs first",
         new.name
     ))
 }
@@ -68,12 +116,7 @@ pub fn diff(old: &Config, new: &Config) -> ChangeReport {
             None => others.push(("added", b.name.clone())),
             Some(o) => match backstore_change(o, b, in_use(old, &b.name)) {
                 BackstoreChange::Same => {}
-                BackstoreChange::Resize(_) => report.push_detail(
-                    "resized",
-                    "backstore",
-                    b.name.clone(),
-                    "CAPACITY DATA HAS CHANGED",
-                ),
+                BackstoreChange::Live(live) => live.report(&mut report, &b.name),
                 BackstoreChange::Reopen => others.push(("changed", b.name.clone())),
                 BackstoreChange::InUse(why) => conflicts.push((b.name.clone(), why)),
             },
@@ -286,7 +329,7 @@ mod tests {
             &format!(
                 "\
 backstores:
-  - {{name: a, type: ramdisk, size: 1MiB}}
+  - {{name: a, type: file, path: a.img, size: 1MiB}}
   - {{name: b, type: null, size: 1MiB}}
 targets:
   - name: {IQN}
@@ -353,22 +396,31 @@ srp:
                 "removed backstore c"
             ]
         );
-        // A backstore a LUN maps can only be resized: the dry run says so.
-        let mut in_use = old.clone();
-        in_use.backstores[0].write_cache = false;
+        // A backstore a LUN maps changes its size and cache modes live, nothing else.
+        let mut live = old.clone();
+        live.backstores[0].write_cache = false;
+        live.backstores[0].direct = Some(true);
+        live.backstores[0].size = Some(ByteSize(1 << 30));
+        let r = diff(&old, &live);
+        assert_eq!(lines(&r), ["resized backstore a", "changed backstore a"]);
+        let detail = r.changes[1].detail.as_deref().unwrap();
+        assert!(detail.contains("direct: true"), "{detail}");
+        assert!(detail.contains("write_cache: false"), "{detail}");
+        let mut in_use = live.clone();
+        in_use.backstores[0].block_size = 4096;
+        in_use.backstores[0].thin = false;
         let r = diff(&old, &in_use);
         assert_eq!(lines(&r), ["changed backstore a"]);
         let detail = r.changes[0].detail.as_deref().unwrap();
         assert!(detail.contains("409"), "{detail}");
-        assert!(detail.contains(": write_cache cannot change"), "{detail}");
-        in_use.backstores[0].direct = Some(true);
-        in_use.backstores[0].size = Some(ByteSize(1 << 30));
-        let r = diff(&old, &in_use);
-        let detail = r.changes[0].detail.as_deref().unwrap();
         assert!(
-            detail.contains(": direct, write_cache cannot change"),
+            detail.contains(": block_size, thin cannot change"),
             "{detail}"
         );
+        // Spelling out the default is no change.
+        let mut spelled = old.clone();
+        spelled.backstores[0].direct = Some(spelled.backstores[0].direct());
+        assert!(diff(&old, &spelled).changes.is_empty());
     }
 
     #[test]

@@ -1,10 +1,15 @@
 //! Regular files and block devices on io_uring.
 //!
-//! Each backstore opens its file twice when direct I/O is asked for: an O_DIRECT descriptor
-//! for transfers whose offset, length and buffer meet the device's alignment, and a buffered
-//! one for everything else (and for an O_DIRECT transfer the kernel still refuses with EINVAL).
-//! The kernel keeps the two coherent: direct writes invalidate cached pages and direct reads
-//! write back dirty ones first.
+//! Each backstore opens its file twice where the file system supports direct I/O: an O_DIRECT
+//! descriptor for transfers whose offset, length and buffer meet the device's alignment, and a
+//! buffered one for everything else (and for an O_DIRECT transfer the kernel still refuses with
+//! EINVAL). The kernel keeps the two coherent: direct writes invalidate cached pages and direct
+//! reads write back dirty ones first. Which one aligned transfers take is the cache mode,
+//! `direct`, and can change while I/O runs ([`FileBackstore::set_direct`]).
+//!
+//! Without a write cache every write is issued with `RWF_DSYNC`, as a FUA write always is: it
+//! completes once it is on stable media. The descriptors themselves are never O_DSYNC, so the
+//! write cache too can be switched on a running backstore ([`Backstore::set_write_cache`]).
 //!
 //! Transfers that need no waiting run synchronously in the caller instead of through the ring:
 //! on a memory file system (tmpfs, ramfs) every transfer is a memory copy, like a
@@ -50,9 +55,10 @@ pub struct FileOptions {
     pub block_size: u32,
     pub read_only: bool,
     /// Report a volatile write cache: writes are durable only after `flush` or with FUA.
-    /// When false every write is durable on completion (O_DSYNC).
+    /// When false every write is durable on completion (`RWF_DSYNC`).
     pub write_cache: bool,
-    /// Use O_DIRECT for aligned transfers when the file system supports it.
+    /// Use O_DIRECT for aligned transfers when the file system supports it; otherwise
+    /// transfers go through the page cache.
     pub direct: bool,
     /// Thin provisioning: `unmap` deallocates. When false `unmap` is refused as unsupported.
     pub thin: bool,
@@ -118,7 +124,10 @@ pub struct FileBackstore {
     files: Vec<Arc<File>>,
     path: PathBuf,
     block_device: bool,
+    /// The O_DIRECT descriptor exists (the file system supports direct I/O).
     has_direct: bool,
+    /// Aligned transfers take the O_DIRECT descriptor (the cache mode `direct`).
+    use_direct: AtomicBool,
     /// O_DIRECT alignment of file offsets and lengths.
     dio_offset_align: u64,
     /// O_DIRECT alignment of buffer addresses.
@@ -126,7 +135,8 @@ pub struct FileBackstore {
     block_size: u32,
     num_blocks: AtomicU64,
     read_only: bool,
-    write_cache: bool,
+    /// Every write is issued with RWF_DSYNC (no write cache).
+    write_through: AtomicBool,
     thin: bool,
     /// The file lives on tmpfs or ramfs: every transfer is a memory copy and runs inline.
     memory_fs: bool,
@@ -174,7 +184,6 @@ impl FileBackstore {
             Err(e) if e.kind() == io::ErrorKind::NotFound && opts.create => false,
             Err(e) => return Err(open_err(e)),
         };
-        let sync_flag = if opts.write_cache { 0 } else { libc::O_DSYNC };
         // An exclusive open of a block device fails while it is mounted or claimed elsewhere.
         let excl = if block_device && !opts.read_only {
             libc::O_EXCL
@@ -185,16 +194,15 @@ impl FileBackstore {
             .read(true)
             .write(!opts.read_only)
             .create(opts.create && !block_device && !opts.read_only)
-            .custom_flags(sync_flag | excl)
+            .custom_flags(excl)
             .open(&path)
             .map_err(open_err)?;
         Self::from_file_with_queue_depth(buffered, path, opts, depth)
     }
 
     /// A backstore over `file`, an open regular file or block device, with a submission queue
-    /// of [`DEFAULT_QUEUE_DEPTH`] entries. `file` must be open for reading, for writing too
-    /// unless `opts.read_only`, and with O_DSYNC when `opts.write_cache` is false; `path` names
-    /// it in messages. `opts.create` is not used. The O_DIRECT descriptor, when there is one,
+    /// of [`DEFAULT_QUEUE_DEPTH`] entries. `file` must be open for reading, and for writing too
+    /// unless `opts.read_only`; `path` names it in messages. `opts.create` is not used. The O_DIRECT descriptor, when there is one,
     /// is a reopen of the same inode (through `/proc/self/fd`), not a new lookup of `path`.
     pub fn from_file(
         file: File,
@@ -225,8 +233,6 @@ impl FileBackstore {
                 path.display()
             )));
         }
-        let sync_flag = if opts.write_cache { 0 } else { libc::O_DSYNC };
-
         let capacity = if block_device {
             let dev = sys::bdev_size(&buffered).map_err(open_err)?;
             match opts.size {
@@ -257,7 +263,8 @@ impl FileBackstore {
         let mut dio_mem_align = 512usize;
         if memory_fs {
             tracing::debug!(path = %path.display(), "memory file system: transfers run inline, without O_DIRECT");
-        } else if opts.direct {
+        } else {
+            // Opened whatever the cache mode, so that the mode can change on a running backstore.
             let align = if block_device {
                 sys::bdev_logical_block_size(&files[0])
                     .ok()
@@ -270,9 +277,9 @@ impl FileBackstore {
             };
             match align {
                 Some(a) if a.offset == 0 => {
-                    tracing::warn!(path = %path.display(), "file system has no direct I/O; using buffered I/O");
+                    tracing::debug!(path = %path.display(), "file system has no direct I/O");
                 }
-                _ => match sys::reopen(&files[0], !opts.read_only, sync_flag | libc::O_DIRECT) {
+                _ => match sys::reopen(&files[0], !opts.read_only, libc::O_DIRECT) {
                     Ok(f) => {
                         if let Some(a) = align {
                             dio_offset_align = u64::from(a.offset.max(1));
@@ -281,12 +288,15 @@ impl FileBackstore {
                         files.push(Arc::new(f));
                     }
                     Err(e) => {
-                        tracing::warn!(path = %path.display(), error = %e, "O_DIRECT open failed; using buffered I/O");
+                        tracing::debug!(path = %path.display(), error = %e, "O_DIRECT open failed");
                     }
                 },
             }
         }
         let has_direct = files.len() > 1;
+        if opts.direct && !has_direct && !memory_fs {
+            tracing::warn!(path = %path.display(), "the file system has no direct I/O: serving through the page cache");
+        }
         let ring = Ring::new(files.clone(), depth).map_err(open_err)?;
         Ok(FileBackstore {
             ring,
@@ -294,17 +304,17 @@ impl FileBackstore {
             path,
             block_device,
             has_direct,
+            use_direct: AtomicBool::new(opts.direct),
             dio_offset_align,
             dio_mem_align,
             block_size: opts.block_size,
             num_blocks: AtomicU64::new(capacity / u64::from(opts.block_size)),
             read_only: opts.read_only,
-            write_cache: opts.write_cache,
+            write_through: AtomicBool::new(!opts.write_cache),
             thin: opts.thin,
             memory_fs,
             nowait_reads: AtomicBool::new(true),
-            // With O_DSYNC every write waits for the device.
-            nowait_writes: AtomicBool::new(opts.write_cache && !opts.read_only),
+            nowait_writes: AtomicBool::new(!opts.read_only),
             counters: Counters::default(),
             warned_fallback: AtomicBool::new(false),
         })
@@ -318,9 +328,23 @@ impl FileBackstore {
         self.block_device
     }
 
-    /// Whether aligned transfers go through O_DIRECT.
+    /// Whether aligned transfers go through O_DIRECT: the cache mode asks for it and the file
+    /// system supports it.
     pub fn is_direct(&self) -> bool {
-        self.has_direct
+        self.has_direct && self.use_direct.load(Ordering::Relaxed)
+    }
+
+    /// Switches aligned transfers to O_DIRECT (`true`) or to the page cache, on the running
+    /// backstore; transfers under way finish as they started. Safe at any time: the kernel
+    /// writes dirty cached pages back before a direct read of them, and drops the cached
+    /// pages a direct write covers. Returns whether transfers now go through O_DIRECT (not
+    /// where the file system has no direct I/O).
+    pub fn set_direct(&self, direct: bool) -> bool {
+        self.use_direct.store(direct, Ordering::Relaxed);
+        if direct && !self.has_direct && !self.memory_fs {
+            tracing::warn!(path = %self.path.display(), "the file system has no direct I/O: serving through the page cache");
+        }
+        self.is_direct()
     }
 
     /// Whether the file lives on a memory file system (tmpfs, ramfs), whose transfers run
@@ -433,7 +457,7 @@ impl FileBackstore {
 
     fn direct_ok(&self, offset: u64, buf: &IoBuf, start: usize) -> bool {
         let len = (buf.len() - start) as u64;
-        self.has_direct
+        self.is_direct()
             && offset % self.dio_offset_align == 0
             && len % self.dio_offset_align == 0
             && (buf.as_ptr() as usize + start) % self.dio_mem_align == 0
@@ -464,7 +488,7 @@ impl FileBackstore {
                 }
             }
         };
-        let rw_flags = if write && fua && self.write_cache {
+        let rw_flags = if write && (fua || self.write_through.load(Ordering::Relaxed)) {
             libc::RWF_DSYNC
         } else {
             0
@@ -671,8 +695,26 @@ impl Backstore for FileBackstore {
             num_blocks: self.num_blocks.load(Ordering::Acquire),
             read_only: self.read_only,
             thin: self.thin,
-            write_cache: self.write_cache,
+            write_cache: !self.write_through.load(Ordering::Relaxed),
         }
+    }
+
+    /// Turning the cache off makes every later write RWF_DSYNC and then flushes what earlier
+    /// writes left in the page cache, so that nothing acknowledged stays volatile.
+    async fn set_write_cache(&self, on: bool) -> Result<(), BackstoreError> {
+        let was_on = !self.write_through.swap(!on, Ordering::AcqRel);
+        if was_on && !on {
+            self.flush().await?;
+        }
+        Ok(())
+    }
+
+    fn set_direct(&self, direct: bool) -> bool {
+        FileBackstore::set_direct(self, direct)
+    }
+
+    fn is_direct(&self) -> bool {
+        FileBackstore::is_direct(self)
     }
 
     async fn read(&self, offset: u64, buf: IoBuf) -> BufResult<()> {
@@ -799,7 +841,7 @@ impl std::fmt::Debug for FileBackstore {
         f.debug_struct("FileBackstore")
             .field("path", &self.path)
             .field("block_device", &self.block_device)
-            .field("direct", &self.has_direct)
+            .field("direct", &self.is_direct())
             .field("info", &self.info())
             .finish()
     }

@@ -7,8 +7,8 @@
 //! later be registered with io_uring (fixed buffers) and with the RDMA stack (memory regions).
 //!
 //! Backends: [`FileBackstore`] (regular files and block devices on one io_uring per backstore,
-//! O_DIRECT for aligned transfers; transfers that need no waiting — on tmpfs, page-cache hits —
-//! run inline instead), [`RamBackstore`] (sparse memory) and [`NullBackstore`].
+//! through the page cache or with O_DIRECT for aligned transfers; transfers that need no
+//! waiting — on tmpfs, page-cache hits — run inline instead), [`RamBackstore`] (sparse memory) and [`NullBackstore`].
 
 mod buf;
 mod error;
@@ -85,5 +85,23 @@ pub trait Backstore: Send + Sync + 'static {
     /// invalidates the cached pages it covers).
     fn file_range(&self) -> Option<(RawFd, u64)> {
         None
+    }
+    /// Switches the volatile write cache on a running backstore. Turning it off returns once
+    /// every write completed before is durable; from then on each write is durable on
+    /// completion. Memory and null backstores have nothing to make durable.
+    async fn set_write_cache(&self, on: bool) -> Result<(), BackstoreError> {
+        let _ = on;
+        Ok(())
+    }
+    /// Switches transfers past the page cache (`true`, O_DIRECT) or through it, on a running
+    /// backstore. Returns whether they now bypass it: never for memory and null backstores,
+    /// nor on a file system without direct I/O.
+    fn set_direct(&self, direct: bool) -> bool {
+        let _ = direct;
+        false
+    }
+    /// Whether transfers bypass the page cache now.
+    fn is_direct(&self) -> bool {
+        false
     }
 }

@@ -98,8 +98,6 @@ pub struct FileRequest {
     /// The size to create a missing file with; an existing file must have it.
     pub size: Option<u64>,
     pub read_only: bool,
-    /// Open with O_DSYNC (no volatile write cache).
-    pub sync: bool,
 }
 
 /// A file or block device the policy allowed, open for I/O.
@@ -212,12 +210,7 @@ impl BackstoreRoots {
     /// Opens the block device of a block backstore exclusively, after checking that it is a
     /// block device, not mounted and not held. A relative path is relative to the state
     /// directory.
-    pub fn open_block(
-        &self,
-        path: &Path,
-        read_only: bool,
-        sync: bool,
-    ) -> Result<Opened, PolicyError> {
+    pub fn open_block(&self, path: &Path, read_only: bool) -> Result<Opened, PolicyError> {
         let full = if path.is_relative() {
             self.state_dir().join(path)
         } else {
@@ -255,8 +248,7 @@ impl BackstoreRoots {
                 holders: holders.join(", "),
             });
         }
-        let sync = if sync { libc::O_DSYNC } else { 0 };
-        let file = sys::reopen(&handle, !read_only, libc::O_EXCL | sync).map_err(|e| {
+        let file = sys::reopen(&handle, !read_only, libc::O_EXCL).map_err(|e| {
             if e.raw_os_error() == Some(libc::EBUSY) {
                 PolicyError::InUse {
                     path: path.to_path_buf(),
@@ -339,8 +331,14 @@ fn open_beneath(
                 )
                 .map_err(refuse)?;
                 let file = File::from(fd);
-                // Sparse: only the length is set.
-                if let Err(e) = file.set_len(size) {
+                // Sparse: only the length is set. The file, its length and its name are on
+                // stable storage before it serves a LUN: a power cut must not take away a
+                // LUN whose writes were acknowledged as durable.
+                if let Err(e) = file
+                    .set_len(size)
+                    .and_then(|()| file.sync_all())
+                    .and_then(|()| sync_parent(&dir, rest))
+                {
                     remove_created(&dir, rest, &file);
                     return Err(io_err(e));
                 }
@@ -349,8 +347,7 @@ fn open_beneath(
         },
         Err(e) => return Err(refuse(e)),
     };
-    let sync = if req.sync { libc::O_DSYNC } else { 0 };
-    match sys::reopen(&handle, !req.read_only, sync) {
+    match sys::reopen(&handle, !req.read_only, 0) {
         Ok(file) => Ok(Opened {
             file,
             created,
@@ -363,6 +360,17 @@ fn open_beneath(
             Err(io_err(e))
         }
     }
+}
+
+/// fsync(2) of the directory holding `rest` (relative to `dir`), so that a new name in it is
+/// durable.
+fn sync_parent(dir: &File, rest: &Path) -> io::Result<()> {
+    let parent = match rest.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    let fd = openat2(dir, parent, libc::O_RDONLY | libc::O_DIRECTORY, 0)?;
+    File::from(fd).sync_all()
 }
 
 /// Removes a file this open created and could not finish, when its name still refers to it.
@@ -575,7 +583,6 @@ mod tests {
         FileRequest {
             size,
             read_only: false,
-            sync: false,
         }
     }
 
@@ -838,7 +845,7 @@ mod tests {
         let s = scene();
         let e = s
             .roots
-            .open_block(Path::new("/dev/null"), false, false)
+            .open_block(Path::new("/dev/null"), false)
             .unwrap_err();
         assert!(
             matches!(
@@ -855,7 +862,7 @@ mod tests {
             "{e}"
         );
         assert!(e.is_forbidden());
-        let e = s.roots.open_block(&s.outside, true, false).unwrap_err();
+        let e = s.roots.open_block(&s.outside, true).unwrap_err();
         assert!(
             matches!(
                 e,

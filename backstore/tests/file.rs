@@ -120,6 +120,58 @@ async fn direct_and_buffered_views_agree() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cache_modes_switch_under_io() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("disk.img");
+    let bs = Arc::new(FileBackstore::open(&path, opts(16 * MIB, false)).unwrap());
+    let memory_fs = bs.is_memory_fs();
+    assert!(!bs.is_direct());
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let io = {
+        let (bs, stop) = (bs.clone(), stop.clone());
+        tokio::spawn(async move {
+            let mut round = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let offset = (round % 64) * 64 * 1024;
+                let data = pattern(round, 64 * 1024);
+                write(&*bs, offset, &data, round % 3 == 0).await;
+                assert_eq!(read(&*bs, offset, data.len()).await, data, "round {round}");
+                round += 1;
+            }
+            round
+        })
+    };
+    let settle = || tokio::time::sleep(std::time::Duration::from_millis(30));
+    settle().await;
+    let before = bs.counters();
+    // Through the page cache: nothing on the O_DIRECT descriptor.
+    assert_eq!(before.direct, 0, "{before:?}");
+    assert_eq!(bs.set_direct(true), !memory_fs);
+    settle().await;
+    bs.set_write_cache(false).await.unwrap();
+    assert!(!bs.info().write_cache);
+    settle().await;
+    let during = bs.counters();
+    if !memory_fs {
+        assert!(during.direct > 0, "{during:?}");
+    }
+    assert!(!bs.set_direct(false));
+    bs.set_write_cache(true).await.unwrap();
+    assert!(bs.info().write_cache);
+    settle().await;
+    let after = bs.counters();
+    settle().await;
+    assert_eq!(
+        bs.counters().direct,
+        after.direct,
+        "no direct transfers once switched back"
+    );
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let rounds = io.await.expect("no transfer failed");
+    assert!(rounds > 10, "{rounds} rounds");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_256_ops_keep_their_data() {
     let dir = tempfile::tempdir().unwrap();
     let bs = Arc::new(FileBackstore::open(dir.path().join("d"), opts(64 * MIB, true)).unwrap());

@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex, RwLock};
 
 use async_trait::async_trait;
 use rtgt_api::config::{self, Config};
-use rtgt_api::diff::{backstore_change, BackstoreChange};
+use rtgt_api::diff::{backstore_change, BackstoreChange, LiveChange};
 use rtgt_api::metrics::Metrics;
 use rtgt_api::{ChangeReport, Control, ControlError, SessionView};
 use rtgt_backstore::policy::BackstoreRoots;
@@ -98,6 +98,42 @@ pub struct RdmaCounters {
 pub type RdmaSource = Box<dyn Fn() -> RdmaCounters + Send + Sync>;
 
 /// The Prometheus text of the RDMA devices' counters.
+/// Changes backstore `i` (`name`) in place: capacity, write cache, then cache mode.
+async fn apply_live(
+    i: usize,
+    name: &str,
+    change: &LiveChange,
+    objects: &Objects,
+) -> Result<(), ControlError> {
+    let (store, dev) = (&objects.backstores[name], &objects.devices[name]);
+    if let Some(size) = change.size {
+        let bs = u64::from(store.info().block_size);
+        store.resize(size / bs).await.map_err(|e| {
+            invalid(
+                format!("backstores[{i}].size"),
+                format!("cannot resize {name:?}: {}", error_chain(&e)),
+            )
+        })?;
+        dev.capacity_changed();
+        info!(backstore = %name, size, "backstore resized");
+    }
+    if let Some(on) = change.write_cache {
+        dev.set_write_cache(on).await.map_err(|e| {
+            invalid(
+                format!("backstores[{i}].write_cache"),
+                format!(
+                    "cannot switch the write cache of {name:?}: {}",
+                    error_chain(&e)
+                ),
+            )
+        })?;
+    }
+    if let Some(direct) = change.direct {
+        dev.set_direct(direct);
+    }
+    Ok(())
+}
+
 fn render_rdma(devices: &[(String, RdmaCounters)]) -> String {
     let mut out = String::new();
     type Field = fn(&RdmaCounters) -> u64;
@@ -494,14 +530,14 @@ impl DaemonControl {
 
         // 1. What can fail, without touching the running target.
         let mut opened: Vec<Opened> = Vec::new();
-        let mut resizes: Vec<(usize, String, u64)> = Vec::new();
+        let mut live: Vec<(usize, String, LiveChange)> = Vec::new();
         for (i, b) in new.backstores.iter().enumerate() {
             let replace = match old.backstore(&b.name) {
                 None => false,
                 Some(o) => match backstore_change(o, b, rtgt_api::diff::in_use(&old, &b.name)) {
                     BackstoreChange::Same => continue,
-                    BackstoreChange::Resize(size) => {
-                        resizes.push((i, b.name.clone(), size));
+                    BackstoreChange::Live(change) => {
+                        live.push((i, b.name.clone(), change));
                         continue;
                     }
                     BackstoreChange::Reopen => true,
@@ -531,23 +567,9 @@ impl DaemonControl {
         for addr in wanted.difference(&running) {
             bound.push((*addr, Self::bind(*addr).await?));
         }
-        for (i, name, size) in &resizes {
-            let store = &objects.backstores[name];
-            let bs = u64::from(store.info().block_size);
-            store.resize(size / bs).await.map_err(|e| {
-                invalid(
-                    format!("backstores[{i}].size"),
-                    format!("cannot resize {name:?}: {}", error_chain(&e)),
-                )
-            })?;
-            objects.devices[name].capacity_changed();
-            info!(backstore = %name, size, "backstore resized");
-            report.push_detail(
-                "resized",
-                "backstore",
-                name.clone(),
-                "CAPACITY DATA HAS CHANGED",
-            );
+        for (i, name, change) in &live {
+            apply_live(*i, name, change, objects).await?;
+            change.report(&mut report, name);
         }
 
         // 2. Changes that cannot fail.
@@ -757,6 +779,12 @@ impl Control for DaemonControl {
             for (name, d) in &objects.devices {
                 m.gauge("rtgt_lun_capacity_bytes", &[("backstore", name.clone())])
                     .set((d.num_blocks() * u64::from(d.block_size())) as f64);
+                // The cache modes in effect: O_DIRECT only where the file system has it,
+                // WCE as the last MODE SELECT or configuration change left it.
+                m.gauge("rtgt_lun_direct", &[("backstore", name.clone())])
+                    .set(f64::from(u8::from(d.is_direct())));
+                m.gauge("rtgt_lun_write_cache", &[("backstore", name.clone())])
+                    .set(f64::from(u8::from(d.write_cache())));
             }
         }
         m.gauge("rtgt_portals_listening", &[])

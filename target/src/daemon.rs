@@ -180,11 +180,10 @@ async fn open_backstore(
                 let req = FileRequest {
                     size,
                     read_only: b.read_only,
-                    sync: !b.write_cache,
                 };
                 roots.open_file(path, req)
             } else {
-                roots.open_block(path, b.read_only, !b.write_cache)
+                roots.open_block(path, b.read_only)
             }
             .map_err(refused)?;
             let pbs = opened.device.and_then(block_device_physical_block_size);
@@ -692,6 +691,31 @@ mod tests {
         let c = Config::from_yaml(&format!("backstores:\n  - {yaml}\n"), Path::new("t.yaml"))
             .expect("valid configuration");
         c.backstores[0].clone()
+    }
+
+    #[tokio::test]
+    async fn the_default_serves_files_through_the_page_cache() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut c = Config::embedded_default();
+        c.rdma.enabled = false;
+        c.backstores.push(backstore(
+            "{name: d, type: file, path: d.img, size: 1MiB, direct: true, write_cache: false}",
+        ));
+        let roots = BackstoreRoots::new(dir.path(), &[]);
+        let r = build(&c, dir.path(), &roots).await.unwrap();
+        let (default, direct) = (&r.devices["disk0"], &r.devices["d"]);
+        assert!(!default.is_direct() && default.write_cache());
+        // O_DIRECT where the file system has it (tmpfs only emulates it: not used there).
+        let tmpfs = {
+            let path = std::ffi::CString::new(dir.path().as_os_str().as_encoded_bytes()).unwrap();
+            // SAFETY: statfs fills the zeroed struct it is given; the path is NUL-terminated.
+            unsafe {
+                let mut st: libc::statfs = std::mem::zeroed();
+                libc::statfs(path.as_ptr(), &mut st) == 0 && st.f_type == libc::TMPFS_MAGIC
+            }
+        };
+        assert_eq!(direct.is_direct(), !tmpfs);
+        assert!(!direct.write_cache());
     }
 
     #[tokio::test]

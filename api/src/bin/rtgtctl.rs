@@ -139,6 +139,16 @@ enum BackstoreCmd {
         #[arg(long, value_name = "BOOL", action = clap::ArgAction::Set, default_value_t = true)]
         write_cache: bool,
     },
+    /// Changes the cache modes, live on a LUN in use (see the README's cache modes).
+    Cache {
+        name: String,
+        /// Bypass the page cache with O_DIRECT (true) or serve through it (false).
+        #[arg(long, value_name = "BOOL", action = clap::ArgAction::Set)]
+        direct: Option<bool>,
+        /// The volatile write cache (WCE); turning it off flushes what was cached.
+        #[arg(long, value_name = "BOOL", action = clap::ArgAction::Set)]
+        write_cache: Option<bool>,
+    },
     /// Changes the size (initiators get CAPACITY DATA HAS CHANGED).
     Resize {
         name: String,
@@ -688,6 +698,23 @@ fn run(args: Args, ctx: &mut Context) -> Result<(), ClientError> {
                 };
                 let v = c.send("POST", "/api/v1/backstores", &b)?;
                 let b: Backstore = serde_json::from_value(v)?;
+                print_backstores(json, &[b]);
+            }
+            BackstoreCmd::Cache {
+                name,
+                direct,
+                write_cache,
+            } => {
+                if direct.is_none() && write_cache.is_none() {
+                    return Err(ClientError::Setup(
+                        "backstores cache: give --direct, --write-cache or both".into(),
+                    ));
+                }
+                let path = format!("/api/v1/backstores/{}", segment(&name));
+                let mut b: Backstore = c.get(&path)?;
+                b.direct = direct.or(b.direct);
+                b.write_cache = write_cache.unwrap_or(b.write_cache);
+                let b: Backstore = serde_json::from_value(c.send("PUT", &path, &b)?)?;
                 print_backstores(json, &[b]);
             }
             BackstoreCmd::Resize { name, size } => {

@@ -32,7 +32,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
-use rtgt_backstore::{Backstore, BufPool, IoBuf};
+use rtgt_backstore::{Backstore, BackstoreError, BufPool, IoBuf};
 
 pub use lun_map::{lun_from_bytes, lun_to_bytes};
 pub use ua::UnitAttention;
@@ -288,6 +288,8 @@ struct NexusState {
 struct DevState {
     nexuses: HashMap<u64, NexusState>,
     mode: ModeState,
+    /// The mode parameters at power on (the configuration's; MODE SENSE's default values).
+    defaults: ModeState,
     /// SPC-2 reservation holder (nexus id).
     spc2: Option<u64>,
     pr: pr::PrState,
@@ -376,7 +378,6 @@ pub struct Device {
     lbppb_exp: u8,
     num_blocks: AtomicU64,
     hw_read_only: bool,
-    defaults: ModeState,
     state: Mutex<DevState>,
     range_lock: Arc<range_lock::RangeLock>,
 }
@@ -524,10 +525,10 @@ impl Device {
             lbppb_exp,
             num_blocks: AtomicU64::new(info.num_blocks),
             hw_read_only: info.read_only || config.read_only,
-            defaults,
             state: Mutex::new(DevState {
                 nexuses: HashMap::new(),
                 mode: defaults,
+                defaults,
                 spc2: None,
                 pr,
                 stopped: false,
@@ -642,6 +643,42 @@ impl Device {
         self.num_blocks
             .store(self.backstore.info().num_blocks, Ordering::Relaxed);
         self.lock().post_all(UnitAttention::CapacityChanged, None);
+    }
+
+    /// Switches the volatile write cache (WCE) as a live reconfiguration does: the current
+    /// and default caching page say `on`, every I_T nexus gets MODE PARAMETERS CHANGED when
+    /// the current value changed, and when it goes off this returns once every write
+    /// completed before is durable (later ones are durable on completion).
+    pub async fn set_write_cache(&self, on: bool) -> Result<(), BackstoreError> {
+        {
+            let mut st = self.lock();
+            st.defaults.wce = on;
+            if st.mode.wce != on {
+                st.mode.wce = on;
+                st.post_all(UnitAttention::ModeParametersChanged, None);
+            }
+        }
+        self.backstore.set_write_cache(on).await?;
+        tracing::info!(device = %self.config.name, write_cache = on, "write cache switched");
+        Ok(())
+    }
+
+    /// Switches transfers past the page cache (`true`) or through it; returns whether they
+    /// now bypass it (see [`Backstore::set_direct`]).
+    pub fn set_direct(&self, direct: bool) -> bool {
+        let now = self.backstore.set_direct(direct);
+        tracing::info!(device = %self.config.name, direct = now, "cache mode switched");
+        now
+    }
+
+    /// Whether transfers bypass the page cache now.
+    pub fn is_direct(&self) -> bool {
+        self.backstore.is_direct()
+    }
+
+    /// The current WCE: whether writes without FUA may stay volatile until SYNCHRONIZE CACHE.
+    pub fn write_cache(&self) -> bool {
+        self.lock().mode.wce
     }
 
     /// Establishes REPORTED LUNS DATA HAS CHANGED for every I_T nexus.

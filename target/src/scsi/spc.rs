@@ -197,16 +197,16 @@ pub fn mode_sense(ctx: &mut Ctx<'_>) -> CmdResult {
     } else {
         ctx.cdb().be(field::ALLOC6) as u32
     };
-    let (cur, wp) = {
+    let (cur, defaults, wp) = {
         let st = ctx.dev.lock();
-        (st.mode, ctx.dev.write_protected(&st))
+        (st.mode, st.defaults, ctx.dev.write_protected(&st))
     };
     let geo = Geometry {
         num_blocks: ctx.dev.num_blocks(),
         block_size: ctx.dev.block_size,
         write_protected: wp,
     };
-    let b = mode::mode_sense(&req, &cur, &ctx.dev.defaults, &geo)?;
+    let b = mode::mode_sense(&req, &cur, &defaults, &geo)?;
     Ok(Done::data(&b, alloc))
 }
 
@@ -232,7 +232,7 @@ pub fn mode_select(ctx: &mut Ctx<'_>) -> CmdResult {
         return Err(Sense::invalid_cdb(1, Some(4)).into());
     }
     let mut st = ctx.dev.lock();
-    let new = mode::mode_select(ten, data, &st.mode, &ctx.dev.defaults, ctx.dev.block_size)?;
+    let new = mode::mode_select(ten, data, &st.mode, &st.defaults, ctx.dev.block_size)?;
     if new != st.mode {
         st.mode = new;
         st.post_all(UnitAttention::ModeParametersChanged, Some(ctx.nexus.id));

@@ -10,6 +10,7 @@
 #   LAB_WORK       scratch directory of this run (always removed; put backing files here)
 #   LAB_SHARE      directory shared with the guest (/lab in the guest)
 #   LAB_DIR        tests/lab of the checkout     RTGTD  path of rtgtd, when the caller set it
+#   LAB_DISK       the guest's first disk file (/dev/vda; the next are disk1.img...) with LAB_DISK_MB
 
 LAB_EVENTS=${LAB_EVENTS:-$LAB_SHARE/events}
 LAB_PEER_END=guest-exited
@@ -136,4 +137,22 @@ lab_rtgtd_add_target() {
     done
     echo "lab: no SRP add_target string for $dest in $log" >&2
     return 1
+}
+
+# lab_power_cut: cut the guest's power: SIGKILL to QEMU, nothing written back, no shutdown. The
+# runner takes the guest's end as expected and boots it again on the same disks (LAB_DISK_MB) when
+# the scenario has guest-reboot.sh. Returns when QEMU is gone.
+lab_power_cut() {
+    local pid boot i
+    pid=$(cat "$LAB_WORK/qemu.pid" 2>/dev/null) || { echo "lab: no QEMU to cut" >&2; return 1; }
+    boot=$(cat "$LAB_SHARE/boot")
+    kill -0 "$pid" 2>/dev/null || { echo "lab: QEMU (pid $pid) is not running" >&2; return 1; }
+    echo "$boot" >"$LAB_WORK/power-cut"
+    kill -KILL "$pid"
+    # The runner reaps QEMU at once; wait until it has.
+    for ((i = 0; i < 100; i++)); do
+        kill -0 "$pid" 2>/dev/null || break
+        sleep 0.1
+    done
+    echo "lab: power cut (QEMU pid $pid killed, boot $boot)"
 }

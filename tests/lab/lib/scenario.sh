@@ -10,6 +10,11 @@
 #                  its exit status is raised to the guest as the event host-done)
 #   host_check     after the guest powered off (inspect logs); non-zero fails the scenario
 #   host_teardown  always, last (the daemons of lab_start_daemon are stopped after it)
+# LAB_DISK_MB="N [N...]" (conf or host_setup) gives the guest virtio disks of these sizes (/dev/vda,
+# /dev/vdb...) on the host files $LAB_WORK/diskI.img ($LAB_DISK is the first), opened by QEMU with
+# cache=directsync. lab_power_cut (a host hook) kills
+# QEMU with SIGKILL; the runner then boots the guest again on the same disk and share if the
+# scenario has guest-reboot.sh (run instead of guest.sh), else the guest's end counts as expected.
 set -euo pipefail
 
 : "${LAB_DIR:?}" "${LAB_SCENARIO:?}" "${LAB_RESULTS:?}" "${LAB_WORK:?}" "${LAB_IMAGE:?}"
@@ -21,6 +26,11 @@ LAB_EVENTS=$LAB_SHARE/events
 export LAB_SHARE LAB_EVENTS LAB_PREFIXLEN
 
 SCEN_DIR=$LAB_DIR/scenarios/$LAB_SCENARIO
+LAB_DISK=$LAB_WORK/disk0.img
+LAB_BOOT=1
+# shellcheck disable=SC1090,SC1091
+LAB_DISK_MB=$([[ -f $SCEN_DIR/conf ]] && source "$SCEN_DIR/conf"; echo "${LAB_DISK_MB:-}")
+export LAB_DISK LAB_BOOT
 # shellcheck source=host-lib.sh
 source "$LAB_DIR/lib/host-lib.sh"
 
@@ -89,10 +99,10 @@ append="console=ttyS0,115200 panic=-1 net.ifnames=0 mitigations=off nokaslr lab.
 append+=" lab.mtu=$LAB_MTU lab.name=$LAB_SCENARIO lab.keep=$LAB_INTERACTIVE ${RTGT_LAB_APPEND:-}"
 # shellcheck disable=SC2054  # commas separate QEMU sub-options
 if [[ $LAB_INTERACTIVE == 1 ]]; then
-    console=(-chardev "stdio,id=ser0,mux=on,signal=off,logfile=$LAB_RESULTS/console.log"
+    console=(-chardev "stdio,id=ser0,mux=on,signal=off,logfile=$LAB_RESULTS/console.log,logappend=on"
         -serial chardev:ser0 -mon chardev=ser0,mode=readline)
 else
-    console=(-chardev "file,id=ser0,path=$LAB_RESULTS/console.log" -serial chardev:ser0)
+    console=(-chardev "file,id=ser0,path=$LAB_RESULTS/console.log,append=on" -serial chardev:ser0)
 fi
 # shellcheck disable=SC2054
 qemu=(
@@ -105,15 +115,44 @@ qemu=(
     -fsdev "local,id=fs0,path=$LAB_SHARE,security_model=none"
     -device virtio-9p-pci,fsdev=fs0,mount_tag=lab
 )
-say "booting guest (kernel $kver)"
-if [[ $LAB_INTERACTIVE == 1 ]]; then
-    say "interactive: the scenario runs, then a shell opens on this console (exit it or type"
-    say "'poweroff -f' to stop; Ctrl-a x quits QEMU). Host side: ip netns exec $LAB_NETNS bash"
-    "${qemu[@]}" <&3 &
-else
-    "${qemu[@]}" </dev/null >"$LAB_RESULTS/qemu.log" 2>&1 &
-fi
-qemu_pid=$!
+# LAB_DISK_MB="N [N...]": one virtio disk per size (MiB), /dev/vda, /dev/vdb...
+disk_i=0
+for mb in $LAB_DISK_MB; do
+    [[ $mb =~ ^[1-9][0-9]*$ ]] || { say "LAB_DISK_MB: '$mb' is not a number of MiB"; exit 1; }
+    f=$LAB_WORK/disk$disk_i.img
+    [[ -e $f ]] || truncate -s "${mb}M" "$f"
+    # Every write the guest saw completed is on the host file (O_DIRECT|O_DSYNC): what the
+    # guest kept in its memory is all a power cut loses.
+    # shellcheck disable=SC2054
+    qemu+=(-drive "file=$f,if=none,id=disk$disk_i,format=raw,cache=directsync,aio=threads"
+        -device "virtio-blk-pci,drive=disk$disk_i,serial=lab-disk$disk_i")
+    say "guest disk $((disk_i + 1)): $f ($mb MiB, cache=directsync)"
+    disk_i=$((disk_i + 1))
+done
+
+# boot_guest: start QEMU in the background (qemu_pid; also in $LAB_WORK/qemu.pid for
+# lab_power_cut), boot number LAB_BOOT (in the share for guest-run.sh).
+boot_guest() {
+    rm -f "$LAB_SHARE/guest-status"
+    echo "$LAB_BOOT" >"$LAB_SHARE/boot"
+    if [[ $LAB_BOOT == 1 ]]; then
+        say "booting guest (kernel $kver)"
+    else
+        say "booting guest again on the same disk (boot $LAB_BOOT)"
+    fi
+    if [[ $LAB_INTERACTIVE == 1 ]]; then
+        if [[ $LAB_BOOT == 1 ]]; then
+            say "interactive: the scenario runs, then a shell opens on this console (exit it or type"
+            say "'poweroff -f' to stop; Ctrl-a x quits QEMU). Host side: ip netns exec $LAB_NETNS bash"
+        fi
+        "${qemu[@]}" <&3 &
+    else
+        "${qemu[@]}" </dev/null >>"$LAB_RESULTS/qemu.log" 2>&1 &
+    fi
+    qemu_pid=$!
+    echo "$qemu_pid" >"$LAB_WORK/qemu.pid"
+}
+boot_guest
 
 if have host_run; then
     (
@@ -128,13 +167,25 @@ if have host_run; then
     run_pid=$!
 fi
 
-set +e
-wait "$qemu_pid"
-qemu_rc=$?
-set -e
-qemu_pid=""
+power_cut=0
+while :; do
+    set +e
+    wait "$qemu_pid"
+    qemu_rc=$?
+    set -e
+    qemu_pid=""
+    if [[ $(cat "$LAB_WORK/power-cut" 2>/dev/null) != "$LAB_BOOT" ]]; then
+        power_cut=0
+        say "guest powered off (qemu status $qemu_rc)"
+        break
+    fi
+    power_cut=1
+    say "power cut: QEMU killed by the scenario (boot $LAB_BOOT)"
+    [[ -f $SCEN_DIR/guest-reboot.sh ]] || break
+    LAB_BOOT=$((LAB_BOOT + 1))
+    boot_guest
+done
 lab_signal guest-exited
-say "guest powered off (qemu status $qemu_rc)"
 
 if [[ -n $run_pid ]]; then
     for ((i = 0; i < 100; i++)); do
@@ -157,7 +208,10 @@ if [[ -n $run_pid ]]; then
 fi
 
 guest_rc=$(cat "$LAB_SHARE/guest-status" 2>/dev/null || true)
-if [[ -z $guest_rc ]]; then
+if [[ -z $guest_rc && $power_cut == 1 ]]; then
+    guest_rc=0
+    say "the guest ended with the power cut, as the scenario asked"
+elif [[ -z $guest_rc ]]; then
     if grep -q '^RESULT: PASS' "$LAB_RESULTS/console.log" 2>/dev/null; then
         guest_rc=0
     else

@@ -2,6 +2,10 @@
 //! benchmarks (`bench` prints IOPS and MB/s, for side-by-side runs against other targets).
 //! With `--iser ADDR` sessions run over iSER instead of TCP, on rtgt's soft-RoCE device bound
 //! to ADDR (UDP 4791), connected through its CM to the URL's host and port.
+//! `durability write` / `durability check` test that acknowledged flushes survive a power cut
+//! (see the `durability` module).
+
+mod durability;
 
 use std::io::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -19,7 +23,7 @@ use rtgt_transport::hca::{Hca, HcaConfig};
 #[derive(Parser)]
 #[command(
     name = "rtgt-iscsi",
-    about = "iSCSI initiator: discovery, read, write, bench"
+    about = "iSCSI initiator: discovery, read, write, bench, durability tests"
 )]
 struct Cli {
     /// Initiator name.
@@ -87,6 +91,10 @@ enum Cmd {
         #[arg(long, default_value_t = 10)]
         seconds: u64,
     },
+    /// Power-cut tests: write a pattern with flushes and log the acknowledgements, then check
+    /// what survived.
+    #[command(subcommand)]
+    Durability(durability::DurabilityCmd),
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -374,6 +382,8 @@ async fn run(cli: Cli) -> Result<(), IscsiError> {
             let bs = parse_size(bs).map_err(IscsiError::Address)?;
             bench(&cli, url, *rw, bs, *iodepth, *seconds).await?;
         }
+        // Run by main: its errors are not iSCSI errors.
+        Cmd::Durability(_) => {}
     }
     Ok(())
 }
@@ -387,7 +397,11 @@ async fn main() {
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
-    if let Err(e) = run(cli).await {
+    let result = match &cli.cmd {
+        Cmd::Durability(d) => durability::run(&cli, d).await,
+        _ => run(cli).await.map_err(|e| e.to_string()),
+    };
+    if let Err(e) = result {
         eprintln!("rtgt-iscsi: {e}");
         std::process::exit(1);
     }
