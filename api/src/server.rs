@@ -527,6 +527,13 @@ fn bearer(headers: &HeaderMap) -> Option<&str> {
         .then_some(token.trim())
 }
 
+/// Answers a refused request once its body (at most [`BODY_LIMIT`] bytes) is read, so that
+/// a client still sending it gets the answer instead of a reset connection.
+async fn refuse(req: Request, e: ApiError) -> Response {
+    let _ = axum::body::to_bytes(req.into_body(), BODY_LIMIT).await;
+    e.into_response()
+}
+
 /// Admits the caller as the listener's guard says, checks that its scope allows the
 /// request, and logs every change and every read of secrets with who made it.
 async fn authorize(State(st): St, mut req: Request, next: Next) -> Response {
@@ -548,8 +555,8 @@ async fn authorize(State(st): St, mut req: Request, next: Next) -> Response {
                 .unwrap_or_default();
             if !policy.admits(&cred) {
                 tracing::warn!(uid = cred.uid, pid = cred.pid, method = %req.method(), path = %path, "API socket: caller refused");
-                return ApiError::new(StatusCode::FORBIDDEN, policy.refusal(), None)
-                    .into_response();
+                let e = ApiError::new(StatusCode::FORBIDDEN, policy.refusal(), None);
+                return refuse(req, e).await;
             }
             (Caller::Socket(cred), Scope::Admin)
         }
@@ -565,7 +572,7 @@ async fn authorize(State(st): St, mut req: Request, next: Next) -> Response {
                     } else {
                         "a bearer token is required (Authorization: Bearer, from the api-token file)"
                     };
-                    return ApiError::new(StatusCode::UNAUTHORIZED, why, None).into_response();
+                    return refuse(req, ApiError::new(StatusCode::UNAUTHORIZED, why, None)).await;
                 }
             }
         }
@@ -581,12 +588,12 @@ async fn authorize(State(st): St, mut req: Request, next: Next) -> Response {
     };
     if scope < needed {
         tracing::info!(caller = %caller, method = %method, path = %path, "API request refused: scope");
-        return ApiError::new(
+        let e = ApiError::new(
             StatusCode::FORBIDDEN,
             "the read-only token cannot change the configuration: use the admin token",
             None,
-        )
-        .into_response();
+        );
+        return refuse(req, e).await;
     }
     let secrets = path == "/api/v1/config"
         && req

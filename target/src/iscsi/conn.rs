@@ -17,6 +17,8 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use rtgt_backstore::IoBuf;
 
+use crate::scsi::sense;
+use crate::scsi::task::{Outcome, Refused, Stage, Turn};
 use crate::scsi::{Command, FileRange, Status, TaskAttr};
 
 use super::pdu::{
@@ -24,7 +26,7 @@ use super::pdu::{
     Opcode, ScsiCommand, ScsiResponse, TaskMgmtRequest, TaskMgmtResponse, TextRequest,
     TextResponse, BHS_LEN, RESERVED_TAG,
 };
-use super::session::{CloseReason, Session, SnCheck, Task};
+use super::session::{CloseReason, Session, SnCheck, Task, TaskHeader};
 use super::text::{TextAssembler, TextPairs, TextSplitter};
 use super::IscsiError;
 
@@ -582,19 +584,19 @@ impl Conn {
             }
         }
         let lun = crate::scsi::lun_from_bytes(&c.lun);
-        let task = Arc::new(Task::new(
-            c.itt,
-            c.cmd_sn,
-            lun,
-            c.lun,
-            c.edtl,
-            c.read,
-            c.write,
-            c.immediate,
-            map_attr(c.attr),
-            bidi,
-            cdb,
-        ));
+        let device = s.luns.current().map.luns.get(&lun).cloned();
+        let header = TaskHeader {
+            itt: c.itt,
+            cmd_sn: c.cmd_sn,
+            lun_bytes: c.lun,
+            edtl: c.edtl,
+            read: c.read,
+            write: c.write,
+            immediate: c.immediate,
+            attr: map_attr(c.attr),
+            bidi_read_len: bidi,
+        };
+        let task = Arc::new(Task::new(header, device, cdb));
         {
             let mut x = task.xfer();
             x.unsolicited_open = c.write && !c.final_;
@@ -604,9 +606,11 @@ impl Conn {
                 Task::place(&mut x, 0, &pdu.data);
             }
         }
-        let dep = match s.add_task(task.clone()) {
-            Ok(d) => d,
-            Err(super::session::TaskInProgress) => {
+        let turn = match s.add_task(&task) {
+            Ok(t) => Some(t),
+            // ACA without an ACA condition: answered with CHECK CONDITION by `run_task`.
+            Err(Refused::NoAca) => None,
+            Err(Refused::Overlapped) => {
                 release(self);
                 if c.immediate {
                     self.immediate_tasks.fetch_sub(1, Ordering::AcqRel);
@@ -623,7 +627,7 @@ impl Conn {
         // own; the first poll uses a no-op waker, and the spawned task polls again at once
         // with its own, so no wake-up is lost.
         let mut run: Pin<Box<dyn Future<Output = ()> + Send>> =
-            Box::pin(self.clone().run_task(task, dep));
+            Box::pin(self.clone().run_task(task, turn));
         if run
             .as_mut()
             .poll(&mut Context::from_waker(Waker::noop()))
@@ -715,7 +719,7 @@ impl Conn {
             }
             err
         };
-        task.wake.notify_one();
+        task.wake().notify_one();
         if let Some(e) = err {
             tracing::warn!(itt = d.itt, peer = %s.peer, error = e, "Data-Out rejected, task ended");
             task.abort();
@@ -730,9 +734,15 @@ impl Conn {
     }
 
     /// Runs one command: collects its write data, executes it and sends the response.
-    async fn run_task(self: Arc<Self>, task: Arc<Task>, dep: Option<Arc<Task>>) {
+    async fn run_task(self: Arc<Self>, task: Arc<Task>, turn: Option<Turn>) {
         let s = self.session.clone();
-        let result = self.run_task_inner(&task, dep).await;
+        let result = match turn {
+            Some(turn) => self.run_task_inner(&task, turn).await,
+            None => {
+                let (k, (asc, ascq)) = (sense::key::ILLEGAL_REQUEST, sense::asc::INVALID_MESSAGE);
+                self.finish_with_sense(&task, k, asc, ascq).await
+            }
+        };
         if let Err(e) = result {
             tracing::debug!(itt = task.itt, error = %e, "task ended without response");
             s.retire_task(&task);
@@ -743,11 +753,7 @@ impl Conn {
         task.set_done();
     }
 
-    async fn run_task_inner(
-        &self,
-        task: &Arc<Task>,
-        dep: Option<Arc<Task>>,
-    ) -> Result<(), IscsiError> {
+    async fn run_task_inner(&self, task: &Arc<Task>, turn: Turn) -> Result<(), IscsiError> {
         let s = &self.session;
         let mut data_out = None;
         if task.write && task.edtl > 0 {
@@ -755,6 +761,7 @@ impl Conn {
                 // Too large to buffer: refuse without collecting data.
                 return self.finish_with_sense(task, 0x05, 0x24, 0x00).await;
             }
+            task.core.set_stage(Stage::DataOut);
             let mut buf = s.pool.get(task.edtl as usize).await;
             buf.set_len(task.edtl as usize);
             {
@@ -780,7 +787,7 @@ impl Conn {
                         break;
                     }
                 }
-                task.wake.notified().await;
+                task.wake().notified().await;
             }
             let (received, next) = {
                 let mut x = task.xfer();
@@ -801,21 +808,11 @@ impl Conn {
             buf.set_len(got);
             data_out = Some(buf);
         }
-        // Task attributes (SAM-5 8.9): ORDERED waits for everything before it, everything
-        // waits for an earlier ORDERED task; HEAD OF QUEUE waits for nothing.
-        if task.attr != TaskAttr::HeadOfQueue {
-            if let Some(d) = dep {
-                d.finished().await;
-            }
-            if task.attr == TaskAttr::Ordered {
-                for t in s.tasks_before(task) {
-                    t.finished().await;
-                }
-            }
-        }
-        if task.is_aborted() {
+        // Task attributes (SAM-5 8.9), once the data is in.
+        if !task.core.wait_turn(turn).await {
             return Err(IscsiError::Aborted);
         }
+        task.core.set_stage(Stage::Executing);
         let expected_in = if task.read {
             if task.write {
                 task.bidi_read_len.unwrap_or(0)
@@ -829,14 +826,14 @@ impl Conn {
             cdb: task.cdb.clone(),
             data_out,
             expected_in_len: expected_in,
-            attr: task.attr,
+            attr: task.attr(),
             tag: task.itt as u64,
         };
         let range_ok =
             task.read && !task.write && task.edtl >= FILE_RANGE_MIN && self.driver.file_ranges();
         let resp = s
             .luns
-            .execute_ranged(&s.nexus, task.lun, cmd, range_ok)
+            .execute_ranged(&s.nexus, task.lun(), cmd, range_ok)
             .await;
         let bidi = task.read && task.write;
         // EDTL is the read length of a read and the write length of a write or bidi command.
@@ -855,7 +852,7 @@ impl Conn {
             ..Completion::default()
         };
         if let Some(range) = resp.data_range {
-            if !s.retire_task(task) {
+            if !self.retire(task).await? {
                 return Ok(());
             }
             s.stats.bytes_out.fetch_add(range.len(), Ordering::Relaxed);
@@ -878,12 +875,34 @@ impl Conn {
         if data_in.as_ref().is_some_and(|d| d.is_empty()) {
             data_in = None;
         }
-        if !s.retire_task(task) {
+        if !self.retire(task).await? {
             return Ok(());
         }
         let out = data_in.as_ref().map(|d| d.len() as u64).unwrap_or(0);
         s.stats.bytes_out.fetch_add(out, Ordering::Relaxed);
         self.driver.complete(s, task, data_in, done).await
+    }
+
+    /// Retires `task` before its response; false when the response is not to be sent (the
+    /// task was aborted). A task another I_T nexus aborted while TAS=1 gets TASK ABORTED
+    /// status here (SAM-5 5.3.1).
+    async fn retire(&self, task: &Arc<Task>) -> Result<bool, IscsiError> {
+        let s = &self.session;
+        match s.retire_task(task) {
+            Outcome::Respond => {
+                task.core.set_stage(Stage::DataIn);
+                Ok(true)
+            }
+            Outcome::Drop => Ok(false),
+            Outcome::TaskAborted => {
+                let done = Completion {
+                    status: Status::TaskAborted as u8,
+                    ..Default::default()
+                };
+                self.driver.complete(s, task, None, done).await?;
+                Ok(false)
+            }
+        }
     }
 
     async fn finish_with_sense(
@@ -899,7 +918,7 @@ impl Conn {
         sense[7] = 10;
         sense[12] = asc;
         sense[13] = ascq;
-        if !self.session.retire_task(task) {
+        if !self.retire(task).await? {
             return Ok(());
         }
         let done = Completion {

@@ -786,7 +786,7 @@ impl ConnDriver for TcpDriver {
                     .await?;
             }
             tokio::select! {
-                _ = task.wake.notified() => {}
+                _ = task.wake().notified() => {}
                 _ = self.closed() => return Err(IscsiError::Closed),
             }
         }

@@ -623,6 +623,11 @@ pub mod tmf {
     pub const TARGET_WARM_RESET: u8 = 6;
     pub const TARGET_COLD_RESET: u8 = 7;
     pub const TASK_REASSIGN: u8 = 8;
+    // RFC 7144 §4.5 (SAM-4 and later functions).
+    pub const QUERY_TASK: u8 = 9;
+    pub const QUERY_TASK_SET: u8 = 10;
+    pub const I_T_NEXUS_RESET: u8 = 11;
+    pub const QUERY_ASYNC_EVENT: u8 = 12;
 
     pub const FUNCTION_COMPLETE: u8 = 0;
     pub const TASK_DOES_NOT_EXIST: u8 = 1;
@@ -631,6 +636,8 @@ pub mod tmf {
     pub const REASSIGNMENT_NOT_SUPPORTED: u8 = 4;
     pub const NOT_SUPPORTED: u8 = 5;
     pub const AUTHORIZATION_FAILED: u8 = 6;
+    /// RFC 7144 §4.6: a query function found what it asked about.
+    pub const FUNCTION_SUCCEEDED: u8 = 7;
     pub const FUNCTION_REJECTED: u8 = 255;
 }
 

@@ -5,7 +5,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
@@ -14,6 +14,9 @@ use rtgt_backstore::{BufPool, IoBuf};
 use tokio::sync::{watch, Notify};
 
 use crate::core::{LiveLuns, Registry};
+use crate::scsi::task::{
+    self, Function, Outcome, Refused, Task as CoreTask, TaskSet, TmResponse, Tracked, Turn,
+};
 use crate::scsi::{Device, LunMap, Nexus, TaskAttr};
 
 use super::params::{SessionParams, SessionType, TransportKind};
@@ -174,67 +177,69 @@ pub struct Xfer {
     pub error: Option<&'static str>,
 }
 
-/// A SCSI task (one command) of a session.
+/// A SCSI task (one command) of a session: the task layer's [`CoreTask`] (tag = ITT) and
+/// what iSCSI adds.
 #[derive(Debug)]
 pub struct Task {
+    pub core: CoreTask,
     pub itt: u32,
     pub cmd_sn: u32,
-    pub lun: u64,
+    pub lun_bytes: [u8; 8],
+    pub edtl: u32,
+    pub read: bool,
+    pub write: bool,
+    pub immediate: bool,
+    /// Expected read length of a bidirectional command (AHS type 2).
+    pub bidi_read_len: Option<u32>,
+    pub cdb: Vec<u8>,
+    pub xfer: Mutex<Xfer>,
+}
+
+impl Tracked for Task {
+    fn task(&self) -> &CoreTask {
+        &self.core
+    }
+}
+
+/// What a SCSI Command PDU says of its task.
+#[derive(Debug, Clone, Copy)]
+pub struct TaskHeader {
+    pub itt: u32,
+    pub cmd_sn: u32,
     pub lun_bytes: [u8; 8],
     pub edtl: u32,
     pub read: bool,
     pub write: bool,
     pub immediate: bool,
     pub attr: TaskAttr,
-    /// Expected read length of a bidirectional command (AHS type 2).
     pub bidi_read_len: Option<u32>,
-    pub cdb: Vec<u8>,
-    aborted: AtomicBool,
-    /// The task has finished (response sent or dropped).
-    done: AtomicBool,
-    /// Callers waiting in [`Task::finished`]; `set_done` notifies only when there are any,
-    /// which keeps the common case (nobody waits) to two atomic operations.
-    waiters: AtomicUsize,
-    done_notify: Notify,
-    pub xfer: Mutex<Xfer>,
-    /// Wakes the task: data arrived, an error, or an abort.
-    pub wake: Notify,
 }
 
 impl Task {
-    #[allow(clippy::too_many_arguments)]
-    pub fn new(
-        itt: u32,
-        cmd_sn: u32,
-        lun: u64,
-        lun_bytes: [u8; 8],
-        edtl: u32,
-        read: bool,
-        write: bool,
-        immediate: bool,
-        attr: TaskAttr,
-        bidi_read_len: Option<u32>,
-        cdb: Vec<u8>,
-    ) -> Task {
+    /// A task of `h` on `device` (what the session's LUN map holds at its LUN).
+    pub fn new(h: TaskHeader, device: Option<Arc<Device>>, cdb: Vec<u8>) -> Task {
+        let lun = crate::scsi::lun_from_bytes(&h.lun_bytes);
         Task {
-            itt,
-            cmd_sn,
-            lun,
-            lun_bytes,
-            edtl,
-            read,
-            write,
-            immediate,
-            attr,
-            bidi_read_len,
+            core: CoreTask::new(u64::from(h.itt), lun, h.attr, device),
+            itt: h.itt,
+            cmd_sn: h.cmd_sn,
+            lun_bytes: h.lun_bytes,
+            edtl: h.edtl,
+            read: h.read,
+            write: h.write,
+            immediate: h.immediate,
+            bidi_read_len: h.bidi_read_len,
             cdb,
-            aborted: AtomicBool::new(false),
-            done: AtomicBool::new(false),
-            waiters: AtomicUsize::new(0),
-            done_notify: Notify::new(),
             xfer: Mutex::new(Xfer::default()),
-            wake: Notify::new(),
         }
+    }
+
+    pub fn lun(&self) -> u64 {
+        self.core.lun
+    }
+
+    pub fn attr(&self) -> TaskAttr {
+        self.core.attr
     }
 
     pub fn xfer(&self) -> MutexGuard<'_, Xfer> {
@@ -242,49 +247,30 @@ impl Task {
     }
 
     pub fn is_aborted(&self) -> bool {
-        self.aborted.load(Ordering::Acquire)
+        self.core.is_aborted()
     }
 
+    /// Ends the task without a response (a Data-Out violation).
     pub fn abort(&self) {
-        self.aborted.store(true, Ordering::Release);
-        self.wake.notify_one();
+        self.core.abort();
+    }
+
+    /// Wakes the task's driver: data arrived, an error, or an abort.
+    pub fn wake(&self) -> &Notify {
+        &self.core.wake
     }
 
     pub fn set_done(&self) {
-        self.done.store(true, Ordering::SeqCst);
-        // Pairs with the increment in `finished`: either this sees the waiter, or the waiter
-        // sees `done`.
-        if self.waiters.load(Ordering::SeqCst) > 0 {
-            self.done_notify.notify_waiters();
-        }
+        self.core.set_done();
     }
 
     pub fn is_done(&self) -> bool {
-        self.done.load(Ordering::Acquire)
+        self.core.is_done()
     }
 
     /// Waits until the task has finished (response sent or dropped).
     pub async fn finished(&self) {
-        if self.is_done() {
-            return;
-        }
-        struct Waiting<'a>(&'a AtomicUsize);
-        impl Drop for Waiting<'_> {
-            fn drop(&mut self) {
-                self.0.fetch_sub(1, Ordering::SeqCst);
-            }
-        }
-        self.waiters.fetch_add(1, Ordering::SeqCst);
-        let _waiting = Waiting(&self.waiters);
-        loop {
-            let notified = self.done_notify.notified();
-            tokio::pin!(notified);
-            notified.as_mut().enable();
-            if self.done.load(Ordering::SeqCst) {
-                return;
-            }
-            notified.await;
-        }
+        self.core.finished().await
     }
 
     /// Places Data-Out bytes at `offset`: in the buffer, or queued until it exists.
@@ -299,10 +285,6 @@ impl Task {
         x.received += data.len() as u32;
     }
 }
-
-/// A command reused the ITT of a task still in progress (RFC 7143 §11.17.1, reason 0x07).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct TaskInProgress;
 
 /// Counters of a session.
 #[derive(Debug, Default)]
@@ -395,9 +377,7 @@ pub struct Session {
     pub zero_copy_reads: bool,
     pub stats: SessionStats,
     window: Mutex<Window>,
-    tasks: Mutex<HashMap<u32, Arc<Task>>>,
-    /// The most recent ORDERED task that has not finished (SAM-5 8.9 ordering).
-    last_ordered: Mutex<Option<Arc<Task>>>,
+    tasks: Arc<TaskSet<Task>>,
     close: watch::Sender<Option<CloseReason>>,
     table: Weak<SessionTable>,
     created: Instant,
@@ -473,6 +453,7 @@ impl Session {
             &s.params.target_name,
             s.params.target_portal_group_tag,
         );
+        let nexus_id = nexus.id;
         let labels = (s.session_type == SessionType::Normal).then(|| {
             vec![
                 ("session", format!("iscsi-{tsih}")),
@@ -499,8 +480,7 @@ impl Session {
             zero_copy_reads: s.zero_copy_reads,
             stats: SessionStats::default(),
             window: Mutex::new(Window::new(s.exp_cmd_sn, s.queue_depth)),
-            tasks: Mutex::new(HashMap::new()),
-            last_ordered: Mutex::new(None),
+            tasks: TaskSet::new(nexus_id),
             close: watch::channel(None).0,
             table,
             created: Instant::now(),
@@ -539,80 +519,37 @@ impl Session {
     }
 
     pub fn task(&self, itt: u32) -> Option<Arc<Task>> {
-        lock(&self.tasks).get(&itt).cloned()
+        self.tasks.get(u64::from(itt))
     }
 
-    /// Registers a task; fails when the ITT is already in use (Reject "task in progress").
-    /// Returns the ORDERED task it must wait for, if any.
-    pub fn add_task(&self, task: Arc<Task>) -> Result<Option<Arc<Task>>, TaskInProgress> {
-        let mut tasks = lock(&self.tasks);
-        if tasks.contains_key(&task.itt) {
-            return Err(TaskInProgress);
-        }
-        tasks.insert(task.itt, task.clone());
-        drop(tasks);
-        let mut last = lock(&self.last_ordered);
-        let prev = last.clone().filter(|t| !t.is_done());
-        if task.attr == TaskAttr::Ordered {
-            *last = Some(task);
-        }
-        Ok(prev)
+    /// The session's task set.
+    pub fn tasks(&self) -> &TaskSet<Task> {
+        &self.tasks
     }
 
-    /// The tasks an ORDERED task must wait for: every task registered before it.
-    pub fn tasks_before(&self, task: &Task) -> Vec<Arc<Task>> {
-        lock(&self.tasks)
-            .values()
-            .filter(|t| {
-                t.itt != task.itt
-                    && sn_lt(
-                        t.cmd_sn,
-                        task.cmd_sn.wrapping_add(u32::from(task.immediate)),
-                    )
-            })
-            .cloned()
-            .collect()
+    /// Registers a task; fails when the ITT is in use (Reject "task in progress") or for
+    /// the ACA attribute. Returns the older tasks it waits for.
+    pub fn add_task(&self, task: &Arc<Task>) -> Result<Turn, Refused> {
+        self.tasks.admit(task)
     }
 
-    /// Removes a finished task unless it was aborted. Returns whether its response may be
-    /// sent. Frees the window slot first so the response carries the new MaxCmdSN.
-    pub fn retire_task(&self, task: &Task) -> bool {
-        let mut tasks = lock(&self.tasks);
-        let send = !task.is_aborted();
-        tasks.remove(&task.itt);
-        drop(tasks);
+    /// Takes a task out of the set before its response is sent and says what to send.
+    /// Frees the window slot first so the response carries the new MaxCmdSN.
+    pub fn retire_task(&self, task: &Task) -> Outcome {
+        let out = self.tasks.retire(task);
         if !task.immediate {
             self.window().finish_task();
         }
-        send
-    }
-
-    /// Tasks matching `pred` are aborted; returns them so the caller can wait.
-    pub fn abort_tasks(&self, pred: impl Fn(&Task) -> bool) -> Vec<Arc<Task>> {
-        let tasks = lock(&self.tasks);
-        let hit: Vec<Arc<Task>> = tasks.values().filter(|t| pred(t)).cloned().collect();
-        drop(tasks);
-        for t in &hit {
-            t.abort();
-        }
-        hit
+        out
     }
 
     pub fn task_count(&self) -> usize {
-        lock(&self.tasks).len()
+        self.tasks.len()
     }
 
     /// Waits until every task has finished.
     pub async fn drain(&self) {
-        loop {
-            let tasks: Vec<Arc<Task>> = lock(&self.tasks).values().cloned().collect();
-            if tasks.is_empty() {
-                return;
-            }
-            for t in tasks {
-                t.finished().await;
-            }
-        }
+        self.tasks.drain().await
     }
 
     /// Asks the session's connections to close.
@@ -659,7 +596,7 @@ impl Session {
             return;
         }
         self.request_close(CloseReason::Normal);
-        let tasks = self.abort_tasks(|_| true);
+        let tasks = self.tasks.abort_all();
         for d in self.devices() {
             d.abort_task_set(Some(&self.nexus));
         }
@@ -701,95 +638,55 @@ impl Session {
         }
     }
 
-    /// Runs a task management function (RFC 7143 §11.5.1) and returns the response code
-    /// once every affected task has finished. After TARGET COLD RESET the caller closes
-    /// the target's sessions once the response is out.
+    /// Runs a task management function (RFC 7143 §11.5.1, RFC 7144 §4.5) and returns the
+    /// response code once every affected task has finished. After TARGET COLD RESET the
+    /// caller closes the target's sessions once the response is out.
     pub async fn task_management(&self, req: &super::pdu::TaskMgmtRequest) -> u8 {
         let lun = crate::scsi::lun_from_bytes(&req.lun);
-        let luns = self.luns.current();
-        let lun_known = luns.contains(lun);
-        match req.function {
-            tmf::ABORT_TASK => {
-                let Some(task) = self.task(req.ref_task_tag) else {
-                    // §11.5.1 b): a command inside the window and before this request that
-                    // has not arrived counts as received, and is dropped when it does.
-                    let mut w = self.window();
-                    if w.contains(req.ref_cmd_sn) && sn_lt(req.ref_cmd_sn, req.cmd_sn) {
-                        w.skip(req.ref_cmd_sn);
-                        return tmf::FUNCTION_COMPLETE;
-                    }
-                    return tmf::TASK_DOES_NOT_EXIST;
-                };
-                if task.lun != lun {
-                    return tmf::TASK_DOES_NOT_EXIST;
-                }
-                task.abort();
-                if let Some(dev) = luns.map.luns.get(&lun) {
-                    dev.abort_task(&self.nexus, u64::from(task.itt));
-                }
-                task.finished().await;
-                tmf::FUNCTION_COMPLETE
-            }
-            tmf::ABORT_TASK_SET => {
-                if !lun_known {
-                    return tmf::LUN_DOES_NOT_EXIST;
-                }
-                let waits = self.abort_tasks(|t| t.lun == lun);
-                if let Some(dev) = luns.map.luns.get(&lun) {
-                    dev.abort_task_set(Some(&self.nexus));
-                }
-                for t in waits {
-                    t.finished().await;
-                }
-                tmf::FUNCTION_COMPLETE
-            }
-            tmf::CLEAR_TASK_SET | tmf::LOGICAL_UNIT_RESET => {
-                let Some(dev) = luns.map.luns.get(&lun).cloned() else {
-                    return tmf::LUN_DOES_NOT_EXIST;
-                };
-                // The task set is shared by every nexus of the logical unit (TST=000b).
-                let mut waits = self.abort_tasks(|t| t.lun == lun);
-                for s in self.other_target_sessions() {
-                    let same: Vec<u64> = s
-                        .luns
-                        .current()
-                        .map
-                        .luns
-                        .iter()
-                        .filter(|(_, d)| Arc::ptr_eq(d, &dev))
-                        .map(|(l, _)| *l)
-                        .collect();
-                    waits.extend(s.abort_tasks(|t| same.contains(&t.lun)));
-                }
-                dev.abort_task_set(None);
-                for t in waits {
-                    t.finished().await;
-                }
-                if req.function == tmf::LOGICAL_UNIT_RESET {
-                    dev.lun_reset(&self.nexus);
-                }
-                tmf::FUNCTION_COMPLETE
-            }
-            tmf::TARGET_WARM_RESET | tmf::TARGET_COLD_RESET => {
-                let mut waits = self.abort_tasks(|_| true);
-                for s in self.other_target_sessions() {
-                    waits.extend(s.abort_tasks(|_| true));
-                }
-                for d in self.devices() {
-                    d.abort_task_set(None);
-                }
-                for t in waits {
-                    t.finished().await;
-                }
-                for d in self.devices() {
-                    d.lun_reset(&self.nexus);
-                }
-                tmf::FUNCTION_COMPLETE
-            }
-            tmf::CLEAR_ACA => tmf::NOT_SUPPORTED,
+        let f = match req.function {
+            tmf::ABORT_TASK => Function::AbortTask(u64::from(req.ref_task_tag)),
+            tmf::ABORT_TASK_SET => Function::AbortTaskSet,
+            tmf::CLEAR_ACA => Function::ClearAca,
+            tmf::CLEAR_TASK_SET => Function::ClearTaskSet,
+            tmf::LOGICAL_UNIT_RESET => Function::LogicalUnitReset,
+            tmf::TARGET_WARM_RESET | tmf::TARGET_COLD_RESET => Function::TargetReset,
+            tmf::QUERY_TASK => Function::QueryTask(u64::from(req.ref_task_tag)),
+            tmf::QUERY_TASK_SET => Function::QueryTaskSet,
+            tmf::I_T_NEXUS_RESET => Function::ItNexusReset,
+            tmf::QUERY_ASYNC_EVENT => Function::QueryAsyncEvent,
             // ErrorRecoveryLevel 0 only (§11.5.1).
-            tmf::TASK_REASSIGN => tmf::REASSIGNMENT_NOT_SUPPORTED,
-            _ => tmf::FUNCTION_REJECTED,
+            tmf::TASK_REASSIGN => return tmf::REASSIGNMENT_NOT_SUPPORTED,
+            _ => return tmf::FUNCTION_REJECTED,
+        };
+        let luns = self.luns.current();
+        let r = task::manage(&self.tasks, &self.nexus, &luns.map, lun, f, || {
+            let mut devs = self.devices();
+            for s in self.other_target_sessions() {
+                for d in s.devices() {
+                    if !devs.iter().any(|o| Arc::ptr_eq(o, &d)) {
+                        devs.push(d);
+                    }
+                }
+            }
+            devs
+        })
+        .await;
+        match r {
+            TmResponse::Complete => tmf::FUNCTION_COMPLETE,
+            TmResponse::Succeeded(_) => tmf::FUNCTION_SUCCEEDED,
+            TmResponse::IncorrectLun => tmf::LUN_DOES_NOT_EXIST,
+            TmResponse::Rejected => tmf::NOT_SUPPORTED,
+            TmResponse::NoSuchTask => {
+                // §11.5.1 b): a command inside the window and before this request that has
+                // not arrived counts as received, and is dropped when it does.
+                let mut w = self.window();
+                if w.contains(req.ref_cmd_sn) && sn_lt(req.ref_cmd_sn, req.cmd_sn) {
+                    w.skip(req.ref_cmd_sn);
+                    tmf::FUNCTION_COMPLETE
+                } else {
+                    tmf::TASK_DOES_NOT_EXIST
+                }
+            }
         }
     }
 }
@@ -890,38 +787,6 @@ mod tests {
         assert!(sn_lt(0xffff_fff0, 5));
         assert!(!sn_lt(5, 0xffff_fff0));
         assert!(sn_le(7, 7));
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn finished_wakes_every_waiter() {
-        let t = Arc::new(Task::new(
-            1,
-            1,
-            0,
-            [0; 8],
-            0,
-            false,
-            false,
-            false,
-            TaskAttr::Simple,
-            None,
-            vec![0],
-        ));
-        let waiters: Vec<_> = (0..3)
-            .map(|_| {
-                let t = t.clone();
-                tokio::spawn(async move { t.finished().await })
-            })
-            .collect();
-        tokio::task::yield_now().await;
-        assert!(!t.is_done());
-        t.set_done();
-        for w in waiters {
-            w.await.unwrap();
-        }
-        // Already done: returns at once, and no waiter is left registered.
-        t.finished().await;
-        assert_eq!(t.waiters.load(Ordering::SeqCst), 0);
     }
 
     #[test]

@@ -20,6 +20,7 @@ mod sbc;
 pub mod sense;
 mod spc;
 mod table;
+pub mod task;
 mod ua;
 mod xcopy;
 
@@ -380,6 +381,8 @@ pub struct Device {
     hw_read_only: bool,
     state: Mutex<DevState>,
     range_lock: Arc<range_lock::RangeLock>,
+    /// Ordering of the logical unit's task set ([`task`]).
+    order: task::Order,
 }
 
 impl std::fmt::Debug for Device {
@@ -517,6 +520,7 @@ impl Device {
             wce: config.write_cache,
             d_sense: false,
             swp: false,
+            tas: false,
         };
         let dev = Arc::new_cyclic(|me| Device {
             me: me.clone(),
@@ -539,6 +543,7 @@ impl Device {
             range_lock: Arc::new(range_lock::RangeLock::with_exclusive_align(
                 (rtgt_backstore::PAGE / u64::from(bs)).max(1),
             )),
+            order: task::Order::default(),
             backstore,
             pool,
             config,
@@ -638,6 +643,38 @@ impl Device {
         st.copies.forget_nexus(nexus.id);
     }
 
+    /// I_T NEXUS RESET (SAM-5 7.8): like an I_T nexus loss, but the nexus stays and its
+    /// next command reports I_T NEXUS LOSS OCCURRED.
+    pub fn it_nexus_reset(&self, nexus: &Nexus) {
+        self.nexus_loss(nexus);
+        let mut ua = UaQueue::default();
+        ua.push(UnitAttention::ItNexusLoss);
+        self.lock().nexuses.insert(
+            nexus.id,
+            NexusState {
+                ua,
+                initiator_port: nexus.initiator_port.clone(),
+                relative_port: nexus.relative_port,
+                prevent: false,
+            },
+        );
+    }
+
+    /// The unit attention the next command of `nexus` would report (QUERY ASYNCHRONOUS
+    /// EVENT, SAM-5 7.10): a nexus that has not used the logical unit yet has POWER ON.
+    pub fn pending_unit_attention(&self, nexus: &Nexus) -> Option<UnitAttention> {
+        match self.lock().nexuses.get(&nexus.id) {
+            Some(n) => n.ua.peek(),
+            None => Some(UnitAttention::PowerOn),
+        }
+    }
+
+    /// TAS in the control mode page: tasks aborted by another I_T nexus end in TASK ABORTED
+    /// status instead of silently.
+    pub fn tas(&self) -> bool {
+        self.lock().mode.tas
+    }
+
     /// Re-reads the capacity from the backstore and establishes CAPACITY DATA HAS CHANGED.
     pub fn capacity_changed(&self) {
         self.num_blocks
@@ -692,6 +729,13 @@ impl Device {
     /// POWER ON OCCURRED on its first command anyway.
     pub fn unit_attention(&self, nexus: &Nexus, ua: UnitAttention) {
         if let Some(n) = self.lock().nexuses.get_mut(&nexus.id) {
+            n.ua.push(ua);
+        }
+    }
+
+    /// Like [`Device::unit_attention`] for the nexus with id `id`.
+    pub fn unit_attention_id(&self, id: u64, ua: UnitAttention) {
+        if let Some(n) = self.lock().nexuses.get_mut(&id) {
             n.ua.push(ua);
         }
     }
@@ -904,4 +948,17 @@ impl Device {
 #[derive(Default, Clone)]
 pub struct LunMap {
     pub luns: BTreeMap<u64, Arc<Device>>,
+}
+
+impl LunMap {
+    /// The logical units of the map, each once.
+    pub fn devices(&self) -> Vec<Arc<Device>> {
+        let mut out: Vec<Arc<Device>> = Vec::new();
+        for d in self.luns.values() {
+            if !out.iter().any(|o| Arc::ptr_eq(o, d)) {
+                out.push(d.clone());
+            }
+        }
+        out
+    }
 }

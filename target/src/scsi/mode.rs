@@ -14,6 +14,9 @@ pub struct ModeState {
     pub wce: bool,
     pub d_sense: bool,
     pub swp: bool,
+    /// TASK ABORTED STATUS (control mode page): tasks aborted by another I_T nexus end in
+    /// TASK ABORTED status.
+    pub tas: bool,
 }
 
 /// PAGE CONTROL field of MODE SENSE (SPC-4 6.11.1).
@@ -73,12 +76,14 @@ pub fn page_bytes(code: u8, pc: PageControl, cur: &ModeState, defaults: &ModeSta
             if changeable {
                 b[2] = 0x04;
                 b[4] = 0x08;
+                b[5] = 0x40;
             } else {
                 // GLTSD=1 (no implicit log saving), QAM=1 (unrestricted reordering),
                 // busy timeout unlimited.
                 b[2] = 0x02 | if st.d_sense { 0x04 } else { 0 };
                 b[3] = 0x10;
                 b[4] = if st.swp { 0x08 } else { 0 };
+                b[5] = if st.tas { 0x40 } else { 0 };
                 b[8] = 0xff;
                 b[9] = 0xff;
             }
@@ -267,6 +272,7 @@ pub fn mode_select(
             page::CONTROL => {
                 new.d_sense = given[2] & 0x04 != 0;
                 new.swp = given[4] & 0x08 != 0;
+                new.tas = given[5] & 0x40 != 0;
             }
             _ => {}
         }
@@ -283,6 +289,7 @@ mod tests {
         wce: true,
         d_sense: false,
         swp: false,
+        tas: false,
     };
     const GEO: Geometry = Geometry {
         num_blocks: 0x1_0000_0000,
@@ -329,7 +336,11 @@ mod tests {
     #[test]
     fn changeable_and_saved() {
         let b = mode_sense(&req(&[0x1a, 0x08, 0x4a, 0, 255, 0]), &ST, &ST, &GEO).unwrap();
-        assert_eq!(&b[4..], &[0x0a, 0x0a, 0x04, 0, 0x08, 0, 0, 0, 0, 0, 0, 0]);
+        // D_SENSE, SWP and TAS are changeable.
+        assert_eq!(
+            &b[4..],
+            &[0x0a, 0x0a, 0x04, 0, 0x08, 0x40, 0, 0, 0, 0, 0, 0]
+        );
         let e = mode_sense(&req(&[0x1a, 0, 0xc8, 0, 255, 0]), &ST, &ST, &GEO).unwrap_err();
         assert_eq!((e.asc, e.ascq), (0x39, 0));
     }
@@ -358,7 +369,11 @@ mod tests {
     #[test]
     fn parse_select_swp_and_dsense() {
         let new = mode_select(false, &control_select(0x06, 0x08), &ST, &ST, 512).unwrap();
-        assert!(new.swp && new.d_sense && new.wce);
+        assert!(new.swp && new.d_sense && new.wce && !new.tas);
+        let mut d = control_select(0x02, 0);
+        d[9] = 0x40;
+        let new = mode_select(false, &d, &ST, &ST, 512).unwrap();
+        assert!(new.tas && !new.swp);
     }
 
     #[test]

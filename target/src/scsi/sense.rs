@@ -47,6 +47,9 @@ pub mod asc {
     pub const SOFTWARE_WRITE_PROTECTED: Code = (0x27, 0x02);
     pub const POWER_ON_RESET: Code = (0x29, 0x00);
     pub const BUS_DEVICE_RESET: Code = (0x29, 0x03);
+    pub const IT_NEXUS_LOSS: Code = (0x29, 0x07);
+    pub const COMMANDS_CLEARED: Code = (0x2F, 0x00);
+    pub const INVALID_MESSAGE: Code = (0x49, 0x00);
     pub const MODE_PARAMETERS_CHANGED: Code = (0x2A, 0x01);
     pub const RESERVATIONS_PREEMPTED: Code = (0x2A, 0x03);
     pub const RESERVATIONS_RELEASED: Code = (0x2A, 0x04);

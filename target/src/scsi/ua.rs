@@ -11,6 +11,11 @@ pub enum UnitAttention {
     PowerOn,
     /// BUS DEVICE RESET FUNCTION OCCURRED (29h/03h): LOGICAL UNIT RESET (SAM-5 7.7).
     LunReset,
+    /// I_T NEXUS LOSS OCCURRED (29h/07h): I_T NEXUS RESET (SAM-5 7.8).
+    ItNexusLoss,
+    /// COMMANDS CLEARED BY ANOTHER INITIATOR (2Fh/00h): CLEAR TASK SET or a reset from
+    /// another I_T nexus aborted this nexus's tasks while TAS=0 (SAM-5 7.4).
+    CommandsCleared,
     /// NOT READY TO READY CHANGE, MEDIUM MAY HAVE CHANGED (28h/00h): a removable medium
     /// was loaded.
     MediumChanged,
@@ -33,6 +38,8 @@ impl UnitAttention {
         match self {
             UnitAttention::PowerOn => asc::POWER_ON_RESET,
             UnitAttention::LunReset => asc::BUS_DEVICE_RESET,
+            UnitAttention::ItNexusLoss => asc::IT_NEXUS_LOSS,
+            UnitAttention::CommandsCleared => asc::COMMANDS_CLEARED,
             UnitAttention::MediumChanged => asc::NOT_READY_TO_READY_CHANGE,
             UnitAttention::ModeParametersChanged => asc::MODE_PARAMETERS_CHANGED,
             UnitAttention::ReservationsPreempted => asc::RESERVATIONS_PREEMPTED,
@@ -49,7 +56,10 @@ impl UnitAttention {
 
     /// Reset-class conditions supersede everything queued before them (SAM-5 5.14).
     fn is_reset(self) -> bool {
-        matches!(self, UnitAttention::PowerOn | UnitAttention::LunReset)
+        matches!(
+            self,
+            UnitAttention::PowerOn | UnitAttention::LunReset | UnitAttention::ItNexusLoss
+        )
     }
 }
 
@@ -80,6 +90,11 @@ impl UaQueue {
 
     pub fn remove(&mut self, ua: UnitAttention) {
         self.q.retain(|&u| u != ua);
+    }
+
+    /// The condition [`UaQueue::pop`] would return, left in place.
+    pub fn peek(&self) -> Option<UnitAttention> {
+        self.q.front().copied()
     }
 
     #[cfg(test)]

@@ -13,7 +13,7 @@
 //! the receive buffer.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use rtgt_backstore::{BufPool, IoBuf};
@@ -21,7 +21,7 @@ use rtgt_transport::verbs::{
     Access, Cq, Mr, Pd, Qp, QpAttr, QpAttrMask, QpCap, QpInitAttr, QpState, QpType, RecvWr, Region,
     SendFlags, SendOp, SendWr, VerbsError, WcOpcode, WcStatus, WorkCompletion,
 };
-use tokio::sync::{oneshot, watch, Notify, Semaphore};
+use tokio::sync::{oneshot, watch, Semaphore};
 
 use super::iu::{
     logout_reason, opcode, tmf, tmf_status, Cmd, DataDesc, DirectBuf, InitiatorIu, Rsp, ShortIu,
@@ -30,7 +30,8 @@ use super::iu::{
 use super::login::ChannelParams;
 use super::mem::{region_owning, Lent};
 use super::port::{Login, Session, SessionRef, SrpPort};
-use crate::scsi::sense::{key, Sense};
+use crate::scsi::sense::{asc, key, Sense};
+use crate::scsi::task::{self, Function, Outcome, Refused, Stage, Task, TaskSet, TmResponse, Turn};
 use crate::scsi::{lun_from_bytes, Command, Status, TaskAttr, MAX_TRANSFER_BYTES};
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -84,53 +85,8 @@ pub struct ChannelStats {
     pub bytes_out: AtomicU64,
 }
 
-struct Task {
-    lun: u64,
-    aborted: AtomicBool,
-    /// Wakes a task waiting for the ones before it ([`Task::wait_turn`]) when it is aborted.
-    abort_signal: Notify,
-    done: watch::Sender<bool>,
-}
-
-impl Task {
-    async fn finished(&self) {
-        let mut rx = self.done.subscribe();
-        let _ = rx.wait_for(|d| *d).await;
-    }
-
-    fn is_done(&self) -> bool {
-        *self.done.borrow()
-    }
-
-    fn abort(&self) {
-        self.aborted.store(true, Ordering::Release);
-        self.abort_signal.notify_waiters();
-    }
-
-    /// Waits until every task of `before` has finished (SAM-5 8.9 task attributes); false
-    /// when this task is aborted meanwhile.
-    async fn wait_turn(&self, before: &[Arc<Task>]) -> bool {
-        for t in before {
-            let aborted = self.abort_signal.notified();
-            tokio::pin!(aborted);
-            aborted.as_mut().enable();
-            if self.aborted.load(Ordering::Acquire) {
-                return false;
-            }
-            tokio::select! {
-                _ = t.finished() => {}
-                _ = aborted => return false,
-            }
-        }
-        !self.aborted.load(Ordering::Acquire)
-    }
-}
-
 #[derive(Default)]
 struct Inner {
-    tasks: HashMap<u64, Arc<Task>>,
-    /// The most recent ORDERED task: later SIMPLE ones wait for it.
-    last_ordered: Option<Arc<Task>>,
     waiters: HashMap<u64, oneshot::Sender<WcStatus>>,
     /// Send-side memory regions kept until their work request completes.
     send_mrs: HashMap<u64, Mr>,
@@ -166,6 +122,8 @@ pub struct Channel {
     recv_mr: Mr,
     max_inline: u32,
     inner: Mutex<Inner>,
+    /// The channel's commands (tags are unique per channel).
+    tasks: Arc<TaskSet<Task>>,
     next_wr: AtomicU64,
     sq: Semaphore,
     pending_credits: AtomicU32,
@@ -235,6 +193,7 @@ impl Channel {
         let recv_mr = pd.reg_mr(recv_region.clone(), Access::LOCAL_WRITE)?;
         let max_inline = qp.attr().map_or(0, |(_, cap)| cap.max_inline_data);
         let session = login.session.session.clone();
+        let tasks = TaskSet::new(session.nexus.id);
         let ch = Arc::new(Channel {
             id: CHANNEL_ID.fetch_add(1, Ordering::Relaxed),
             params,
@@ -250,6 +209,7 @@ impl Channel {
             recv_mr,
             max_inline,
             inner: Mutex::new(Inner::default()),
+            tasks,
             next_wr: AtomicU64::new(SEND_WR_BASE),
             sq: Semaphore::new(SEND_DEPTH as usize),
             pending_credits: AtomicU32::new(0),
@@ -315,16 +275,12 @@ impl Channel {
 
     /// Commands in flight.
     pub fn outstanding(&self) -> usize {
-        lock(&self.inner).tasks.len()
+        self.tasks.len()
     }
 
     /// Commands marked aborted that have not finished yet.
     pub fn aborting(&self) -> usize {
-        lock(&self.inner)
-            .tasks
-            .values()
-            .filter(|t| t.aborted.load(Ordering::Acquire))
-            .count()
+        self.tasks.all().iter().filter(|t| t.is_aborted()).count()
     }
 
     /// Sends SRP_T_LOGOUT and closes the channel.
@@ -414,16 +370,13 @@ impl Channel {
             },
             QpAttrMask::STATE,
         );
-        let tasks: Vec<Arc<Task>> = {
+        {
             let mut g = lock(&self.inner);
             g.closed = true;
             g.waiters.clear();
-            g.tasks.values().cloned().collect()
-        };
-        self.sq.close();
-        for t in &tasks {
-            t.abort();
         }
+        self.sq.close();
+        let tasks = self.tasks.abort_all();
         if !tasks.is_empty() {
             for dev in self.session.luns.current().map.luns.values() {
                 dev.abort_task_set(Some(&self.session.nexus));
@@ -449,49 +402,21 @@ impl Channel {
         match InitiatorIu::parse(&iu) {
             Ok(InitiatorIu::Cmd(cmd)) => {
                 self.stats.commands.fetch_add(1, Ordering::Relaxed);
-                let task = Arc::new(Task {
-                    lun: lun_from_bytes(&cmd.lun),
-                    aborted: AtomicBool::new(false),
-                    abort_signal: Notify::new(),
-                    done: watch::channel(false).0,
-                });
-                let attr = task_attr(cmd.task_attr);
-                let before = {
-                    let mut g = lock(&self.inner);
-                    if g.tasks.contains_key(&cmd.tag) {
-                        None
-                    } else {
-                        // SAM-5 8.9: an ORDERED task waits for every task before it, a
-                        // SIMPLE one for the last ORDERED one; HEAD OF QUEUE waits for none.
-                        let before: Vec<Arc<Task>> = match attr {
-                            TaskAttr::Ordered => g.tasks.values().cloned().collect(),
-                            TaskAttr::HeadOfQueue => Vec::new(),
-                            TaskAttr::Simple | TaskAttr::Aca => g
-                                .last_ordered
-                                .iter()
-                                .filter(|t| !t.is_done())
-                                .cloned()
-                                .collect(),
-                        };
-                        if attr == TaskAttr::Ordered {
-                            g.last_ordered = Some(task.clone());
-                        }
-                        g.tasks.insert(cmd.tag, task.clone());
-                        Some(before)
-                    }
-                };
+                let lun = lun_from_bytes(&cmd.lun);
+                let dev = self.session.luns.current().map.luns.get(&lun).cloned();
+                let task = Arc::new(Task::new(cmd.tag, lun, task_attr(cmd.task_attr), dev));
                 let ch = self.clone();
-                match before {
-                    None => {
-                        let sense = Sense::new(key::ABORTED_COMMAND, OVERLAPPED_COMMANDS);
-                        tokio::spawn(
-                            async move { ch.respond_check(slot, cmd.tag, &sense, None).await },
-                        );
+                let sense = match self.tasks.admit(&task) {
+                    Ok(turn) => {
+                        tokio::spawn(async move { ch.run_cmd(slot, iu, cmd, task, turn).await });
+                        return;
                     }
-                    Some(before) => {
-                        tokio::spawn(async move { ch.run_cmd(slot, iu, cmd, task, before).await });
+                    Err(Refused::Overlapped) => {
+                        Sense::new(key::ABORTED_COMMAND, OVERLAPPED_COMMANDS)
                     }
-                }
+                    Err(Refused::NoAca) => Sense::new(key::ILLEGAL_REQUEST, asc::INVALID_MESSAGE),
+                };
+                tokio::spawn(async move { ch.respond_check(slot, cmd.tag, &sense, None).await });
             }
             Ok(InitiatorIu::TskMgmt(t)) => {
                 self.stats.task_mgmt.fetch_add(1, Ordering::Relaxed);
@@ -623,7 +548,15 @@ impl Channel {
     ) -> Result<(), Failed> {
         // The initiator may reuse the tag as soon as it sees the response.
         if let Some(t) = retire {
-            self.retire(rsp.tag, t);
+            match self.tasks.retire(t) {
+                Outcome::Respond => {}
+                Outcome::TaskAborted => rsp = Self::task_aborted(rsp.tag),
+                Outcome::Drop => {
+                    self.repost(slot)?;
+                    self.pending_credits.fetch_add(1, Ordering::AcqRel);
+                    return Self::wait_all(before).await;
+                }
+            }
         }
         self.repost(slot)?;
         rsp.req_lim_delta = 1 + self.pending_credits.swap(0, Ordering::AcqRel);
@@ -652,11 +585,12 @@ impl Channel {
         let _ = self.respond(slot, rsp, Vec::new(), retire).await;
     }
 
-    /// Takes `task` out of the task table (if it is still the one under `tag`).
-    fn retire(&self, tag: u64, task: &Arc<Task>) {
-        let mut g = lock(&self.inner);
-        if g.tasks.get(&tag).is_some_and(|t| Arc::ptr_eq(t, task)) {
-            g.tasks.remove(&tag);
+    /// TASK ABORTED status for a task another I_T nexus aborted while TAS=1.
+    fn task_aborted(tag: u64) -> Rsp {
+        Rsp {
+            tag,
+            status: Status::TaskAborted as u8,
+            ..Rsp::default()
         }
     }
 
@@ -675,20 +609,26 @@ impl Channel {
         iu: Vec<u8>,
         cmd: Cmd,
         task: Arc<Task>,
-        before: Vec<Arc<Task>>,
+        turn: Turn,
     ) {
-        let r = if task.wait_turn(&before).await {
+        let r = if task.wait_turn(turn).await {
             self.exec_cmd(slot, &iu, &cmd, &task).await
         } else {
             Ok(false)
         };
         if let Ok(false) = r {
-            // Aborted: no response; the credit goes back with the next one.
-            let _ = self.repost(slot);
-            self.pending_credits.fetch_add(1, Ordering::AcqRel);
+            if self.tasks.retire(&task) == Outcome::TaskAborted {
+                let _ = self
+                    .respond(slot, Self::task_aborted(cmd.tag), Vec::new(), None)
+                    .await;
+            } else {
+                // Aborted: no response; the credit goes back with the next one.
+                let _ = self.repost(slot);
+                self.pending_credits.fetch_add(1, Ordering::AcqRel);
+            }
         }
-        self.retire(cmd.tag, &task);
-        task.done.send_replace(true);
+        self.tasks.retire(&task);
+        task.set_done();
     }
 
     /// Resolves the descriptors of one direction to the list of remote buffers covering `len`
@@ -810,7 +750,10 @@ impl Channel {
                     self.respond_check(slot, cmd.tag, &sense, Some(task)).await;
                     return Ok(true);
                 }
-                Ok(list) if out_len > 0 => Some(self.read_data_out(&list, out_len).await?),
+                Ok(list) if out_len > 0 => {
+                    task.set_stage(Stage::DataOut);
+                    Some(self.read_data_out(&list, out_len).await?)
+                }
                 Ok(_) => None,
             },
         };
@@ -821,9 +764,10 @@ impl Channel {
             }
             Ok(l) => l,
         };
-        if task.aborted.load(Ordering::Acquire) {
+        if task.is_aborted() {
             return Ok(false);
         }
+        task.set_stage(Stage::Executing);
         let s = &self.session;
         let received = data_out.as_ref().map_or(0, |b| b.len() as u64);
         self.stats.bytes_in.fetch_add(received, Ordering::Relaxed);
@@ -835,9 +779,10 @@ impl Channel {
             tag: cmd.tag,
         };
         let resp = s.luns.execute(&s.nexus, task.lun, command).await;
-        if task.aborted.load(Ordering::Acquire) {
+        if task.is_aborted() {
             return Ok(false);
         }
+        task.set_stage(Stage::DataIn);
         let mut rsp = Rsp {
             tag: cmd.tag,
             status: resp.status as u8,
@@ -920,78 +865,26 @@ impl Channel {
         self.respond_tmf(slot, t.tag, status).await;
     }
 
-    /// Tasks matching `pred` on the channels of `sessions`, marked aborted.
-    fn abort_where(channels: &[Arc<Channel>], pred: impl Fn(u64, &Task) -> bool) -> Vec<Arc<Task>> {
-        let mut out = Vec::new();
-        for ch in channels {
-            let g = lock(&ch.inner);
-            for (tag, t) in g.tasks.iter() {
-                if pred(*tag, t) {
-                    t.abort();
-                    out.push(t.clone());
-                }
-            }
-        }
-        out
-    }
-
     async fn exec_tmf(self: &Arc<Self>, t: &TskMgmt) -> u8 {
-        let lun = lun_from_bytes(&t.lun);
-        let s = &self.session;
-        let dev = s.luns.current().map.luns.get(&lun).cloned();
-        let me = [self.clone()];
-        let waits = match t.function {
-            tmf::ABORT_TASK => {
-                let w = Self::abort_where(&me, |tag, _| tag == t.task_tag);
-                if let Some(d) = &dev {
-                    d.abort_task(&s.nexus, t.task_tag);
-                }
-                w
-            }
-            tmf::ABORT_TASK_SET => {
-                let w = Self::abort_where(&s.channels(), |_, task| task.lun == lun);
-                if let Some(d) = &dev {
-                    d.abort_task_set(Some(&s.nexus));
-                }
-                w
-            }
-            tmf::CLEAR_TASK_SET | tmf::LUN_RESET => {
-                let Some(d) = &dev else {
-                    return tmf_status::FAILED;
-                };
-                let all = self.port_channels();
-                let w = Self::abort_where(&all, |_, task| task.lun == lun);
-                d.abort_task_set(None);
-                if t.function == tmf::LUN_RESET {
-                    for task in &w {
-                        task.finished().await;
-                    }
-                    d.lun_reset(&s.nexus);
-                }
-                w
-            }
-            tmf::CLEAR_ACA => return tmf_status::NOT_SUPPORTED,
+        let f = match t.function {
+            tmf::ABORT_TASK => Function::AbortTask(t.task_tag),
+            tmf::ABORT_TASK_SET => Function::AbortTaskSet,
+            tmf::CLEAR_TASK_SET => Function::ClearTaskSet,
+            tmf::LUN_RESET => Function::LogicalUnitReset,
+            tmf::CLEAR_ACA => Function::ClearAca,
             _ => return tmf_status::NOT_SUPPORTED,
         };
-        for task in &waits {
-            task.finished().await;
+        let s = &self.session;
+        let luns = s.luns.current();
+        let lun = lun_from_bytes(&t.lun);
+        // SRP has no target reset: the logical units of the port are never asked for.
+        match task::manage(&self.tasks, &s.nexus, &luns.map, lun, f, Vec::new).await {
+            // ABORT TASK of a task not in the task set is complete (SAM-5 7.2).
+            TmResponse::Complete | TmResponse::NoSuchTask | TmResponse::Succeeded(_) => {
+                tmf_status::COMPLETE
+            }
+            TmResponse::IncorrectLun => tmf_status::FAILED,
+            TmResponse::Rejected => tmf_status::NOT_SUPPORTED,
         }
-        tracing::info!(
-            channel = self.id,
-            function = t.function,
-            lun,
-            aborted = waits.len(),
-            "SRP task management function complete"
-        );
-        tmf_status::COMPLETE
-    }
-
-    /// Every channel of every session of this channel's target port.
-    fn port_channels(&self) -> Vec<Arc<Channel>> {
-        lock(&self.session_ref)
-            .as_ref()
-            .and_then(|r| r.port())
-            .map(|p| p.channels())
-            .unwrap_or_else(|| self.session.channels())
     }
 }
