@@ -135,7 +135,7 @@ fn every_roce_packet_decodes_like_wireshark() {
             d.roce.len()
         );
     }
-    // The opcode census of captures/README.md, as Wireshark counts it.
+    // The opcode census of tests/fixtures/README.md, as Wireshark counts it.
     let expected = [
         (Opcode::RcSendFirst, 4),
         (Opcode::RcSendMiddle, 28),
@@ -181,7 +181,7 @@ fn every_roce_datagram_round_trips() {
     }
 }
 
-/// What PROTOCOLS.md §1-§3 and §8 say about rxe on the wire, checked packet by packet.
+/// What docs/WIRE.md §1-§3 and §8 say about rxe on the wire, checked packet by packet.
 #[test]
 fn rxe_behaviour_in_capture() {
     let pcap = load_capture();
@@ -339,12 +339,12 @@ fn cm_mads_decode_like_wireshark_and_round_trip() {
                 assert_eq!(req.alternate_path, cm::path::Repr::default());
                 assert_eq!(req.vendor_id, 0);
 
-                // PROTOCOLS.md §4: the GIDs are the IPv4-mapped addresses of the IP header.
+                // docs/WIRE.md §4: the GIDs are the IPv4-mapped addresses of the IP header.
                 let ip = d.ip_repr().unwrap();
                 assert_eq!(cma::ip_from_gid(path.local_gid), ip.src_addr());
                 assert_eq!(cma::ip_from_gid(path.remote_gid), ip.dst_addr());
 
-                // §5: cma_hdr at the start of the private data.
+                // docs/WIRE.md §5: cma_hdr at the start of the private data.
                 let hdr =
                     cma::Repr::parse(&cma::Packet::new_checked(&req.private_data[..]).unwrap())
                         .unwrap();

@@ -689,8 +689,8 @@ impl TargetNegotiator {
                 }
             }
             "TargetRecvDataSegmentLength" | "InitiatorRecvDataSegmentLength" => {
-                // LIO and ib_isert answer the minimum of both (PROTOCOLS.md §6). What the
-                // target receives is also bounded by its iSER receive buffers.
+                // Result function Minimum (RFC 7145 §6; LIO answers so, docs/WIRE.md §6).
+                // What the target receives is also bounded by its iSER receive buffers.
                 let mut ours = self
                     .ours
                     .max_recv_data_segment_length

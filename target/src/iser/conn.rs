@@ -1,4 +1,4 @@
-//! The iSER connection driver (RFC 7145; ib_iser's behaviour in PROTOCOLS.md §6): login over
+//! The iSER connection driver (RFC 7145; ib_iser's behaviour in docs/WIRE.md §6): login over
 //! the RC QP, then full feature phase for [`Conn`] with data moved by RDMA.
 //!
 //! Every PDU is one SEND carrying the iSER header, the BHS and the data segment. Receives land
@@ -609,7 +609,8 @@ impl ConnDriver for IserDriver {
     }
 
     /// RDMA READ of the rest of the write (RFC 7145 §7.3.6): from Write STag/VA, whose VA
-    /// already points past the unsolicited data (PROTOCOLS.md §6), into the task's buffer.
+    /// already points past the unsolicited data (as ib_iser sets it, docs/WIRE.md §6), into
+    /// the task's buffer.
     async fn solicit(&self, _session: &Session, task: &Arc<Task>) -> Result<(), IscsiError> {
         let Some(from) = self.stags().get(&task.itt).and_then(|s| s.write) else {
             tracing::warn!(itt = task.itt, peer = %self.link.peer, "write needs data but carries no Write STag");

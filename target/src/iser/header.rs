@@ -1,4 +1,4 @@
-//! iSER wire formats (RFC 7145 §9; Linux `include/scsi/iser.h`, PROTOCOLS.md §6).
+//! iSER wire formats (RFC 7145 §9; Linux `include/scsi/iser.h`; docs/WIRE.md §6).
 //!
 //! * [`Packet`] / [`Repr`]: the 28-byte iSER header in front of every iSCSI control PDU
 //!   (`struct iser_ctrl`), and the iSER Hello / HelloReply messages, which share its first
@@ -373,7 +373,7 @@ pub const CM_ZBVA_NOT_SUP: u8 = 0x80;
 /// Send with invalidate is not to be used on this connection.
 pub const CM_SEND_W_INV_NOT_SUP: u8 = 0x40;
 
-/// The iSER CM header in REQ and REP private data (PROTOCOLS.md §6).
+/// The iSER CM header in REQ and REP private data (IBA Annex A12; docs/WIRE.md §6).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct CmHeader {
     pub zbva_not_supported: bool,

@@ -1,7 +1,8 @@
 //! The iSER listener: connect requests from the CM (RDMA_PS_TCP, the same ip:port as the TCP
-//! portals), answered as ib_isert does (PROTOCOLS.md §6 and the LIO capture: REP private data
-//! 0x80 | 0x40 when the initiator ruled out send with invalidate, initiator depth up to the
-//! REQ's responder resources, responder resources 0, retry 7, RNR retry 7), each served by
+//! portals), answered as ib_isert does (docs/WIRE.md §6, and its REPs in
+//! `transport/tests/fixtures/lio-iser-srp.pcap`: REP private data 0x80 | 0x40 when the
+//! initiator ruled out send with invalidate, initiator depth up to the REQ's responder
+//! resources, responder resources 0, retry 7, RNR retry 7), each served by
 //! [`super::conn::serve_until`] on a QP sized from the portal group's queue depth.
 
 use std::net::SocketAddr;

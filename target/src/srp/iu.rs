@@ -960,7 +960,8 @@ mod tests {
     use super::*;
 
     /// The login_req_rdma private data Linux ib_srp sent to ib_srpt in the lab capture
-    /// (REQ frame 700 of captures/lio-iser-srp.pcap, after the 36-byte cma header).
+    /// (REQ frame 700 of `transport/tests/fixtures/lio-iser-srp.pcap`, after the 36-byte cma
+    /// header).
     const LINUX_LOGIN_RDMA: &str =
         "000000000000000000068000000020440000000000000000505400fffe123403\
                                     505400fffe123402505400fffe1234020044000000000000";

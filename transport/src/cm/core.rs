@@ -1,5 +1,5 @@
 //! The connection table and its state machine (IBA 12.9; Linux `drivers/infiniband/core/cm.c`
-//! and the rdma_cm rules of `cma.c`, PROTOCOLS.md §4–5).
+//! and the rdma_cm rules of `cma.c`, docs/WIRE.md §4–§5).
 //!
 //! Pure logic over the table: MADs in ([`Core::on_mad`]), the clock ([`Core::tick`]) and the
 //! consumers' calls; MADs out into a bounded queue that the caller sends through QP1. QPs are
@@ -1032,7 +1032,7 @@ impl Core {
         let req = *c.req;
         let (local, peer, tid) = (c.local, c.peer, c.tid);
         let attr = self.dev.attr().clone();
-        // PROTOCOLS.md §4: our initiator depth is bounded by the peer's responder resources;
+        // Our initiator depth is bounded by the peer's responder resources (docs/WIRE.md §4);
         // like ib_srpt we offer responder resources up to the device's limit.
         let initiator_depth = p
             .initiator_depth

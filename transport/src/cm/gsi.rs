@@ -1,5 +1,5 @@
 //! QP1, the General Services Interface: 256-byte MADs as UD SEND ONLY datagrams with Q_Key
-//! 0x80010000 (PROTOCOLS.md §4). Receives land in a ring of buffers behind a 40-byte GRH area
+//! 0x80010000 (docs/WIRE.md §4). Receives land in a ring of buffers behind a 40-byte GRH area
 //! that holds the IP header (for IPv4 in its last 20 bytes), from which the source and
 //! destination addresses of each MAD are read; sends are inline and unsignaled, so the send
 //! queue recycles itself and a full one drops the MAD (the CM retransmits on its timers).

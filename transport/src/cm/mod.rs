@@ -1,5 +1,5 @@
-//! The connection manager: the IB CM over QP1 with rdma_cm addressing (IBA 12; PROTOCOLS.md
-//! §4–5), as Linux initiators (ib_iser, ib_srp, rping) expect it of a RoCEv2 peer.
+//! The connection manager: the IB CM over QP1 with rdma_cm addressing (IBA 12; docs/WIRE.md
+//! §4–§5), as Linux initiators (ib_iser, ib_srp, rping) expect it of a RoCEv2 peer.
 //!
 //! One [`Cm`] per [`Device`] owns QP1. Consumers own their PD, CQ and RC QP (created in
 //! RESET, or moved to INIT with [`prepare_qp`] to post receives first) and hand the QP to

@@ -1,6 +1,6 @@
 //! RoCEv2 over a kernel UDP socket bound to one local address on port 4791.
 //!
-//! # What a UDP socket can and cannot do (DESIGN.md "Packet I/O facts", PROTOCOLS.md §8)
+//! # What a UDP socket can and cannot do (docs/WIRE.md §2 and §8)
 //!
 //! * Transmit: the socket is unconnected and has `IP_PMTUDISC_DO`, so Linux sends DF with
 //!   IP ID 0 — the IPv4 header is then known in advance and the ICRC (which covers the ID,

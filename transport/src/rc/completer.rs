@@ -70,7 +70,8 @@ pub(crate) fn on_response(
         payload: pkt.payload(),
         atomic_orig: pkt.atomic_ack_eth().map(|a| a.orig()),
     };
-    // First, last and only READ responses carry an ACK-type AETH (PROTOCOLS.md §3).
+    // First, last and only READ responses carry an ACK-type AETH (IBA 9.2.1 Table 38, rxe
+    // `rxe_comp.c`; docs/WIRE.md §3).
     if r.operation == Operation::RdmaReadResponse
         && r.position != Position::Middle
         && !matches!(r.syndrome, Some(Syndrome::Ack { .. }))

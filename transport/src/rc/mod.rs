@@ -73,7 +73,7 @@ pub(crate) fn emit_to(
             payload_len: 0,
             ttl: av.hop_limit,
             tos: av.traffic_class,
-            // Linux gives an unconnected DF socket's packets ID 0 (DESIGN.md "Packet I/O").
+            // Linux gives an unconnected DF socket's packets ID 0 (docs/WIRE.md §8).
             ident: 0,
             dont_frag: true,
         }),

@@ -289,7 +289,7 @@ impl fmt::Display for Repr {
 mod tests {
     use super::*;
 
-    // RC SEND_ONLY to QP 0x11, AckReq, PSN 0x123456 (the PROTOCOLS.md §2 test vector's BTH).
+    // RC SEND_ONLY to QP 0x11, AckReq, PSN 0x123456 (the docs/WIRE.md §2 test vector's BTH).
     static BYTES: [u8; 12] = [
         0x04, 0x00, 0xff, 0xff, 0x00, 0x00, 0x00, 0x11, 0x80, 0x12, 0x34, 0x56,
     ];

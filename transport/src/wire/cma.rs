@@ -1,6 +1,6 @@
-//! rdma_cm on top of the IB CM (`drivers/infiniband/core/cma.c`, PROTOCOLS.md §5): the 36-byte
-//! header at the start of REQ private data (`struct cma_hdr`), service IDs for the IP port
-//! spaces, and the IP ↔ GID mapping RoCE uses in path records.
+//! rdma_cm on top of the IB CM (`drivers/infiniband/core/cma.c`, IBA Annex A11; docs/WIRE.md
+//! §5): the 36-byte header at the start of REQ private data (`struct cma_hdr`), service IDs for
+//! the IP port spaces, and the IP ↔ GID mapping RoCE uses in path records.
 //!
 //! ```text
 //! 0 cma_version (0) | 1 IP version in the high nibble (4 or 6) | 2-3 source port

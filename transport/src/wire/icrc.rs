@@ -1,5 +1,5 @@
 //! The RoCEv2 invariant CRC (IBA Annex A17.3.3), computed exactly as Linux rxe does
-//! (`rxe_icrc.c`: `rxe_icrc_hdr`, `rxe_icrc_generate`, `rxe_icrc_check`; PROTOCOLS.md §2).
+//! (`rxe_icrc.c`: `rxe_icrc_hdr`, `rxe_icrc_generate`, `rxe_icrc_check`; docs/WIRE.md §2).
 //!
 //! The CRC is plain CRC-32/IEEE (reflected polynomial 0xEDB88320, the kernel's `crc32_le`; not
 //! CRC32C) over:
@@ -148,8 +148,8 @@ mod tests {
             .collect()
     }
 
-    /// PROTOCOLS.md §2: IPv4 192.168.1.1 → 192.168.1.2, ID 0x1234, DF, TTL 64, UDP
-    /// 0xC123 → 4791, checksum 0, RC SEND_ONLY to QP 0x11 with AckReq, PSN 0x123456,
+    /// The docs/WIRE.md §2 test vector: IPv4 192.168.1.1 → 192.168.1.2, ID 0x1234, DF, TTL
+    /// 64, UDP 0xC123 → 4791, checksum 0, RC SEND_ONLY to QP 0x11 with AckReq, PSN 0x123456,
     /// payload 00..0f.
     const V4_FRAME: &str = "4500003c123440004011a529c0a80101c0a80102c12312b700280000\
                             0400ffff0000001180123456 000102030405060708090a0b0c0d0e0f e0941ecc";

@@ -320,7 +320,7 @@ impl fmt::Display for Repr {
 mod tests {
     use super::*;
 
-    // The IPv4 header of the PROTOCOLS.md §2 test vector (40-byte UDP payload).
+    // The IPv4 header of the docs/WIRE.md §2 test vector (40-byte UDP payload).
     static BYTES: [u8; 20] = [
         0x45, 0x00, 0x00, 0x3c, 0x12, 0x34, 0x40, 0x00, 0x40, 0x11, 0xa5, 0x29, 0xc0, 0xa8, 0x01,
         0x01, 0xc0, 0xa8, 0x01, 0x02,

@@ -1,5 +1,5 @@
 //! IB communication management messages (IBA 12.6, 12.8, 12.11; Linux
-//! `include/rdma/ibta_vol1_c12.h`, `drivers/infiniband/core/cm_msgs.h`, PROTOCOLS.md §4).
+//! `include/rdma/ibta_vol1_c12.h`, `drivers/infiniband/core/cm_msgs.h`; docs/WIRE.md §4).
 //!
 //! CM messages are MADs of class 0x07, class version 2, method Send, carried as UD SEND ONLY
 //! packets between QP1s with Q_Key 0x80010000. Each message module has a view over the 232-byte

@@ -1,5 +1,5 @@
 //! REP, reply to request for communication (IBA 12.6.8 Table 110; `ibta_vol1_c12.h`
-//! `CM_REP_*`, PROTOCOLS.md §4).
+//! `CM_REP_*`; docs/WIRE.md §4).
 //!
 //! ```text
 //! 0-3 local comm ID | 4-7 remote comm ID | 8-11 local Q_Key

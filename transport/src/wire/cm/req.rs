@@ -1,5 +1,5 @@
 //! REQ, request for communication (IBA 12.6.5 Table 106; `include/rdma/ibta_vol1_c12.h`
-//! `CM_REQ_*`, PROTOCOLS.md §4). Offsets are within the CM payload, after the MAD header.
+//! `CM_REQ_*`; docs/WIRE.md §4). Offsets are within the CM payload, after the MAD header.
 //!
 //! ```text
 //! 0-3 local comm ID | 5-7 ECE vendor ID | 8-15 service ID | 16-23 local CA GUID
