@@ -21,6 +21,7 @@ use crate::scsi::sense;
 use crate::scsi::task::{Outcome, Refused, Stage, Turn};
 use crate::scsi::{Command, FileRange, Status, TaskAttr};
 
+pub use super::pdu::RxPdu;
 use super::pdu::{
     self, reject_reason, Ahs, Bhs, BhsRepr, DataOut, LogoutRequest, LogoutResponse, NopIn, NopOut,
     Opcode, ScsiCommand, ScsiResponse, TaskMgmtRequest, TaskMgmtResponse, TextRequest,
@@ -37,22 +38,6 @@ pub const FILE_RANGE_MIN: u32 = 64 << 10;
 pub const MAX_COMMAND_BYTES: u32 = 64 << 20;
 /// Bound on a Text request collected over continuation PDUs.
 const MAX_TEXT_BYTES: usize = 64 * 1024;
-
-/// A PDU as a driver received it, digests already checked.
-#[derive(Debug, Clone)]
-pub struct RxPdu {
-    pub bhs: [u8; BHS_LEN],
-    pub ahs: Vec<u8>,
-    pub data: Bytes,
-    /// False when the data digest did not match (the header digest is fatal).
-    pub data_digest_ok: bool,
-}
-
-impl RxPdu {
-    pub fn header(&self) -> Bhs<&[u8]> {
-        Bhs::new_unchecked(&self.bhs[..])
-    }
-}
 
 /// How the driver fills StatSN when it transmits a PDU (RFC 7143 §4.2.2.2).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

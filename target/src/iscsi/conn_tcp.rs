@@ -37,8 +37,8 @@ use super::params::TransportKind;
 use super::pdu::{
     self, digest, pad4, Bhs, BhsRepr, DataIn, LoginResponse, Opcode, R2t, BHS_LEN, RESERVED_TAG,
 };
-use super::server::ServerShared;
 use super::session::{R2tState, Session, Task};
+use super::shared::ServerShared;
 use super::IscsiError;
 use crate::scsi::FileRange;
 

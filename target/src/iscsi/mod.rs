@@ -21,6 +21,7 @@ pub mod params;
 pub mod pdu;
 pub mod server;
 pub mod session;
+pub mod shared;
 pub mod text;
 
 #[cfg(test)]

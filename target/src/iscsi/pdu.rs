@@ -7,6 +7,8 @@
 //! `emit` writes every byte of the BHS (reserved bytes as zero) except TotalAHSLength, which
 //! the framing layer sets.
 
+use bytes::Bytes;
+
 use super::WireError;
 
 /// Length of the Basic Header Segment (RFC 7143 §11.2.1).
@@ -1444,6 +1446,22 @@ pub fn digest(parts: &[&[u8]]) -> u32 {
         c = crc32c::crc32c_append(c, p);
     }
     c
+}
+
+/// A PDU as a driver received it, digests already checked.
+#[derive(Debug, Clone)]
+pub struct RxPdu {
+    pub bhs: [u8; BHS_LEN],
+    pub ahs: Vec<u8>,
+    pub data: Bytes,
+    /// False when the data digest did not match (the header digest is fatal).
+    pub data_digest_ok: bool,
+}
+
+impl RxPdu {
+    pub fn header(&self) -> Bhs<&[u8]> {
+        Bhs::new_unchecked(&self.bhs[..])
+    }
 }
 
 #[cfg(test)]

@@ -54,7 +54,7 @@ pub struct Window {
     depth: u32,
     outstanding: u32,
     /// Commands that arrived ahead of ExpCmdSN, by CmdSN.
-    held: BTreeMap<u32, super::conn::RxPdu>,
+    held: BTreeMap<u32, super::pdu::RxPdu>,
     /// CmdSNs an ABORT TASK declared received before they arrived (§11.5.1).
     skipped: Vec<u32>,
 }
@@ -105,12 +105,12 @@ impl Window {
         self.outstanding
     }
 
-    pub fn hold(&mut self, cmd_sn: u32, pdu: super::conn::RxPdu) {
+    pub fn hold(&mut self, cmd_sn: u32, pdu: super::pdu::RxPdu) {
         self.held.insert(cmd_sn, pdu);
     }
 
     /// The held command that is now in order, if any.
-    pub fn take_next(&mut self) -> Option<super::conn::RxPdu> {
+    pub fn take_next(&mut self) -> Option<super::pdu::RxPdu> {
         loop {
             if let Some(i) = self.skipped.iter().position(|s| *s == self.exp_cmd_sn) {
                 self.skipped.swap_remove(i);

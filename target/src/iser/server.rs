@@ -21,7 +21,7 @@ use super::header::CmHeader;
 use super::mem::PoolMrs;
 use crate::iscsi::login::LOGIN_MAX_DATA;
 use crate::iscsi::params::ISER_MAX_RECV_DATA;
-use crate::iscsi::server::ServerShared;
+use crate::iscsi::shared::ServerShared;
 
 /// The most RDMA READs one connection keeps in flight (rxe's max_qp_rd_atom).
 pub const MAX_READ_DEPTH: u8 = 128;

@@ -19,7 +19,7 @@ use crate::core::{Auth, ChapCredentials, IscsiParams, PortalGroup, Registry, Tar
 use crate::iscsi::initiator::{LoginConfig, Session, SubmitOptions};
 use crate::iscsi::login::status;
 use crate::iscsi::pdu::{tmf, BhsRepr, LoginRequest};
-use crate::iscsi::server::ServerShared;
+use crate::iscsi::shared::ServerShared;
 use crate::iscsi::text::TextPairs;
 use crate::iscsi::{IscsiError, IscsiServer};
 use crate::scsi::{Device, DeviceConfig, LunMap};
