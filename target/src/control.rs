@@ -24,8 +24,8 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tracing::{error, info, warn};
 
+use crate::build::{build_target, error_chain, open_device, DaemonError};
 use crate::core::Registry;
-use crate::daemon::{build_target, error_chain, open_device, DaemonError};
 use crate::iscsi::{IscsiServer, SessionType};
 use crate::iser::IserServer;
 use crate::scsi::{Device, DeviceRegistry};
@@ -634,7 +634,7 @@ impl DaemonControl {
         }
         if new.discovery != old.discovery {
             self.registry
-                .set_discovery_auth(crate::daemon::auth(&new.discovery.auth));
+                .set_discovery_auth(crate::build::auth(&new.discovery.auth));
             report.push("changed", "discovery", "discovery");
         }
         self.update_sessions(&mut report);
@@ -865,6 +865,12 @@ pub enum ApiStartError {
     },
     #[error("API TLS: {0}")]
     Tls(String),
+}
+
+impl From<ApiStartError> for DaemonError {
+    fn from(e: ApiStartError) -> DaemonError {
+        DaemonError::Api(Box::new(e))
+    }
 }
 
 /// `f` if absolute, else `f` (or `default`) in the state directory.

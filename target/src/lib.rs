@@ -3,6 +3,7 @@
 //! Dependency direction: [`scsi`] (no fabric knowledge) ← [`core`] (targets, portal groups,
 //! LUN maps, ACLs, sessions) ← fabrics ([`iscsi`], [`iser`], [`srp`]) ← the `rtgtd` daemon.
 
+pub mod build;
 pub mod control;
 pub mod core;
 pub mod daemon;

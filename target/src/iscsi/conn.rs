@@ -874,10 +874,7 @@ impl Conn {
     async fn retire(&self, task: &Arc<Task>) -> Result<bool, IscsiError> {
         let s = &self.session;
         match s.retire_task(task) {
-            Outcome::Respond => {
-                task.core.set_stage(Stage::DataIn);
-                Ok(true)
-            }
+            Outcome::Respond => Ok(true),
             Outcome::Drop => Ok(false),
             Outcome::TaskAborted => {
                 let done = Completion {
