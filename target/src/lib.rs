@@ -11,3 +11,6 @@ pub mod iser;
 pub mod scsi;
 pub mod sdnotify;
 pub mod srp;
+
+#[cfg(test)]
+mod tmf_tests;

@@ -24,7 +24,7 @@ pub mod session;
 pub mod text;
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
 pub use params::{SessionParams, SessionType, TransportKind};
 pub use server::IscsiServer;
