@@ -12,3 +12,6 @@ pub mod iser;
 pub mod scsi;
 pub mod sdnotify;
 pub mod srp;
+
+#[cfg(test)]
+mod tmf_tests;

@@ -25,7 +25,7 @@ pub mod shared;
 pub mod text;
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
 pub use params::{SessionParams, SessionType, TransportKind};
 pub use server::IscsiServer;

@@ -16,12 +16,12 @@ use super::initiator::{discover, LoginConfig, Session, SubmitOptions};
 use super::pdu::{self, tmf, Bhs, BhsRepr, NopOut, ScsiCommand, RESERVED_TAG};
 use super::{IscsiError, IscsiServer};
 
-const TARGET: &str = "iqn.2025-01.io.rtgt:loop";
+pub(crate) const TARGET: &str = "iqn.2025-01.io.rtgt:loop";
 const BLOCK: usize = 512;
 
-struct Lab {
-    addr: SocketAddr,
-    server: IscsiServer,
+pub(crate) struct Lab {
+    pub(crate) addr: SocketAddr,
+    pub(crate) server: IscsiServer,
     registry: Arc<Registry>,
     serving: tokio::task::JoinHandle<()>,
 }
@@ -42,7 +42,7 @@ async fn lab_with(params: IscsiParams, auth: Auth, any: bool, acls: HashMap<Stri
 }
 
 /// A target whose LUN 0 is `dev`.
-async fn lab_on(
+pub(crate) async fn lab_on(
     params: IscsiParams,
     auth: Auth,
     any: bool,
@@ -94,14 +94,14 @@ async fn lab() -> Lab {
     .await
 }
 
-fn cfg() -> LoginConfig {
+pub(crate) fn cfg() -> LoginConfig {
     LoginConfig {
         target_name: Some(TARGET.into()),
         ..LoginConfig::default()
     }
 }
 
-fn rw10(op: u8, lba: u32, blocks: u16) -> [u8; 10] {
+pub(crate) fn rw10(op: u8, lba: u32, blocks: u16) -> [u8; 10] {
     let mut c = [0u8; 10];
     c[0] = op;
     c[2..6].copy_from_slice(&lba.to_be_bytes());
@@ -799,7 +799,7 @@ impl RawConn {
 }
 
 /// Logs in and consumes the power-on unit attention.
-async fn connect(addr: SocketAddr, c: LoginConfig) -> Session {
+pub(crate) async fn connect(addr: SocketAddr, c: LoginConfig) -> Session {
     let s = Session::connect(addr, c).await.unwrap();
     for _ in 0..4 {
         if s.command(0, &[0u8; 6], None, 0).await.unwrap().is_good() {

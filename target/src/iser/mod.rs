@@ -15,4 +15,4 @@ pub use mem::PoolMrs;
 pub use server::IserServer;
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

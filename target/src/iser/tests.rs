@@ -36,11 +36,11 @@ fn ip(last: u8) -> IpAddr {
     IpAddr::V4(Ipv4Addr::new(10, 0, 0, last))
 }
 
-struct Fab {
+pub(crate) struct Fab {
     target_hca: Hca,
     target_pd: Pd,
     init_pd: Pd,
-    shared: Arc<ServerShared>,
+    pub(crate) shared: Arc<ServerShared>,
     pool_mrs: Arc<PoolMrs>,
     stats: Arc<IserStats>,
     runners: Vec<tokio::task::JoinHandle<std::io::Result<()>>>,
@@ -56,6 +56,21 @@ impl Drop for Fab {
 }
 
 async fn fab(drop_ppm: u32, auth: Auth) -> Fab {
+    let pool = BufPool::new(128 << 20);
+    let dev = Device::new(
+        Arc::new(RamBackstore::new(64 << 20, BLOCK as u32)),
+        pool.clone(),
+        DeviceConfig {
+            thin: true,
+            ..DeviceConfig::default()
+        },
+    )
+    .unwrap();
+    fab_on(drop_ppm, auth, pool, dev).await
+}
+
+/// A fabric whose LUN 0 is `dev`, with buffers from `pool`.
+pub(crate) async fn fab_on(drop_ppm: u32, auth: Auth, pool: Arc<BufPool>, dev: Arc<Device>) -> Fab {
     let _ = tracing_subscriber::fmt()
         .with_test_writer()
         .with_max_level(tracing::Level::DEBUG)
@@ -77,20 +92,8 @@ async fn fab(drop_ppm: u32, auth: Auth) -> Fab {
             FaultInjector::new(lb, faults, 11),
         )),
     ];
-    let pool = BufPool::new(128 << 20);
     let mut luns = BTreeMap::new();
-    luns.insert(
-        0,
-        Device::new(
-            Arc::new(RamBackstore::new(64 << 20, BLOCK as u32)),
-            pool.clone(),
-            DeviceConfig {
-                thin: true,
-                ..DeviceConfig::default()
-            },
-        )
-        .unwrap(),
-    );
+    luns.insert(0, dev);
     let registry = Registry::new();
     registry.set_target(Target {
         name: TARGET.into(),
@@ -173,7 +176,7 @@ impl Fab {
     }
 
     /// Logs in; a normal session also takes the power-on unit attention.
-    async fn connect(&mut self, cfg: LoginConfig) -> Result<Session, IscsiError> {
+    pub(crate) async fn connect(&mut self, cfg: LoginConfig) -> Result<Session, IscsiError> {
         let ep = self.endpoints(true);
         let normal = cfg.target_name.is_some();
         let s = Session::connect_iser(ep, SocketAddr::new(ip(1), PORT), cfg).await?;
@@ -210,7 +213,7 @@ impl Fab {
     }
 }
 
-fn cfg() -> LoginConfig {
+pub(crate) fn cfg() -> LoginConfig {
     LoginConfig {
         target_name: Some(TARGET.into()),
         ..LoginConfig::default()

@@ -17,7 +17,7 @@ pub mod port;
 pub mod service;
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
 pub use channel::{Channel, CloseReason};
 pub use login::{ChannelParams, Limits};

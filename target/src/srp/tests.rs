@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -23,20 +23,36 @@ use super::port::SrpPort;
 use crate::core::SrpTargetPort;
 use crate::scsi::{Device as ScsiDevice, DeviceConfig as ScsiConfig, LunMap};
 
-const BS: u32 = 512;
+pub(crate) const BS: u32 = 512;
 const BLOCKS: u64 = 65536;
 const ID_EXT: u64 = 0x0002_c903_0000_1111;
 const IOC_GUID: u64 = 0x0002_c903_0000_2222;
 
 /// A RAM backstore whose reads wait while the gate is closed.
-struct GatedStore {
+pub(crate) struct GatedStore {
     inner: RamBackstore,
     closed: AtomicBool,
     open: tokio::sync::Notify,
+    /// Reads waiting at the closed gate.
+    parked: AtomicUsize,
 }
 
 impl GatedStore {
-    fn set(&self, closed: bool) {
+    pub(crate) fn new(blocks: u64, block_size: u32) -> Arc<GatedStore> {
+        Arc::new(GatedStore {
+            inner: RamBackstore::new(blocks * u64::from(block_size), block_size),
+            closed: AtomicBool::new(false),
+            open: tokio::sync::Notify::new(),
+            parked: AtomicUsize::new(0),
+        })
+    }
+
+    /// Reads waiting at the closed gate.
+    pub(crate) fn parked(&self) -> usize {
+        self.parked.load(Ordering::SeqCst)
+    }
+
+    pub(crate) fn set(&self, closed: bool) {
         self.closed.store(closed, Ordering::SeqCst);
         if !closed {
             self.open.notify_waiters();
@@ -50,6 +66,14 @@ impl Backstore for GatedStore {
         self.inner.info()
     }
     async fn read(&self, offset: u64, buf: IoBuf) -> BufResult<()> {
+        struct Parked<'a>(&'a AtomicUsize);
+        impl Drop for Parked<'_> {
+            fn drop(&mut self) {
+                self.0.fetch_sub(1, Ordering::SeqCst);
+            }
+        }
+        self.parked.fetch_add(1, Ordering::SeqCst);
+        let parked = Parked(&self.parked);
         loop {
             let n = self.open.notified();
             if !self.closed.load(Ordering::SeqCst) {
@@ -57,6 +81,7 @@ impl Backstore for GatedStore {
             }
             n.await;
         }
+        drop(parked);
         self.inner.read(offset, buf).await
     }
     async fn write(&self, offset: u64, buf: IoBuf, fua: bool) -> BufResult<()> {
@@ -85,9 +110,9 @@ struct Host {
     pd: Pd,
 }
 
-struct Rig {
+pub(crate) struct Rig {
     port: Arc<SrpPort>,
-    store: Arc<GatedStore>,
+    pub(crate) store: Arc<GatedStore>,
     target: Host,
     init: Host,
     runners: Vec<tokio::task::JoinHandle<std::io::Result<()>>>,
@@ -128,11 +153,7 @@ fn rig_with(faults: Option<FaultConfig>, allow_any: bool, acl: Option<[u8; 16]>)
         ],
     };
     let pool = BufPool::new(64 << 20);
-    let store = Arc::new(GatedStore {
-        inner: RamBackstore::new(BLOCKS * u64::from(BS), BS),
-        closed: AtomicBool::new(false),
-        open: tokio::sync::Notify::new(),
-    });
+    let store = GatedStore::new(BLOCKS, BS);
     let dev = ScsiDevice::new(
         store.clone(),
         pool.clone(),
@@ -177,11 +198,11 @@ fn rig_with(faults: Option<FaultConfig>, allow_any: bool, acl: Option<[u8; 16]>)
     }
 }
 
-fn rig() -> Rig {
+pub(crate) fn rig() -> Rig {
     rig_with(None, true, None)
 }
 
-fn login_req(initiator: u8, multi: bool) -> LoginReq {
+pub(crate) fn login_req(initiator: u8, multi: bool) -> LoginReq {
     let mut target_port_id = [0u8; 16];
     target_port_id[..8].copy_from_slice(&ID_EXT.to_be_bytes());
     target_port_id[8..].copy_from_slice(&IOC_GUID.to_be_bytes());
@@ -211,7 +232,7 @@ fn to_rtr_rts(qp: &Qp, remote: IpAddr, dest_qpn: u32, sq_psn: u32, rq_psn: u32) 
 }
 
 /// Logs in with `req` and connects a channel by hand; the login must be accepted.
-fn connect(r: &Rig, req: &LoginReq) -> (Arc<Channel>, Arc<Initiator>) {
+pub(crate) fn connect(r: &Rig, req: &LoginReq) -> (Arc<Channel>, Arc<Initiator>) {
     let login = r.port.login(req).expect("login accepted");
     let rsp = login.rsp;
     let (tcq, tqp) = Channel::create_qp(&r.target.pd, &login.params).unwrap();
@@ -263,7 +284,7 @@ fn pattern(len: usize, seed: u32) -> Vec<u8> {
         .collect()
 }
 
-async fn settle(ini: &Initiator) {
+pub(crate) async fn settle(ini: &Initiator) {
     // The first command of a nexus gets POWER ON OCCURRED: take it.
     let (n, bs) = ini.read_capacity(0).await.unwrap();
     assert_eq!((n, bs), (BLOCKS, BS));

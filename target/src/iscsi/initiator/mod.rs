@@ -717,7 +717,8 @@ impl Session {
                         function,
                         lun: lun_b,
                         itt,
-                        ref_task_tag: if function == tmf::ABORT_TASK {
+                        ref_task_tag: if function == tmf::ABORT_TASK || function == tmf::QUERY_TASK
+                        {
                             ref_itt
                         } else {
                             RESERVED_TAG
