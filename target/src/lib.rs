@@ -9,6 +9,7 @@ pub mod core;
 pub mod daemon;
 pub mod iscsi;
 pub mod iser;
+pub mod rdma;
 pub mod scsi;
 pub mod sdnotify;
 pub mod srp;

@@ -76,6 +76,16 @@ pub enum IscsiError {
     Address(String),
 }
 
+impl From<crate::rdma::LinkError> for IscsiError {
+    fn from(e: crate::rdma::LinkError) -> IscsiError {
+        match e {
+            crate::rdma::LinkError::Closed => IscsiError::Closed,
+            crate::rdma::LinkError::TooLarge => IscsiError::Protocol("PDU larger than a send slot"),
+            crate::rdma::LinkError::Registration => IscsiError::Protocol("buffer registration"),
+        }
+    }
+}
+
 impl From<WireError> for IscsiError {
     fn from(e: WireError) -> Self {
         IscsiError::Malformed(e)

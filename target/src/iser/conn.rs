@@ -10,36 +10,36 @@
 //! Data moves between the backstore's pool buffers and the wire without copies when the pool
 //! is registered ([`PoolMrs`]).
 //!
+//! The queue pair, rings, credits and data movement are the shared RDMA channel layer's
+//! ([`crate::rdma`]); this driver adds the iSER header, the login and the STag bookkeeping.
 //! Two tasks serve a connection: the receiver (receive completions, login, [`Conn::receive`])
-//! and the send completion poller, which returns send slots and queue credits and wakes
-//! operations waiting for their RDMA READ — so a receiver waiting for room never waits on
-//! itself.
+//! and the send completion poller ([`rdma::poll_send`]), which returns send slots and queue
+//! credits and wakes operations waiting for their RDMA READ — so a receiver waiting for room
+//! never waits on itself.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use bytes::Bytes;
 use rtgt_backstore::IoBuf;
-use rtgt_transport::verbs::{
-    Cq, Mr, Pd, Qp, QpAttr, QpAttrMask, QpInitAttr, QpState, QpType, RecvWr, Region, SendOp,
-    SendWr, Sge, VerbsError, WcOpcode, WcStatus, WorkCompletion,
-};
-use tokio::sync::{oneshot, Notify, Semaphore};
+use rtgt_transport::verbs::WcStatus;
 use tokio::time::Instant;
 
 use super::header::{self, Packet, Repr, Stag, HEADERS_LEN, HEADER_LEN};
-use super::mem::{self, PoolMrs};
 use crate::iscsi::conn::{Completion, Conn, ConnDriver, Flow, RxPdu, StatSn, TxPdu};
 use crate::iscsi::login::{Login, LoginStep, LOGIN_MAX_DATA};
 use crate::iscsi::params::{SessionType, TransportKind};
 use crate::iscsi::pdu::{Bhs, BhsRepr, LoginResponse, Opcode, BHS_LEN};
-use crate::iscsi::server::ServerShared;
 use crate::iscsi::session::{Session, Task};
+use crate::iscsi::shared::ServerShared;
 use crate::iscsi::IscsiError;
+pub use crate::rdma::mem::PoolMrs;
+use crate::rdma::{self, Remote, Rings};
+pub use crate::rdma::{poll_send, Endpoint, Hold, Link, RDMA_CHUNK, TAG_SLOT};
 
 /// ib_iser's full-feature receive buffers hold 128 bytes after the headers
 /// (ISER_RX_PAYLOAD_SIZE): every target PDU after login fits it, sense data included.
@@ -49,16 +49,8 @@ pub const INITIATOR_RX_PAYLOAD: usize = 128;
 pub const RECV_EXTRA: u32 = 16;
 /// Send slots beyond the queue depth (NOP-In pings, Async Messages, Rejects).
 pub const SEND_EXTRA: u32 = 16;
-/// Largest RDMA WRITE or READ one work request moves.
-pub const RDMA_CHUNK: usize = 1 << 20;
 /// Time a login may take between two PDUs.
 const LOGIN_PDU_TIMEOUT: Duration = Duration::from_secs(15);
-/// Receive completions taken per poll.
-const POLL_BATCH: usize = 64;
-
-pub(crate) const TAG_SLOT: u64 = 1 << 62;
-const TAG_OP: u64 = 2 << 62;
-const TAG_MASK: u64 = 3 << 62;
 
 /// How one connection's queues are sized.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -97,72 +89,23 @@ impl Sizing {
     pub fn send_queue(&self) -> u32 {
         self.send_slots() + 2 * self.queue_depth + self.rdma_read_depth
     }
-}
 
-/// An RC QP with its completion queues and posted receive ring, created before the CM
-/// accepts the connection (so the first SEND finds a buffer).
-pub struct Endpoint {
-    pub pd: Pd,
-    pub qp: Arc<Qp>,
-    send_cq: Cq,
-    recv_cq: Cq,
-    recv_region: Arc<Region>,
-    recv_mr: Mr,
-    sizing: Sizing,
-}
-
-impl Endpoint {
-    pub fn new(pd: &Pd, sizing: Sizing) -> Result<Endpoint, VerbsError> {
-        let dev = pd.device();
-        let send_cq = dev.create_cq(sizing.send_queue())?;
-        let recv_cq = dev.create_cq(sizing.recv_slots())?;
-        let mut init = QpInitAttr::new(QpType::Rc, &send_cq, &recv_cq);
-        init.cap.max_send_wr = sizing.send_queue();
-        init.cap.max_recv_wr = sizing.recv_slots();
-        init.cap.max_send_sge = 2;
-        init.cap.max_recv_sge = 1;
-        init.cap.max_inline_data = 0;
-        let qp = Arc::new(pd.create_qp(init)?);
-        let slot = sizing.recv_slot_len();
-        let recv_region = Arc::new(Region::zeroed(slot * sizing.recv_slots() as usize));
-        let recv_mr = pd.reg_mr(
-            recv_region.clone(),
-            rtgt_transport::verbs::Access::LOCAL_WRITE,
-        )?;
-        let ep = Endpoint {
-            pd: pd.clone(),
-            qp,
-            send_cq,
-            recv_cq,
-            recv_region,
-            recv_mr,
-            sizing,
-        };
-        Ok(ep)
-    }
-
-    /// Posts the whole receive ring (the QP must be in INIT or later).
-    pub fn post_receives(&self) -> Result<(), VerbsError> {
-        for i in 0..self.sizing.recv_slots() {
-            self.post_recv(i)?;
+    /// The RDMA channel's rings for these sizes.
+    pub fn rings(&self) -> Rings {
+        Rings {
+            recv_slots: self.recv_slots(),
+            recv_slot_len: self.recv_slot_len(),
+            send_slots: self.send_slots(),
+            send_slot_len: HEADERS_LEN + LOGIN_MAX_DATA,
+            send_queue: self.send_queue(),
+            rdma_read_depth: self.rdma_read_depth,
         }
-        Ok(())
     }
+}
 
-    fn post_recv(&self, slot: u32) -> Result<(), VerbsError> {
-        let len = self.sizing.recv_slot_len();
-        self.qp.post_recv(RecvWr {
-            wr_id: slot as u64,
-            sg_list: vec![self.recv_mr.sge(slot as usize * len, len as u32)],
-        })
-    }
-
-    pub fn sizing(&self) -> Sizing {
-        self.sizing
-    }
-
-    pub(crate) fn send_cq(&self) -> &Cq {
-        &self.send_cq
+impl From<Sizing> for Rings {
+    fn from(s: Sizing) -> Rings {
+        s.rings()
     }
 }
 
@@ -182,321 +125,8 @@ pub struct IserStats {
     pub accepted: AtomicU64,
 }
 
-struct Op {
-    done: Option<oneshot::Sender<WcStatus>>,
-    /// Keeps a buffer (or the region owning it) until the operation completes.
-    _hold: Hold,
-    read: bool,
-}
-
-pub(crate) enum Hold {
-    None,
-    Buf(#[allow(dead_code)] Arc<IoBuf>),
-    Mr(#[allow(dead_code)] Arc<Mr>),
-}
-
-/// The send side: QP, slots for target PDUs, queue credits and operations in flight.
-pub(crate) struct Link {
-    qp: Arc<Qp>,
-    pd: Pd,
-    pub(crate) send_region: Arc<Region>,
-    pub(crate) send_mr: Mr,
-    pub(crate) slot_len: usize,
-    free_slots: Mutex<Vec<u32>>,
-    slots: Semaphore,
-    /// Send queue entries not yet completed.
-    sq: Semaphore,
-    /// RDMA READs in flight.
-    reads: Semaphore,
-    ops: Mutex<HashMap<u64, Op>>,
-    next_op: AtomicU64,
-    posted: AtomicUsize,
-    closing: AtomicBool,
-    close_notify: Notify,
-    peer: SocketAddr,
-}
-
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-impl Link {
-    pub(crate) fn new(ep: &Endpoint, peer: SocketAddr) -> Result<Link, VerbsError> {
-        let s = ep.sizing;
-        let slot_len = HEADERS_LEN + LOGIN_MAX_DATA;
-        let send_region = Arc::new(Region::zeroed(slot_len * s.send_slots() as usize));
-        let send_mr = ep.pd.reg_mr(
-            send_region.clone(),
-            rtgt_transport::verbs::Access::LOCAL_WRITE,
-        )?;
-        Ok(Link {
-            qp: ep.qp.clone(),
-            pd: ep.pd.clone(),
-            send_region,
-            send_mr,
-            slot_len,
-            free_slots: Mutex::new((0..s.send_slots()).rev().collect()),
-            slots: Semaphore::new(s.send_slots() as usize),
-            sq: Semaphore::new(s.send_queue() as usize),
-            reads: Semaphore::new(s.rdma_read_depth as usize),
-            ops: Mutex::new(HashMap::new()),
-            next_op: AtomicU64::new(1),
-            posted: AtomicUsize::new(0),
-            closing: AtomicBool::new(false),
-            close_notify: Notify::new(),
-            peer,
-        })
-    }
-
-    pub(crate) fn is_closing(&self) -> bool {
-        self.closing.load(Ordering::Acquire)
-    }
-
-    pub(crate) async fn closed(&self) {
-        loop {
-            let n = self.close_notify.notified();
-            tokio::pin!(n);
-            n.as_mut().enable();
-            if self.is_closing() {
-                return;
-            }
-            n.await;
-        }
-    }
-
-    /// Moves the QP to the error state: everything posted completes (flushed), the poller
-    /// returns every resource, and waiters see the failure.
-    pub(crate) fn close(&self) {
-        if self.closing.swap(true, Ordering::AcqRel) {
-            return;
-        }
-        let attr = QpAttr {
-            qp_state: Some(QpState::Err),
-            ..Default::default()
-        };
-        if let Err(e) = self.qp.modify(&attr, QpAttrMask::STATE) {
-            tracing::debug!(peer = %self.peer, error = %e, "moving the iSER QP to error");
-        }
-        self.close_notify.notify_waiters();
-        self.slots.close();
-        self.sq.close();
-        self.reads.close();
-    }
-
-    async fn credit(&self, sem: &Semaphore) -> Result<(), IscsiError> {
-        if self.is_closing() {
-            return Err(IscsiError::Closed);
-        }
-        match sem.acquire().await {
-            Ok(p) => {
-                p.forget();
-                Ok(())
-            }
-            Err(_) => Err(IscsiError::Closed),
-        }
-    }
-
-    /// Posts `wr` (its send queue credit already taken).
-    pub(crate) fn post(&self, wr: SendWr) -> Result<(), IscsiError> {
-        if self.is_closing() {
-            self.sq.add_permits(1);
-            return Err(IscsiError::Closed);
-        }
-        self.posted.fetch_add(1, Ordering::AcqRel);
-        if let Err(e) = self.qp.post_send(wr) {
-            self.posted.fetch_sub(1, Ordering::AcqRel);
-            self.sq.add_permits(1);
-            tracing::debug!(peer = %self.peer, error = %e, "iSER post_send failed");
-            self.close();
-            return Err(IscsiError::Closed);
-        }
-        Ok(())
-    }
-
-    /// Takes a send slot and a queue credit for one control PDU.
-    pub(crate) async fn sq_credit(&self) -> Result<(), IscsiError> {
-        self.credit(&self.sq).await
-    }
-
-    pub(crate) async fn reserve(&self) -> Result<u32, IscsiError> {
-        self.credit(&self.slots).await?;
-        if let Err(e) = self.credit(&self.sq).await {
-            self.slots.add_permits(1);
-            return Err(e);
-        }
-        lock(&self.free_slots)
-            .pop()
-            .ok_or(IscsiError::Protocol("send slot accounting"))
-    }
-
-    /// Writes the headers and data of a PDU into `slot` and posts its SEND.
-    pub(crate) fn post_pdu(
-        &self,
-        slot: u32,
-        bhs: &[u8; BHS_LEN],
-        data: &[u8],
-        invalidate: Option<u32>,
-    ) -> Result<(), IscsiError> {
-        self.post_message(
-            slot,
-            &Repr::control().to_bytes(),
-            bhs,
-            &[],
-            data,
-            invalidate,
-        )
-    }
-
-    /// Writes an iSER header, BHS, AHS and data segment into `slot` and posts its SEND.
-    pub(crate) fn post_message(
-        &self,
-        slot: u32,
-        iser: &[u8; HEADER_LEN],
-        bhs: &[u8; BHS_LEN],
-        ahs: &[u8],
-        data: &[u8],
-        invalidate: Option<u32>,
-    ) -> Result<(), IscsiError> {
-        let n = HEADERS_LEN + ahs.len() + data.len();
-        if n > self.slot_len {
-            self.release_slot(slot);
-            self.sq.add_permits(1);
-            return Err(IscsiError::Protocol("PDU larger than a send slot"));
-        }
-        let off = slot as usize * self.slot_len;
-        self.send_region.write(off, iser);
-        self.send_region.write(off + HEADER_LEN, bhs);
-        self.send_region.write(off + HEADERS_LEN, ahs);
-        self.send_region.write(off + HEADERS_LEN + ahs.len(), data);
-        let op = match invalidate {
-            Some(k) => SendOp::SendWithInv(k),
-            None => SendOp::Send,
-        };
-        let wr = SendWr::new(
-            TAG_SLOT | slot as u64,
-            op,
-            vec![self.send_mr.sge(off, n as u32)],
-        );
-        if let Err(e) = self.post(wr) {
-            self.release_slot(slot);
-            return Err(e);
-        }
-        Ok(())
-    }
-
-    pub(crate) fn release_slot(&self, slot: u32) {
-        lock(&self.free_slots).push(slot);
-        self.slots.add_permits(1);
-    }
-
-    /// Posts an RDMA WRITE or READ; the receiver resolves with its completion status.
-    fn post_rdma(
-        &self,
-        op: SendOp,
-        sge: Sge,
-        hold: Hold,
-        want: bool,
-    ) -> Result<Option<oneshot::Receiver<WcStatus>>, IscsiError> {
-        self.post_op(op, vec![sge], hold, want)
-    }
-
-    /// Posts any work request whose completion someone may wait for (its queue credit, and
-    /// for a READ its read credit, already taken).
-    pub(crate) fn post_op(
-        &self,
-        op: SendOp,
-        sg_list: Vec<Sge>,
-        hold: Hold,
-        want: bool,
-    ) -> Result<Option<oneshot::Receiver<WcStatus>>, IscsiError> {
-        let id = self.next_op.fetch_add(1, Ordering::Relaxed) & !TAG_MASK;
-        let read = matches!(op, SendOp::RdmaRead { .. });
-        let (tx, rx) = if want {
-            let (t, r) = oneshot::channel();
-            (Some(t), Some(r))
-        } else {
-            (None, None)
-        };
-        lock(&self.ops).insert(
-            id,
-            Op {
-                done: tx,
-                _hold: hold,
-                read,
-            },
-        );
-        let wr = SendWr::new(TAG_OP | id, op, sg_list);
-        if let Err(e) = self.post(wr) {
-            lock(&self.ops).remove(&id);
-            if read {
-                self.reads.add_permits(1);
-            }
-            return Err(e);
-        }
-        Ok(rx)
-    }
-
-    /// Handles one send-side completion.
-    pub(crate) fn completed(&self, wc: &WorkCompletion) {
-        self.posted.fetch_sub(1, Ordering::AcqRel);
-        self.sq.add_permits(1);
-        match wc.wr_id & TAG_MASK {
-            TAG_SLOT => self.release_slot((wc.wr_id & !TAG_MASK) as u32),
-            TAG_OP => {
-                if let Some(op) = lock(&self.ops).remove(&(wc.wr_id & !TAG_MASK)) {
-                    if op.read {
-                        self.reads.add_permits(1);
-                    }
-                    if let Some(tx) = op.done {
-                        let _ = tx.send(wc.status);
-                    }
-                }
-            }
-            _ => {}
-        }
-        if wc.status != WcStatus::Success && wc.status != WcStatus::WrFlushErr {
-            tracing::warn!(
-                peer = %self.peer,
-                status = ?wc.status,
-                opcode = ?wc.opcode,
-                "iSER send-side operation failed; closing the connection"
-            );
-            self.close();
-        }
-    }
-}
-
-/// Returns send slots and credits as completions arrive; ends once the link is closed and
-/// everything posted has completed.
-pub(crate) async fn poll_send(link: Arc<Link>, cq: Cq) {
-    let mut wcs = Vec::with_capacity(POLL_BATCH);
-    loop {
-        wcs.clear();
-        cq.poll_into(&mut wcs, POLL_BATCH);
-        for wc in &wcs {
-            link.completed(wc);
-        }
-        if !wcs.is_empty() {
-            continue;
-        }
-        if link.is_closing() && link.posted.load(Ordering::Acquire) == 0 {
-            break;
-        }
-        tokio::select! {
-            _ = cq.wait_nonempty() => {}
-            _ = link.closed(), if !link.is_closing() => {}
-            // A closed QP flushes what it holds; this only bounds the wait for a QP that
-            // was already gone.
-            _ = tokio::time::sleep(Duration::from_millis(200)), if link.is_closing() => {
-                if link.qp.state() != QpState::Err {
-                    break;
-                }
-            }
-        }
-    }
-    // Operations that never completed (the QP vanished) fail now.
-    let ops: Vec<Op> = lock(&link.ops).drain().map(|(_, o)| o).collect();
-    drop(ops);
 }
 
 /// Per-command STags from the iSER header, kept until the response.
@@ -511,7 +141,6 @@ struct CmdStags {
 /// The iSER implementation of [`ConnDriver`].
 pub struct IserDriver {
     link: Arc<Link>,
-    pool_mrs: Option<Arc<PoolMrs>>,
     stat_sn: Mutex<u32>,
     stags: Mutex<HashMap<u32, CmdStags>>,
     max_xmit: AtomicU32,
@@ -550,54 +179,15 @@ impl IserDriver {
         r
     }
 
-    /// The SGE of `buf[off..off + len]` and what keeps the memory registered.
-    fn local_sge(&self, buf: &IoBuf, off: usize, len: u32) -> Option<Sge> {
-        self.pool_mrs.as_ref()?.sge(buf, off, len)
-    }
-
-    /// RDMA WRITE of `buf` to the initiator's read buffer, in chunks. Every chunk holds the
-    /// buffer (or the region owning it) until it completes.
+    /// RDMA WRITE of `buf` to the initiator's read buffer.
     async fn write_data(&self, buf: IoBuf, to: Stag) -> Result<(), IscsiError> {
-        enum Src {
-            Pool(Arc<IoBuf>),
-            Owned(Arc<Mr>),
-        }
-        let len = buf.len();
-        let src = if self.local_sge(&buf, 0, 0).is_some() {
-            Src::Pool(Arc::new(buf))
-        } else {
-            // Outside the slabs: a region that owns the buffer.
-            let mr = mem::owned_mr(&self.link.pd, buf).map_err(|e| {
-                tracing::warn!(error = %e, "registering a data-in buffer");
-                IscsiError::Protocol("buffer registration")
-            })?;
-            Src::Owned(Arc::new(mr))
+        let len = buf.len() as u32;
+        let to = Remote {
+            addr: to.va,
+            rkey: to.stag,
+            len,
         };
-        let mut off = 0;
-        while off < len {
-            let n = RDMA_CHUNK.min(len - off);
-            self.link.credit(&self.link.sq).await?;
-            let (sge, hold) = match &src {
-                Src::Pool(b) => match self.local_sge(b, off, n as u32) {
-                    Some(sge) => (sge, Hold::Buf(b.clone())),
-                    None => {
-                        self.link.sq.add_permits(1);
-                        return Err(IscsiError::Protocol("buffer registration"));
-                    }
-                },
-                Src::Owned(m) => (m.sge(off, n as u32), Hold::Mr(m.clone())),
-            };
-            self.link.post_rdma(
-                SendOp::RdmaWrite {
-                    remote_addr: to.va.wrapping_add(off as u64),
-                    rkey: to.stag,
-                },
-                sge,
-                hold,
-                false,
-            )?;
-            off += n;
-        }
+        self.link.rdma_write(buf, &[to]).await?;
         Ok(())
     }
 }
@@ -616,95 +206,18 @@ impl ConnDriver for IserDriver {
             tracing::warn!(itt = task.itt, peer = %self.link.peer, "write needs data but carries no Write STag");
             return Err(IscsiError::Protocol("no Write STag"));
         };
-        let (start, ptr_ok) = {
-            let x = task.xfer();
-            (x.received, x.buf.is_some())
-        };
-        if !ptr_ok {
-            return Err(IscsiError::Protocol("data-out buffer"));
-        }
+        let start = task.xfer().received;
         let end = task.edtl;
-        // A region over the task's buffer when it is outside the registered slabs; the buffer
-        // stays in the task and untouched until every READ below has completed.
-        let mut borrowed: Option<Mr> = None;
-        let mut waits = Vec::new();
-        let mut failed = None;
-        let mut off = start as usize;
-        while off < end as usize {
-            let n = RDMA_CHUNK.min(end as usize - off);
-            if let Err(e) = self.link.credit(&self.link.reads).await {
-                failed = Some(e);
-                break;
-            }
-            if let Err(e) = self.link.credit(&self.link.sq).await {
-                self.link.reads.add_permits(1);
-                failed = Some(e);
-                break;
-            }
-            let sge = {
-                let mut x = task.xfer();
-                let Some(buf) = x.buf.as_mut() else {
-                    failed = Some(IscsiError::Protocol("data-out buffer"));
-                    self.link.reads.add_permits(1);
-                    self.link.sq.add_permits(1);
-                    break;
-                };
-                match self.local_sge(buf, off, n as u32) {
-                    Some(s) => s,
-                    None => {
-                        if borrowed.is_none() {
-                            // SAFETY: the buffer stays in the task (nobody takes it before
-                            // `solicit` returns), and this function waits for every READ
-                            // posted with the MR before dropping it and returning.
-                            match unsafe { mem::borrowed_mr(&self.link.pd, buf) } {
-                                Ok(m) => borrowed = Some(m),
-                                Err(e) => {
-                                    tracing::warn!(error = %e, "registering a data-out buffer");
-                                    failed = Some(IscsiError::Protocol("buffer registration"));
-                                    self.link.reads.add_permits(1);
-                                    self.link.sq.add_permits(1);
-                                    break;
-                                }
-                            }
-                        }
-                        borrowed
-                            .as_ref()
-                            .map(|m| m.sge(off, n as u32))
-                            .ok_or(IscsiError::Closed)?
-                    }
-                }
-            };
-            let remote = from.va.wrapping_add((off - start as usize) as u64);
-            match self.link.post_rdma(
-                SendOp::RdmaRead {
-                    remote_addr: remote,
-                    rkey: from.stag,
-                },
-                sge,
-                Hold::None,
-                true,
-            ) {
-                Ok(Some(rx)) => waits.push(rx),
-                Ok(None) => {}
-                Err(e) => {
-                    failed = Some(e);
-                    break;
-                }
-            }
-            off += n;
-        }
-        // Every READ posted must complete (or flush) before the buffer may be touched.
-        let mut ok = failed.is_none();
-        for w in waits {
-            match w.await {
-                Ok(WcStatus::Success) => {}
-                _ => ok = false,
-            }
-        }
-        drop(borrowed);
-        if !ok {
-            return Err(failed.unwrap_or(IscsiError::Closed));
-        }
+        let Some(buf) = task.xfer().buf.take() else {
+            return Err(IscsiError::Protocol("data-out buffer"));
+        };
+        let from = Remote {
+            addr: from.va,
+            rkey: from.stag,
+            len: end.saturating_sub(start),
+        };
+        let buf = self.link.rdma_read(buf, start as usize, &[from]).await?;
+        task.xfer().buf = Some(buf);
         task.xfer().received = end;
         if let Some(s) = self.stags().get_mut(&task.itt) {
             s.rdma_done = true;
@@ -773,7 +286,7 @@ impl ConnDriver for IserDriver {
     fn close(&self) {
         let link = self.link.clone();
         tokio::spawn(async move {
-            wait_sent(&link).await;
+            link.wait_sent().await;
             link.close();
         });
     }
@@ -843,51 +356,78 @@ fn split_owned(msg: Bytes) -> Received {
     )
 }
 
-/// The receiver's view of the ring.
-pub(crate) struct Receiver {
-    ep: Endpoint,
-    wcs: Vec<WorkCompletion>,
+/// The receive ring, with each message split into its iSER header and iSCSI PDU.
+pub struct Receiver {
+    ring: rdma::Receiver,
+    raw: Vec<rdma::RxEvent>,
 }
 
-pub(crate) enum RxEvent {
+/// A receive event of an iSER connection.
+pub enum RxEvent {
     Msg(Received),
     /// The QP failed or was flushed.
     Failed(WcStatus),
 }
 
 impl Receiver {
-    pub(crate) fn new(ep: Endpoint) -> Receiver {
+    pub fn new(ep: Endpoint) -> Receiver {
         Receiver {
-            ep,
-            wcs: Vec::with_capacity(POLL_BATCH),
+            ring: rdma::Receiver::new(ep),
+            raw: Vec::new(),
         }
     }
 
-    /// Takes waiting receive completions: copies each message out and posts its buffer again.
-    pub(crate) fn take(&mut self, out: &mut Vec<RxEvent>) {
-        self.wcs.clear();
-        self.ep.recv_cq.poll_into(&mut self.wcs, POLL_BATCH);
-        let slot_len = self.ep.sizing.recv_slot_len();
-        for wc in &self.wcs {
-            if wc.status != WcStatus::Success || wc.opcode != WcOpcode::Recv {
-                out.push(RxEvent::Failed(wc.status));
-                continue;
-            }
-            let slot = wc.wr_id as u32;
-            let len = (wc.byte_len as usize).min(slot_len);
-            // The one copy out of the ring: the buffer is posted again right away.
-            let mut buf = vec![0u8; len];
-            self.ep.recv_region.read(slot as usize * slot_len, &mut buf);
-            let msg = split_owned(Bytes::from(buf));
-            if let Err(e) = self.ep.post_recv(slot) {
-                tracing::debug!(error = %e, "reposting an iSER receive");
-            }
-            out.push(RxEvent::Msg(msg));
-        }
+    /// Takes waiting messages (the ring's buffers are posted again at once).
+    pub fn take(&mut self, out: &mut Vec<RxEvent>) {
+        self.ring.take(&mut self.raw);
+        out.extend(self.raw.drain(..).map(|e| match e {
+            rdma::RxEvent::Msg(m) => RxEvent::Msg(split_owned(m)),
+            rdma::RxEvent::Failed(s) => RxEvent::Failed(s),
+        }));
     }
 
-    pub(crate) async fn wait(&self) {
-        self.ep.recv_cq.wait_nonempty().await
+    pub async fn wait(&self) {
+        self.ring.wait().await
+    }
+}
+
+/// The control PDUs of iSER on a [`Link`]'s send slots.
+pub trait IserLink {
+    /// Writes an iSER header, BHS, AHS and data segment into `slot` and posts its SEND.
+    fn post_message(
+        &self,
+        slot: u32,
+        iser: &[u8; HEADER_LEN],
+        bhs: &[u8; BHS_LEN],
+        ahs: &[u8],
+        data: &[u8],
+        invalidate: Option<u32>,
+    ) -> Result<(), IscsiError>;
+
+    /// A PDU behind a plain control header.
+    fn post_pdu(
+        &self,
+        slot: u32,
+        bhs: &[u8; BHS_LEN],
+        data: &[u8],
+        invalidate: Option<u32>,
+    ) -> Result<(), IscsiError> {
+        let iser = Repr::control().to_bytes();
+        self.post_message(slot, &iser, bhs, &[], data, invalidate)
+    }
+}
+
+impl IserLink for Link {
+    fn post_message(
+        &self,
+        slot: u32,
+        iser: &[u8; HEADER_LEN],
+        bhs: &[u8; BHS_LEN],
+        ahs: &[u8],
+        data: &[u8],
+        invalidate: Option<u32>,
+    ) -> Result<(), IscsiError> {
+        Ok(self.post_slot(slot, &[iser, bhs, ahs, data], invalidate)?)
     }
 }
 
@@ -924,7 +464,7 @@ pub async fn serve_until(
 ) {
     stats.connections.fetch_add(1, Ordering::AcqRel);
     stats.accepted.fetch_add(1, Ordering::Relaxed);
-    let link = match Link::new(&ep, peer.peer) {
+    let link = match Link::new(&ep, peer.peer, pool_mrs) {
         Ok(l) => Arc::new(l),
         Err(e) => {
             tracing::warn!(peer = %peer.peer, error = %e, "iSER connection setup failed");
@@ -942,10 +482,7 @@ pub async fn serve_until(
     let mut rx = Receiver::new(ep);
     match login_phase(&shared, &link, &mut rx, &peer).await {
         Ok(Some((session, cid, stat_sn))) => {
-            full_feature(
-                &shared, &link, &mut rx, session, cid, stat_sn, &peer, pool_mrs,
-            )
-            .await;
+            full_feature(&shared, &link, &mut rx, session, cid, stat_sn, &peer).await;
         }
         Ok(None) => {}
         Err(e) => tracing::debug!(peer = %peer.peer, error = %e, "iSER login ended"),
@@ -967,7 +504,7 @@ async fn send_login(link: &Link, r: &LoginResponse, data: &[u8]) -> Result<(), I
     link.post_pdu(slot, &bhs, data, None)
 }
 
-pub(crate) async fn next_event(
+pub async fn next_event(
     link: &Link,
     rx: &mut Receiver,
     queue: &mut Vec<RxEvent>,
@@ -999,18 +536,7 @@ async fn refuse_hello(link: &Link) {
         ord: 0,
     }
     .to_bytes();
-    if let Ok(slot) = link.reserve().await {
-        let off = slot as usize * link.slot_len;
-        link.send_region.write(off, &reply);
-        let wr = SendWr::new(
-            TAG_SLOT | slot as u64,
-            SendOp::Send,
-            vec![link.send_mr.sge(off, HEADER_LEN as u32)],
-        );
-        if link.post(wr).is_err() {
-            link.release_slot(slot);
-        }
-    }
+    let _ = link.send(&[&reply], None).await;
 }
 
 async fn login_phase(
@@ -1052,7 +578,7 @@ async fn login_phase(
             LoginStep::Respond(r, d) => send_login(link, &r, &d).await?,
             LoginStep::Fail(r, d) => {
                 send_login(link, &r, &d).await?;
-                wait_sent(link).await;
+                link.wait_sent().await;
                 return Ok(None);
             }
             LoginStep::Complete(outcome) => {
@@ -1077,21 +603,12 @@ async fn login_phase(
                     Err(code) => {
                         let r = login.refuse(code);
                         send_login(link, &r, &[]).await?;
-                        wait_sent(link).await;
+                        link.wait_sent().await;
                         return Ok(None);
                     }
                 }
             }
         }
-    }
-}
-
-/// Waits (briefly) until what was posted has gone out, so a final response is not flushed
-/// by the close that follows it.
-async fn wait_sent(link: &Link) {
-    let deadline = Instant::now() + Duration::from_secs(2);
-    while link.posted.load(Ordering::Acquire) > 0 && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(2)).await;
     }
 }
 
@@ -1104,7 +621,6 @@ async fn full_feature(
     cid: u16,
     stat_sn: u32,
     peer: &Peer,
-    pool_mrs: Option<Arc<PoolMrs>>,
 ) {
     let p = &session.params;
     // Normal sessions: ib_iser's 128-byte receive buffers; discovery keeps the login buffer.
@@ -1116,7 +632,6 @@ async fn full_feature(
     };
     let driver = Arc::new(IserDriver {
         link: link.clone(),
-        pool_mrs,
         stat_sn: Mutex::new(stat_sn),
         stags: Mutex::new(HashMap::new()),
         max_xmit: AtomicU32::new(max_xmit),
@@ -1223,7 +738,7 @@ async fn full_feature(
     };
     tracing::debug!(tsih = session.tsih, peer = %peer.peer, reason = %why, "iSER connection ending");
     // A Logout Response (or Reject) already posted goes out before the QP is closed.
-    wait_sent(link).await;
+    link.wait_sent().await;
     link.close();
     shared.unregister_conn(conn_id);
     session.end().await;

@@ -8,10 +8,10 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 
 use rtgt_transport::cm::{prepare_qp, Cm, CmConn, CmError, ConnParams, Reason};
-use rtgt_transport::verbs::{Access, FastReg, Mr, Pd, Region, SendOp, SendWr, WcStatus};
+use rtgt_transport::verbs::{Access, FastReg, Mr, Pd, Region, SendOp, WcStatus};
 
 use super::conn::{
-    next_event, poll_send, Endpoint, Hold, Link, Received, Receiver, RxEvent, Stags,
+    next_event, poll_send, Endpoint, Hold, IserLink, Link, Received, Receiver, RxEvent, Stags,
 };
 use super::header::{CmHeader, Repr, HEADER_LEN};
 use super::Sizing;
@@ -33,7 +33,7 @@ pub struct IserTransport {
 impl IserTransport {
     /// Starts on a connected endpoint (its receive ring posted, the QP in RTS).
     pub fn start(ep: Endpoint, peer: SocketAddr) -> Result<Arc<IserTransport>, IscsiError> {
-        let link = Arc::new(Link::new(&ep, peer).map_err(|e| {
+        let link = Arc::new(Link::new(&ep, peer, None).map_err(|e| {
             tracing::debug!(error = %e, "iSER initiator link");
             IscsiError::Protocol("iSER link setup")
         })?);
@@ -76,23 +76,7 @@ impl IserTransport {
 
     /// Sends `bytes` as one message, as given (tests of malformed input).
     pub async fn send_raw(&self, bytes: &[u8]) -> Result<(), IscsiError> {
-        let slot = self.link.reserve().await?;
-        let off = slot as usize * self.link.slot_len;
-        if bytes.len() > self.link.slot_len {
-            self.link.release_slot(slot);
-            return Err(IscsiError::Protocol("message larger than a send slot"));
-        }
-        self.link.send_region.write(off, bytes);
-        let wr = SendWr::new(
-            super::conn::TAG_SLOT | slot as u64,
-            SendOp::Send,
-            vec![self.link.send_mr.sge(off, bytes.len() as u32)],
-        );
-        if let Err(e) = self.link.post(wr) {
-            self.link.release_slot(slot);
-            return Err(e);
-        }
-        Ok(())
+        Ok(self.link.send(&[bytes], None).await?)
     }
 
     /// The next PDU from the target, with the STags of its iSER header.

@@ -16,9 +16,9 @@ use rtgt_transport::verbs::Pd;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
+use super::conn::PoolMrs;
 use super::conn::{serve_until, Endpoint, IserStats, Peer, Sizing};
 use super::header::CmHeader;
-use super::mem::PoolMrs;
 use crate::iscsi::login::LOGIN_MAX_DATA;
 use crate::iscsi::params::ISER_MAX_RECV_DATA;
 use crate::iscsi::shared::ServerShared;

@@ -1,0 +1,711 @@
+//! The RDMA channel layer shared by iSER and SRP: one RC queue pair with its completion
+//! queues, a registered receive ring, registered send slots, send-queue and RDMA READ
+//! credits, and the movement of data between the initiator's memory and backstore buffers.
+//!
+//! A fabric keeps only its message headers, its login and how it maps commands onto
+//! [`Link::rdma_write`] and [`Link::rdma_read`]:
+//!
+//! * Receiving: [`Receiver::take`] copies each message out of its ring slot and posts the
+//!   slot again at once, so the ring never runs dry while a command waits; the fabric's own
+//!   flow control (iSCSI's CmdSN window, SRP's request limit) bounds how many messages are
+//!   held.
+//! * Sending: a message is copied into a registered send slot and posted as one SEND (with
+//!   invalidate when the fabric asks); slots, send-queue entries and RDMA READs in flight are
+//!   credits, so a full queue is back-pressure, never an error.
+//! * Data: RDMA WRITE from a backstore buffer and RDMA READ into one, straight from or into
+//!   the buffer pool's slabs, which [`mem::PoolMrs`] registers once per protection domain;
+//!   nothing is registered on the I/O path except a buffer outside the slabs (a dedicated
+//!   allocation above the pool's largest class), which gets a one-off region. Operations hold
+//!   their buffer until their completion arrives, so a cancelled command never frees memory
+//!   the engine may still write.
+//! * Failure: a failed completion or a failed post moves the QP to the error state, flushes
+//!   everything posted, and runs the close hooks once ([`Link::on_close`]): the fabric's task
+//!   set fails every outstanding task there.
+
+pub mod mem;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use bytes::Bytes;
+use rtgt_backstore::IoBuf;
+use rtgt_transport::verbs::{
+    Access, Cq, Mr, Pd, Qp, QpAttr, QpAttrMask, QpInitAttr, QpState, QpType, RecvWr, Region,
+    SendOp, SendWr, Sge, VerbsError, WcOpcode, WcStatus, WorkCompletion,
+};
+use tokio::sync::{oneshot, Notify, Semaphore};
+use tokio::time::Instant;
+
+use mem::{Landing, PoolMrs};
+
+/// Largest RDMA WRITE or READ one work request moves.
+pub const RDMA_CHUNK: usize = 1 << 20;
+/// Completions taken per poll.
+const POLL_BATCH: usize = 64;
+
+/// Work request ids: a send slot's SEND, or an operation someone may wait for.
+pub const TAG_SLOT: u64 = 1 << 62;
+const TAG_OP: u64 = 2 << 62;
+const TAG_MASK: u64 = 3 << 62;
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The link failed or closed under an operation: nothing more is sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum LinkError {
+    #[error("the RDMA connection is closed")]
+    Closed,
+    #[error("message larger than a send slot")]
+    TooLarge,
+    #[error("memory registration failed")]
+    Registration,
+}
+
+/// How one connection's queues are sized.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rings {
+    pub recv_slots: u32,
+    /// Bytes of one receive buffer (the largest message the fabric accepts).
+    pub recv_slot_len: usize,
+    pub send_slots: u32,
+    /// Bytes of one send slot (the largest message the fabric sends).
+    pub send_slot_len: usize,
+    /// Send work requests: the slots' SENDs plus RDMA WRITEs and READs.
+    pub send_queue: u32,
+    /// RDMA READs in flight (the initiator's responder resources).
+    pub rdma_read_depth: u32,
+}
+
+/// An RC QP with its completion queues and registered receive ring, created before the CM
+/// accepts the connection (so the first SEND finds a buffer).
+pub struct Endpoint {
+    pub pd: Pd,
+    pub qp: Arc<Qp>,
+    send_cq: Cq,
+    recv_cq: Cq,
+    recv_region: Arc<Region>,
+    recv_mr: Mr,
+    rings: Rings,
+}
+
+impl Endpoint {
+    pub fn new(pd: &Pd, rings: impl Into<Rings>) -> Result<Endpoint, VerbsError> {
+        let rings = rings.into();
+        let dev = pd.device();
+        let send_cq = dev.create_cq(rings.send_queue)?;
+        let recv_cq = dev.create_cq(rings.recv_slots)?;
+        let mut init = QpInitAttr::new(QpType::Rc, &send_cq, &recv_cq);
+        init.cap.max_send_wr = rings.send_queue;
+        init.cap.max_recv_wr = rings.recv_slots;
+        init.cap.max_send_sge = 2;
+        init.cap.max_recv_sge = 1;
+        init.cap.max_inline_data = 0;
+        let qp = Arc::new(pd.create_qp(init)?);
+        let recv_region = Arc::new(Region::zeroed(
+            rings.recv_slot_len * rings.recv_slots as usize,
+        ));
+        let recv_mr = pd.reg_mr(recv_region.clone(), Access::LOCAL_WRITE)?;
+        Ok(Endpoint {
+            pd: pd.clone(),
+            qp,
+            send_cq,
+            recv_cq,
+            recv_region,
+            recv_mr,
+            rings,
+        })
+    }
+
+    /// Posts the whole receive ring (the QP must be in INIT or later).
+    pub fn post_receives(&self) -> Result<(), VerbsError> {
+        for i in 0..self.rings.recv_slots {
+            self.post_recv(i)?;
+        }
+        Ok(())
+    }
+
+    fn post_recv(&self, slot: u32) -> Result<(), VerbsError> {
+        let len = self.rings.recv_slot_len;
+        self.qp.post_recv(RecvWr {
+            wr_id: slot as u64,
+            sg_list: vec![self.recv_mr.sge(slot as usize * len, len as u32)],
+        })
+    }
+
+    pub fn rings(&self) -> Rings {
+        self.rings
+    }
+
+    pub fn send_cq(&self) -> &Cq {
+        &self.send_cq
+    }
+}
+
+/// A buffer of the initiator's, named by an RDMA descriptor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Remote {
+    pub addr: u64,
+    pub rkey: u32,
+    pub len: u32,
+}
+
+struct Op {
+    done: Option<oneshot::Sender<WcStatus>>,
+    /// Keeps a buffer (or the region owning it) until the operation completes.
+    _hold: Hold,
+    read: bool,
+}
+
+/// What an operation keeps alive until its completion.
+pub enum Hold {
+    None,
+    Buf(#[allow(dead_code)] Arc<IoBuf>),
+    Mr(#[allow(dead_code)] Arc<Mr>),
+    Landing(#[allow(dead_code)] Arc<Landing>),
+}
+
+type CloseHook = Box<dyn FnOnce() + Send>;
+
+/// The send side of a connected endpoint: send slots, queue credits and operations in flight.
+pub struct Link {
+    qp: Arc<Qp>,
+    pub pd: Pd,
+    pub send_region: Arc<Region>,
+    pub send_mr: Mr,
+    pub slot_len: usize,
+    free_slots: Mutex<Vec<u32>>,
+    slots: Semaphore,
+    /// Send queue entries not yet completed.
+    sq: Semaphore,
+    /// RDMA READs in flight.
+    reads: Semaphore,
+    ops: Mutex<HashMap<u64, Op>>,
+    next_op: AtomicU64,
+    posted: AtomicUsize,
+    closing: AtomicBool,
+    close_notify: Notify,
+    on_close: Mutex<Vec<CloseHook>>,
+    pool_mrs: Option<Arc<PoolMrs>>,
+    pub peer: SocketAddr,
+}
+
+impl std::fmt::Debug for Link {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Link")
+            .field("qpn", &self.qp.qpn())
+            .field("peer", &self.peer)
+            .finish()
+    }
+}
+
+impl Link {
+    /// The send side of `ep`; `pool_mrs` are the buffer pool's slabs registered with the
+    /// endpoint's protection domain (data moves through one-off regions without them).
+    pub fn new(
+        ep: &Endpoint,
+        peer: SocketAddr,
+        pool_mrs: Option<Arc<PoolMrs>>,
+    ) -> Result<Link, VerbsError> {
+        let r = ep.rings;
+        let send_region = Arc::new(Region::zeroed(r.send_slot_len * r.send_slots as usize));
+        let send_mr = ep.pd.reg_mr(send_region.clone(), Access::LOCAL_WRITE)?;
+        Ok(Link {
+            qp: ep.qp.clone(),
+            pd: ep.pd.clone(),
+            send_region,
+            send_mr,
+            slot_len: r.send_slot_len,
+            free_slots: Mutex::new((0..r.send_slots).rev().collect()),
+            slots: Semaphore::new(r.send_slots as usize),
+            sq: Semaphore::new(r.send_queue as usize),
+            reads: Semaphore::new(r.rdma_read_depth as usize),
+            ops: Mutex::new(HashMap::new()),
+            next_op: AtomicU64::new(1),
+            posted: AtomicUsize::new(0),
+            closing: AtomicBool::new(false),
+            close_notify: Notify::new(),
+            on_close: Mutex::new(Vec::new()),
+            pool_mrs,
+            peer,
+        })
+    }
+
+    pub fn qp(&self) -> &Arc<Qp> {
+        &self.qp
+    }
+
+    pub fn is_closing(&self) -> bool {
+        self.closing.load(Ordering::Acquire)
+    }
+
+    /// Resolves once the link is closing.
+    pub async fn closed(&self) {
+        loop {
+            let n = self.close_notify.notified();
+            tokio::pin!(n);
+            n.as_mut().enable();
+            if self.is_closing() {
+                return;
+            }
+            n.await;
+        }
+    }
+
+    /// Runs `f` once when the link closes (at once if it already has): where a fabric fails
+    /// its outstanding tasks.
+    pub fn on_close(&self, f: impl FnOnce() + Send + 'static) {
+        let mut hooks = lock(&self.on_close);
+        if self.is_closing() {
+            drop(hooks);
+            f();
+        } else {
+            hooks.push(Box::new(f));
+        }
+    }
+
+    /// Moves the QP to the error state: everything posted completes (flushed), the poller
+    /// returns every resource, waiters see the failure, and the close hooks run.
+    pub fn close(&self) {
+        let hooks = {
+            let mut h = lock(&self.on_close);
+            if self.closing.swap(true, Ordering::AcqRel) {
+                return;
+            }
+            std::mem::take(&mut *h)
+        };
+        let attr = QpAttr {
+            qp_state: Some(QpState::Err),
+            ..Default::default()
+        };
+        if let Err(e) = self.qp.modify(&attr, QpAttrMask::STATE) {
+            tracing::debug!(peer = %self.peer, error = %e, "moving the QP to error");
+        }
+        self.close_notify.notify_waiters();
+        self.slots.close();
+        self.sq.close();
+        self.reads.close();
+        for h in hooks {
+            h();
+        }
+    }
+
+    async fn credit(&self, sem: &Semaphore) -> Result<(), LinkError> {
+        if self.is_closing() {
+            return Err(LinkError::Closed);
+        }
+        match sem.acquire().await {
+            Ok(p) => {
+                p.forget();
+                Ok(())
+            }
+            Err(_) => Err(LinkError::Closed),
+        }
+    }
+
+    /// Posts `wr` (its send queue credit already taken).
+    pub fn post(&self, wr: SendWr) -> Result<(), LinkError> {
+        if self.is_closing() {
+            self.sq.add_permits(1);
+            return Err(LinkError::Closed);
+        }
+        self.posted.fetch_add(1, Ordering::AcqRel);
+        if let Err(e) = self.qp.post_send(wr) {
+            self.posted.fetch_sub(1, Ordering::AcqRel);
+            self.sq.add_permits(1);
+            tracing::debug!(peer = %self.peer, error = %e, "post_send failed");
+            self.close();
+            return Err(LinkError::Closed);
+        }
+        Ok(())
+    }
+
+    /// Takes a send queue credit (for a work request posted with [`Link::post_op`]).
+    pub async fn sq_credit(&self) -> Result<(), LinkError> {
+        self.credit(&self.sq).await
+    }
+
+    /// Takes a send slot and its send queue credit.
+    pub async fn reserve(&self) -> Result<u32, LinkError> {
+        self.credit(&self.slots).await?;
+        if let Err(e) = self.credit(&self.sq).await {
+            self.slots.add_permits(1);
+            return Err(e);
+        }
+        match lock(&self.free_slots).pop() {
+            Some(s) => Ok(s),
+            None => {
+                self.sq.add_permits(1);
+                Err(LinkError::Closed)
+            }
+        }
+    }
+
+    /// Copies `parts` one after the other into `slot` and posts them as one SEND (with
+    /// invalidate of `invalidate`).
+    pub fn post_slot(
+        &self,
+        slot: u32,
+        parts: &[&[u8]],
+        invalidate: Option<u32>,
+    ) -> Result<(), LinkError> {
+        let n: usize = parts.iter().map(|p| p.len()).sum();
+        if n > self.slot_len {
+            self.release_slot(slot);
+            self.sq.add_permits(1);
+            return Err(LinkError::TooLarge);
+        }
+        let mut off = slot as usize * self.slot_len;
+        let start = off;
+        for p in parts {
+            self.send_region.write(off, p);
+            off += p.len();
+        }
+        let op = match invalidate {
+            Some(k) => SendOp::SendWithInv(k),
+            None => SendOp::Send,
+        };
+        let wr = SendWr::new(
+            TAG_SLOT | slot as u64,
+            op,
+            vec![self.send_mr.sge(start, n as u32)],
+        );
+        if let Err(e) = self.post(wr) {
+            self.release_slot(slot);
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    /// Sends `parts` as one message.
+    pub async fn send(&self, parts: &[&[u8]], invalidate: Option<u32>) -> Result<(), LinkError> {
+        let slot = self.reserve().await?;
+        self.post_slot(slot, parts, invalidate)
+    }
+
+    pub fn release_slot(&self, slot: u32) {
+        lock(&self.free_slots).push(slot);
+        self.slots.add_permits(1);
+    }
+
+    /// Posts any work request whose completion someone may wait for (its queue credit, and
+    /// for a READ its read credit, already taken).
+    pub fn post_op(
+        &self,
+        op: SendOp,
+        sg_list: Vec<Sge>,
+        hold: Hold,
+        want: bool,
+    ) -> Result<Option<oneshot::Receiver<WcStatus>>, LinkError> {
+        let id = self.next_op.fetch_add(1, Ordering::Relaxed) & !TAG_MASK;
+        let read = matches!(op, SendOp::RdmaRead { .. });
+        let (tx, rx) = if want {
+            let (t, r) = oneshot::channel();
+            (Some(t), Some(r))
+        } else {
+            (None, None)
+        };
+        lock(&self.ops).insert(
+            id,
+            Op {
+                done: tx,
+                _hold: hold,
+                read,
+            },
+        );
+        let wr = SendWr::new(TAG_OP | id, op, sg_list);
+        if let Err(e) = self.post(wr) {
+            lock(&self.ops).remove(&id);
+            if read {
+                self.reads.add_permits(1);
+            }
+            return Err(e);
+        }
+        Ok(rx)
+    }
+
+    /// The SGE of `buf[off..off + len]` in the registered slabs.
+    fn pool_sge(&self, buf: &IoBuf, off: usize, len: u32) -> Option<Sge> {
+        self.pool_mrs.as_ref()?.sge(buf, off, len)
+    }
+
+    /// RDMA WRITEs `buf` to `remotes` in order (at most [`RDMA_CHUNK`] per work request)
+    /// and returns the bytes posted, at most the buffer's length. Does not wait: RC ordering
+    /// delivers every WRITE before a SEND posted after them, and each WRITE holds the buffer
+    /// until it completes.
+    pub async fn rdma_write(&self, buf: IoBuf, remotes: &[Remote]) -> Result<u32, LinkError> {
+        enum Src {
+            Pool(Arc<IoBuf>),
+            Owned(Arc<Mr>),
+        }
+        let len = buf.len();
+        let src = if self.pool_sge(&buf, 0, 0).is_some() {
+            Src::Pool(Arc::new(buf))
+        } else {
+            // Outside the slabs: a region that owns the buffer.
+            let mr = mem::owned_mr(&self.pd, buf).map_err(|e| {
+                tracing::warn!(error = %e, "registering a data-in buffer");
+                LinkError::Registration
+            })?;
+            Src::Owned(Arc::new(mr))
+        };
+        let mut off = 0usize;
+        for r in remotes {
+            let mut done = 0usize;
+            while done < r.len as usize && off < len {
+                let n = RDMA_CHUNK.min(r.len as usize - done).min(len - off);
+                self.sq_credit().await?;
+                let (sge, hold) = match &src {
+                    Src::Pool(b) => match self.pool_sge(b, off, n as u32) {
+                        Some(sge) => (sge, Hold::Buf(b.clone())),
+                        None => {
+                            self.sq.add_permits(1);
+                            return Err(LinkError::Registration);
+                        }
+                    },
+                    Src::Owned(m) => (m.sge(off, n as u32), Hold::Mr(m.clone())),
+                };
+                let op = SendOp::RdmaWrite {
+                    remote_addr: r.addr.wrapping_add(done as u64),
+                    rkey: r.rkey,
+                };
+                self.post_op(op, vec![sge], hold, false)?;
+                done += n;
+                off += n;
+            }
+            if off >= len {
+                break;
+            }
+        }
+        Ok(off as u32)
+    }
+
+    /// RDMA READs `remotes`, in order, into `buf` from byte `start` on, and returns the
+    /// buffer once every READ has completed. If this future is dropped early, the buffer
+    /// stays with the READs in flight and is freed after the last one completes.
+    pub async fn rdma_read(
+        &self,
+        buf: IoBuf,
+        start: usize,
+        remotes: &[Remote],
+    ) -> Result<IoBuf, LinkError> {
+        let in_slabs = self.pool_sge(&buf, 0, 0).is_some();
+        let landing = Arc::new(if in_slabs {
+            Landing::pooled(buf)
+        } else {
+            Landing::registered(&self.pd, buf).map_err(|e| {
+                tracing::warn!(error = %e, "registering a data-out buffer");
+                LinkError::Registration
+            })?
+        });
+        let mut waits = Vec::new();
+        let mut failed = None;
+        let mut off = start;
+        'all: for r in remotes {
+            let mut done = 0usize;
+            while done < r.len as usize {
+                let n = RDMA_CHUNK.min(r.len as usize - done);
+                if off + n > landing.len() {
+                    failed = Some(LinkError::TooLarge);
+                    break 'all;
+                }
+                if let Err(e) = self.credit(&self.reads).await {
+                    failed = Some(e);
+                    break 'all;
+                }
+                if let Err(e) = self.sq_credit().await {
+                    self.reads.add_permits(1);
+                    failed = Some(e);
+                    break 'all;
+                }
+                let sge = match landing.sge(self.pool_mrs.as_deref(), off, n as u32) {
+                    Some(s) => s,
+                    None => {
+                        self.reads.add_permits(1);
+                        self.sq.add_permits(1);
+                        failed = Some(LinkError::Registration);
+                        break 'all;
+                    }
+                };
+                let op = SendOp::RdmaRead {
+                    remote_addr: r.addr.wrapping_add(done as u64),
+                    rkey: r.rkey,
+                };
+                match self.post_op(op, vec![sge], Hold::Landing(landing.clone()), true) {
+                    Ok(Some(rx)) => waits.push(rx),
+                    Ok(None) => {}
+                    Err(e) => {
+                        failed = Some(e);
+                        break 'all;
+                    }
+                }
+                done += n;
+                off += n;
+            }
+        }
+        // Every READ posted completes (or is flushed) before the buffer is touched.
+        let mut ok = failed.is_none();
+        for w in waits {
+            ok &= matches!(w.await, Ok(WcStatus::Success));
+        }
+        if !ok {
+            return Err(failed.unwrap_or(LinkError::Closed));
+        }
+        Landing::into_buf(landing).ok_or(LinkError::Closed)
+    }
+
+    /// Handles one send-side completion.
+    pub fn completed(&self, wc: &WorkCompletion) {
+        self.posted.fetch_sub(1, Ordering::AcqRel);
+        self.sq.add_permits(1);
+        match wc.wr_id & TAG_MASK {
+            TAG_SLOT => self.release_slot((wc.wr_id & !TAG_MASK) as u32),
+            TAG_OP => {
+                let op = lock(&self.ops).remove(&(wc.wr_id & !TAG_MASK));
+                if let Some(op) = op {
+                    if op.read {
+                        self.reads.add_permits(1);
+                    }
+                    let Op { done, _hold, .. } = op;
+                    // The buffer is released before the waiter wakes.
+                    drop(_hold);
+                    if let Some(tx) = done {
+                        let _ = tx.send(wc.status);
+                    }
+                }
+            }
+            _ => {}
+        }
+        if wc.status != WcStatus::Success && wc.status != WcStatus::WrFlushErr {
+            tracing::warn!(
+                peer = %self.peer,
+                status = ?wc.status,
+                opcode = ?wc.opcode,
+                "RDMA send-side operation failed; closing the connection"
+            );
+            self.close();
+        }
+    }
+
+    /// Work requests posted and not yet completed.
+    pub fn posted(&self) -> usize {
+        self.posted.load(Ordering::Acquire)
+    }
+
+    /// Waits (briefly) until what was posted has gone out, so a final response is not
+    /// flushed by the close that follows it.
+    pub async fn wait_sent(&self) {
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while self.posted() > 0 && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    }
+}
+
+/// Returns send slots and credits as completions arrive; ends once the link is closed and
+/// everything posted has completed.
+pub async fn poll_send(link: Arc<Link>, cq: Cq) {
+    let mut wcs = Vec::with_capacity(POLL_BATCH);
+    loop {
+        wcs.clear();
+        cq.poll_into(&mut wcs, POLL_BATCH);
+        for wc in &wcs {
+            link.completed(wc);
+        }
+        if !wcs.is_empty() {
+            continue;
+        }
+        if link.is_closing() && link.posted() == 0 {
+            break;
+        }
+        tokio::select! {
+            _ = cq.wait_nonempty() => {}
+            _ = link.closed(), if !link.is_closing() => {}
+            // A closed QP flushes what it holds; this only bounds the wait for a QP that
+            // was already gone.
+            _ = tokio::time::sleep(Duration::from_millis(200)), if link.is_closing() => {
+                if link.qp.state() != QpState::Err {
+                    break;
+                }
+            }
+        }
+    }
+    // Operations that never completed (the QP vanished) fail now.
+    let ops: Vec<Op> = lock(&link.ops).drain().map(|(_, o)| o).collect();
+    drop(ops);
+}
+
+/// A receive completion.
+#[derive(Debug)]
+pub enum RxEvent {
+    /// One message, copied out of its ring slot.
+    Msg(Bytes),
+    /// The QP failed or was flushed.
+    Failed(WcStatus),
+}
+
+/// The receive ring of an endpoint.
+pub struct Receiver {
+    ep: Endpoint,
+    wcs: Vec<WorkCompletion>,
+}
+
+impl Receiver {
+    pub fn new(ep: Endpoint) -> Receiver {
+        Receiver {
+            ep,
+            wcs: Vec::with_capacity(POLL_BATCH),
+        }
+    }
+
+    /// Takes waiting receive completions: copies each message out and posts its buffer again.
+    pub fn take(&mut self, out: &mut Vec<RxEvent>) {
+        self.wcs.clear();
+        self.ep.recv_cq.poll_into(&mut self.wcs, POLL_BATCH);
+        let slot_len = self.ep.rings.recv_slot_len;
+        for wc in &self.wcs {
+            if wc.status != WcStatus::Success || wc.opcode != WcOpcode::Recv {
+                out.push(RxEvent::Failed(wc.status));
+                continue;
+            }
+            let slot = wc.wr_id as u32;
+            let len = (wc.byte_len as usize).min(slot_len);
+            // The one copy out of the ring: the buffer is posted again right away.
+            let mut buf = vec![0u8; len];
+            self.ep.recv_region.read(slot as usize * slot_len, &mut buf);
+            if let Err(e) = self.ep.post_recv(slot) {
+                tracing::debug!(error = %e, "reposting a receive");
+            }
+            out.push(RxEvent::Msg(Bytes::from(buf)));
+        }
+    }
+
+    pub async fn wait(&self) {
+        self.ep.recv_cq.wait_nonempty().await
+    }
+
+    /// The next receive event, or [`LinkError::Closed`] once `link` closes.
+    pub async fn next(
+        &mut self,
+        link: &Link,
+        queue: &mut Vec<RxEvent>,
+    ) -> Result<RxEvent, LinkError> {
+        loop {
+            if !queue.is_empty() {
+                return Ok(queue.remove(0));
+            }
+            self.take(queue);
+            if !queue.is_empty() {
+                continue;
+            }
+            tokio::select! {
+                _ = self.wait() => {}
+                _ = link.closed() => return Err(LinkError::Closed),
+            }
+        }
+    }
+}
