@@ -13,6 +13,7 @@ use rustls::pki_types::{CertificateDer, ServerName};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
+pub use crate::resource::segment;
 use crate::server::ErrorBody;
 
 /// Where the API is.
@@ -594,19 +595,6 @@ pub fn discover(given: &Given, probe: &dyn Probe) -> Result<Found, ClientError> 
 
 /// Largest response body accepted.
 const MAX_REPLY: usize = 64 << 20;
-
-/// Percent-encodes a path segment (iSCSI names hold ':', portals '[' and ']').
-pub fn segment(s: &str) -> String {
-    let mut out = String::new();
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || b"-._~:".contains(&b) {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
-}
 
 /// Parses a complete HTTP/1.1 response.
 pub fn parse_reply(bytes: &[u8]) -> Result<Reply, ClientError> {

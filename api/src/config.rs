@@ -514,6 +514,25 @@ pub enum LunFault {
     Twice,
 }
 
+/// A part of the document that the API reads and writes on its own (a port, an ACL).
+pub trait Item:
+    Clone + PartialEq + fmt::Debug + Serialize + DeserializeOwned + ToSchema + Send + Sync + 'static
+{
+}
+
+impl<T> Item for T where
+    T: Clone
+        + PartialEq
+        + fmt::Debug
+        + Serialize
+        + DeserializeOwned
+        + ToSchema
+        + Send
+        + Sync
+        + 'static
+{
+}
+
 /// An initiator admitted to a [`Port`], whatever the fabric: an iSCSI ACL, an SRP ACL.
 pub trait PortAcl {
     /// The initiator, as the fabric names it.
@@ -543,16 +562,7 @@ pub trait PortAcl {
 /// served alike. A fabric's own settings (portals, CHAP, listen addresses) stay with its type.
 pub trait Port {
     /// The port's ACL.
-    type Acl: PortAcl
-        + Clone
-        + PartialEq
-        + fmt::Debug
-        + Serialize
-        + DeserializeOwned
-        + ToSchema
-        + Send
-        + Sync
-        + 'static;
+    type Acl: PortAcl + Item;
 
     /// How validation messages name the kind: `portal group`, `SRP port`.
     const NOUN: &'static str;
@@ -591,6 +601,32 @@ pub trait Port {
     }
 }
 
+/// The list accessors of a [`Port`] whose fields are `luns`, `acls` and
+/// `allow_any_initiator`.
+macro_rules! port_lists {
+    ($acl:ty) => {
+        fn luns(&self) -> &[Lun] {
+            &self.luns
+        }
+
+        fn luns_mut(&mut self) -> &mut Vec<Lun> {
+            &mut self.luns
+        }
+
+        fn acls(&self) -> &[$acl] {
+            &self.acls
+        }
+
+        fn acls_mut(&mut self) -> &mut Vec<$acl> {
+            &mut self.acls
+        }
+
+        fn allow_any_initiator(&self) -> bool {
+            self.allow_any_initiator
+        }
+    };
+}
+
 impl PortAcl for Acl {
     fn initiator(&self) -> &str {
         &self.initiator
@@ -622,25 +658,7 @@ impl Port for PortalGroup {
 
     const NOUN: &'static str = "portal group";
 
-    fn luns(&self) -> &[Lun] {
-        &self.luns
-    }
-
-    fn luns_mut(&mut self) -> &mut Vec<Lun> {
-        &mut self.luns
-    }
-
-    fn acls(&self) -> &[Acl] {
-        &self.acls
-    }
-
-    fn acls_mut(&mut self) -> &mut Vec<Acl> {
-        &mut self.acls
-    }
-
-    fn allow_any_initiator(&self) -> bool {
-        self.allow_any_initiator
-    }
+    port_lists!(Acl);
 
     fn redact(&mut self) {
         self.auth.redact();
@@ -678,25 +696,7 @@ impl Port for SrpPort {
 
     const NOUN: &'static str = "SRP port";
 
-    fn luns(&self) -> &[Lun] {
-        &self.luns
-    }
-
-    fn luns_mut(&mut self) -> &mut Vec<Lun> {
-        &mut self.luns
-    }
-
-    fn acls(&self) -> &[SrpAcl] {
-        &self.acls
-    }
-
-    fn acls_mut(&mut self) -> &mut Vec<SrpAcl> {
-        &mut self.acls
-    }
-
-    fn allow_any_initiator(&self) -> bool {
-        self.allow_any_initiator
-    }
+    port_lists!(SrpAcl);
 
     fn lun_fault(lun: u64, _: LunFault) -> String {
         format!("LUN {lun} is out of range (0-16383) or listed twice")
