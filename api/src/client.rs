@@ -13,7 +13,9 @@ use rustls::pki_types::{CertificateDer, ServerName};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
+use crate::config::Lun;
 pub use crate::resource::segment;
+use crate::resource::{collection_path, PortKind, PortPath};
 use crate::server::ErrorBody;
 
 /// Where the API is.
@@ -383,6 +385,65 @@ impl Client {
         let r =
             Self::check(self.request("PUT", path, Some("application/yaml"), yaml.as_bytes())?)?;
         Ok(serde_json::from_slice(&r.body)?)
+    }
+}
+
+// ---- ports of every fabric ----
+
+/// The ports of every fabric (iSCSI portal groups, SRP target ports), their LUNs and their
+/// ACLs, alike.
+impl Client {
+    /// The ports of kind `K` in the collection of `parent`.
+    pub fn ports<K: PortKind>(&self, parent: &K::Parent) -> Result<Vec<K>, ClientError> {
+        self.get(&collection_path::<K>(parent))
+    }
+
+    /// Creates a port; answers with it as created (secrets shown as `********`).
+    pub fn create_port<K: PortKind>(&self, parent: &K::Parent, port: &K) -> Result<K, ClientError> {
+        let created = self.send("POST", &collection_path::<K>(parent), port)?;
+        Ok(serde_json::from_value(created)?)
+    }
+
+    pub fn port<K: PortKind>(&self, port: &PortPath<K>) -> Result<K, ClientError> {
+        self.get(port.as_str())
+    }
+
+    pub fn delete_port<K: PortKind>(&self, port: &PortPath<K>) -> Result<(), ClientError> {
+        self.delete(port.as_str())
+    }
+
+    pub fn luns<K: PortKind>(&self, port: &PortPath<K>) -> Result<Vec<Lun>, ClientError> {
+        self.get(&port.luns())
+    }
+
+    /// Maps a backstore as a LUN of the port.
+    pub fn add_lun<K: PortKind>(&self, port: &PortPath<K>, lun: &Lun) -> Result<(), ClientError> {
+        self.send("POST", &port.luns(), lun).map(drop)
+    }
+
+    pub fn remove_lun<K: PortKind>(&self, port: &PortPath<K>, lun: u64) -> Result<(), ClientError> {
+        self.delete(&port.lun(lun))
+    }
+
+    pub fn acls<K: PortKind>(&self, port: &PortPath<K>) -> Result<Vec<K::Acl>, ClientError> {
+        self.get(&port.acls())
+    }
+
+    /// Admits an initiator to the port.
+    pub fn add_acl<K: PortKind>(
+        &self,
+        port: &PortPath<K>,
+        acl: &K::Acl,
+    ) -> Result<(), ClientError> {
+        self.send("POST", &port.acls(), acl).map(drop)
+    }
+
+    pub fn remove_acl<K: PortKind>(
+        &self,
+        port: &PortPath<K>,
+        initiator: &str,
+    ) -> Result<(), ClientError> {
+        self.delete(&port.acl(initiator))
     }
 }
 

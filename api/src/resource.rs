@@ -301,6 +301,14 @@ fn fill(template: &str, values: &[String]) -> String {
     out
 }
 
+/// The path of the collection of ports of kind `K` that `parent` names, e.g.
+/// `/api/v1/targets/iqn…/tpgs`.
+pub fn collection_path<K: PortKind>(parent: &K::Parent) -> String {
+    let mut values = Vec::new();
+    parent.segments(&mut values);
+    format!("{API_PREFIX}{}", fill(K::COLLECTION, &values))
+}
+
 /// Where one port is in the API, e.g. `/api/v1/targets/iqn…/tpgs/1`; its LUN and ACL lists
 /// are below it.
 pub struct PortPath<K> {
@@ -508,6 +516,11 @@ mod tests {
             "/targets/{target}/tpgs/{tag}/acls/{initiator}"
         );
         assert_eq!(template::<SrpPort>(Part::Port, Verb::List), "/srp/ports");
+        assert_eq!(collection_path::<SrpPort>(&()), "/api/v1/srp/ports");
+        assert_eq!(
+            collection_path::<PortalGroup>(&"iqn.2025-01.io.rtgt:t".into()),
+            "/api/v1/targets/iqn.2025-01.io.rtgt:t/tpgs"
+        );
         let ids: Vec<_> = OPERATIONS
             .iter()
             .map(|(p, v)| operation_id::<SrpPort>(*p, *v))
