@@ -1162,26 +1162,29 @@ impl Config {
         self.backstores.iter().find(|b| b.name == name)
     }
 
+    /// Every LUN of every port, in the document's order, with its port as messages name it
+    /// (`iqn.2025-01.io.rtgt:t portal group 1`, `SRP target port p0`).
+    pub fn port_luns(&self) -> impl Iterator<Item = (String, &Lun)> {
+        let groups = self.targets.iter().flat_map(|t| {
+            t.portal_groups.iter().flat_map(move |g| {
+                let port = format!("{} portal group {}", t.name, g.tag);
+                g.luns.iter().map(move |l| (port.clone(), l))
+            })
+        });
+        let srp = self.srp.iter().flat_map(|p| {
+            let port = format!("SRP target port {}", p.name);
+            p.luns.iter().map(move |l| (port.clone(), l))
+        });
+        groups.chain(srp)
+    }
+
     /// Checks what the types cannot: references, uniqueness, ranges. Returns the path of the
     /// bad field and why.
     pub fn validate(&self) -> Result<(), (String, String)> {
         let mut names = HashSet::new();
         for (i, b) in self.backstores.iter().enumerate() {
             let at = |f: &str| format!("backstores[{i}].{f}");
-            if b.name.is_empty()
-                || !b
-                    .name
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
-            {
-                return Err((
-                    at("name"),
-                    format!(
-                        "invalid name {:?}: use letters, digits, '-', '_' and '.'",
-                        b.name
-                    ),
-                ));
-            }
+            validate_name(&b.name, "-_.").map_err(|m| (at("name"), m))?;
             if !names.insert(b.name.as_str()) {
                 return Err((at("name"), format!("duplicate backstore name {:?}", b.name)));
             }
@@ -1329,20 +1332,7 @@ impl Config {
         let mut ids = HashSet::new();
         for (si, p) in self.srp.iter().enumerate() {
             let at = |f: &str| format!("srp[{si}].{f}");
-            if p.name.is_empty()
-                || !p
-                    .name
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || "-_.:".contains(c))
-            {
-                return Err((
-                    at("name"),
-                    format!(
-                        "invalid name {:?}: use letters, digits, '-', '_', '.' and ':'",
-                        p.name
-                    ),
-                ));
-            }
+            validate_name(&p.name, "-_.:").map_err(|m| (at("name"), m))?;
             if !names.insert(p.name.as_str()) {
                 return Err((at("name"), format!("duplicate SRP port {:?}", p.name)));
             }
@@ -1429,6 +1419,24 @@ impl Config {
         }
         Ok(())
     }
+}
+
+/// Checks a name of ASCII letters, digits and the characters of `others`.
+fn validate_name(name: &str, others: &str) -> Result<(), String> {
+    if !name.is_empty()
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || others.contains(c))
+    {
+        return Ok(());
+    }
+    let quoted: Vec<String> = others.chars().map(|c| format!("'{c}'")).collect();
+    let allowed = match quoted.split_last() {
+        Some((last, [])) => format!("letters, digits and {last}"),
+        Some((last, rest)) => format!("letters, digits, {} and {last}", rest.join(", ")),
+        None => "letters and digits".into(),
+    };
+    Err(format!("invalid name {name:?}: use {allowed}"))
 }
 
 /// RFC 7143 §4.2.7: iqn., eui. and naa. names.
@@ -1927,6 +1935,47 @@ mod tests {
         ] {
             assert_eq!(err_of(&doc), (path, message.to_string()), "{doc}");
         }
+    }
+
+    #[test]
+    fn names_say_what_they_may_hold() {
+        assert_eq!(
+            err_of("backstores: [{name: 'a b', type: null, size: 1M}]\n"),
+            (
+                "backstores[0].name".into(),
+                "invalid name \"a b\": use letters, digits, '-', '_' and '.'".into()
+            )
+        );
+        assert_eq!(
+            err_of("srp: [{name: ''}]\n"),
+            (
+                "srp[0].name".into(),
+                "invalid name \"\": use letters, digits, '-', '_', '.' and ':'".into()
+            )
+        );
+        assert_eq!(validate_name("a", ""), Ok(()));
+        assert_eq!(
+            validate_name("a.", "_"),
+            Err("invalid name \"a.\": use letters, digits and '_'".into())
+        );
+    }
+
+    #[test]
+    fn luns_of_every_port() {
+        let c = Config::from_yaml(
+            "backstores: [{name: a, type: null, size: 1M}]\ntargets:\n  - name: iqn.2025-01.io.rtgt:t\n    portal_groups:\n      - {tag: 2, portals: ['0.0.0.0:3260'], luns: [{lun: 0, backstore: a}, {lun: 1, backstore: a}]}\nsrp: [{name: p0, luns: [{lun: 7, backstore: a}]}]\n",
+            Path::new("t.yaml"),
+        )
+        .unwrap();
+        let luns: Vec<_> = c.port_luns().map(|(port, l)| (port, l.lun)).collect();
+        assert_eq!(
+            luns,
+            [
+                ("iqn.2025-01.io.rtgt:t portal group 2".to_string(), 0),
+                ("iqn.2025-01.io.rtgt:t portal group 2".to_string(), 1),
+                ("SRP target port p0".to_string(), 7),
+            ]
+        );
     }
 
     #[test]

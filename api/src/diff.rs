@@ -194,12 +194,7 @@ pub fn restart_sections(report: &mut ChangeReport, old: &Config, new: &Config) {
 
 /// Whether a LUN maps the backstore.
 pub fn in_use(c: &Config, name: &str) -> bool {
-    c.targets
-        .iter()
-        .flat_map(|t| t.portal_groups.iter())
-        .flat_map(|g| g.luns.iter())
-        .chain(c.srp.iter().flat_map(|p| p.luns.iter()))
-        .any(|l| l.backstore == name)
+    c.port_luns().any(|(_, l)| l.backstore == name)
 }
 
 /// Reports what differs between two versions of a target: portal groups, their portals,

@@ -694,29 +694,11 @@ async fn delete_backstore(State(st): St, PathParams(name): PathParams<String>) -
                 .iter()
                 .position(|b| b.name == name)
                 .ok_or_else(|| ApiError::not_found(format!("no backstore {name:?}")))?;
-            for t in &c.targets {
-                for g in &t.portal_groups {
-                    if let Some(l) = g.luns.iter().find(|l| l.backstore == name) {
-                        return Err(ApiError::conflict(
-                            "name",
-                            format!(
-                                "backstore {name:?} is in use: LUN {} of {} portal group {}",
-                                l.lun, t.name, g.tag
-                            ),
-                        ));
-                    }
-                }
-            }
-            for p in &c.srp {
-                if let Some(l) = p.luns.iter().find(|l| l.backstore == name) {
-                    return Err(ApiError::conflict(
-                        "name",
-                        format!(
-                            "backstore {name:?} is in use: LUN {} of SRP target port {}",
-                            l.lun, p.name
-                        ),
-                    ));
-                }
+            if let Some((port, l)) = c.port_luns().find(|(_, l)| l.backstore == name) {
+                return Err(ApiError::conflict(
+                    "name",
+                    format!("backstore {name:?} is in use: LUN {} of {port}", l.lun),
+                ));
             }
             c.backstores.remove(i);
             Ok(())
