@@ -5,6 +5,12 @@
 //! operations ([`OPERATIONS`]) at paths, parameter names and wording that its [`PortKind`]
 //! gives. The server's handlers and OpenAPI document, the client and rtgtctl all work from
 //! it, so another fabric's ports are one more [`PortKind`].
+//!
+//! Adding a kind (say NVMe-oF subsystems, their namespaces as the LUN list and their
+//! allowed hosts as the ACL list): its type in the configuration with a [`Port`] impl
+//! (and [`crate::config::PortAcl`] for its ACL), its own settings checked in
+//! [`Config::validate`] and compared in [`crate::diff`], its LUNs listed by
+//! [`Config::port_luns`], a [`PortKind`] impl here, and one line in [`each_kind`].
 
 use std::fmt;
 use std::marker::PhantomData;
@@ -176,7 +182,7 @@ pub trait PortKind: Port + Item {
 
     /// What names a port in its collection: the tag of a portal group, the name of an SRP
     /// port.
-    type Id: PathArgs + Clone + PartialEq + fmt::Display + fmt::Debug;
+    type Id: PathArgs + PartialEq;
 
     /// The collection's path below [`API_PREFIX`], its parameters in braces.
     const COLLECTION: &'static str;
