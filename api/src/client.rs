@@ -13,6 +13,9 @@ use rustls::pki_types::{CertificateDer, ServerName};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
+use crate::config::Lun;
+pub use crate::resource::segment;
+use crate::resource::{collection_path, PortKind, PortPath};
 use crate::server::ErrorBody;
 
 /// Where the API is.
@@ -385,6 +388,65 @@ impl Client {
     }
 }
 
+// ---- ports of every fabric ----
+
+/// The ports of every fabric (iSCSI portal groups, SRP target ports), their LUNs and their
+/// ACLs, alike.
+impl Client {
+    /// The ports of kind `K` in the collection of `parent`.
+    pub fn ports<K: PortKind>(&self, parent: &K::Parent) -> Result<Vec<K>, ClientError> {
+        self.get(&collection_path::<K>(parent))
+    }
+
+    /// Creates a port; answers with it as created (secrets shown as `********`).
+    pub fn create_port<K: PortKind>(&self, parent: &K::Parent, port: &K) -> Result<K, ClientError> {
+        let created = self.send("POST", &collection_path::<K>(parent), port)?;
+        Ok(serde_json::from_value(created)?)
+    }
+
+    pub fn port<K: PortKind>(&self, port: &PortPath<K>) -> Result<K, ClientError> {
+        self.get(port.as_str())
+    }
+
+    pub fn delete_port<K: PortKind>(&self, port: &PortPath<K>) -> Result<(), ClientError> {
+        self.delete(port.as_str())
+    }
+
+    pub fn luns<K: PortKind>(&self, port: &PortPath<K>) -> Result<Vec<Lun>, ClientError> {
+        self.get(&port.luns())
+    }
+
+    /// Maps a backstore as a LUN of the port.
+    pub fn add_lun<K: PortKind>(&self, port: &PortPath<K>, lun: &Lun) -> Result<(), ClientError> {
+        self.send("POST", &port.luns(), lun).map(drop)
+    }
+
+    pub fn remove_lun<K: PortKind>(&self, port: &PortPath<K>, lun: u64) -> Result<(), ClientError> {
+        self.delete(&port.lun(lun))
+    }
+
+    pub fn acls<K: PortKind>(&self, port: &PortPath<K>) -> Result<Vec<K::Acl>, ClientError> {
+        self.get(&port.acls())
+    }
+
+    /// Admits an initiator to the port.
+    pub fn add_acl<K: PortKind>(
+        &self,
+        port: &PortPath<K>,
+        acl: &K::Acl,
+    ) -> Result<(), ClientError> {
+        self.send("POST", &port.acls(), acl).map(drop)
+    }
+
+    pub fn remove_acl<K: PortKind>(
+        &self,
+        port: &PortPath<K>,
+        initiator: &str,
+    ) -> Result<(), ClientError> {
+        self.delete(&port.acl(initiator))
+    }
+}
+
 // ---- finding the API ----
 
 /// The socket `cargo run --bin rtgtd` makes (default state directory `./rtgt-state`).
@@ -594,19 +656,6 @@ pub fn discover(given: &Given, probe: &dyn Probe) -> Result<Found, ClientError> 
 
 /// Largest response body accepted.
 const MAX_REPLY: usize = 64 << 20;
-
-/// Percent-encodes a path segment (iSCSI names hold ':', portals '[' and ']').
-pub fn segment(s: &str) -> String {
-    let mut out = String::new();
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || b"-._~:".contains(&b) {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
-}
 
 /// Parses a complete HTTP/1.1 response.
 pub fn parse_reply(bytes: &[u8]) -> Result<Reply, ClientError> {

@@ -11,6 +11,7 @@ use std::io::Write;
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 
+use serde::de::DeserializeOwned;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use utoipa::ToSchema;
 
@@ -501,6 +502,207 @@ pub fn valid_srp_port_name(s: &str) -> bool {
         .is_some_and(|h| h.len() == 32 && h.chars().all(|c| c.is_ascii_hexdigit()))
 }
 
+/// LUN numbers a port may have: 0 to 16383 (SAM's flat space addressing).
+pub const LUN_LIMIT: u64 = 16384;
+
+/// Why a LUN number cannot be in a port's list.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LunFault {
+    /// It is [`LUN_LIMIT`] or more.
+    OutOfRange,
+    /// An earlier entry has it.
+    Twice,
+}
+
+/// A part of the document that the API reads and writes on its own (a port, an ACL).
+pub trait Item:
+    Clone + PartialEq + fmt::Debug + Serialize + DeserializeOwned + ToSchema + Send + Sync + 'static
+{
+}
+
+impl<T> Item for T where
+    T: Clone
+        + PartialEq
+        + fmt::Debug
+        + Serialize
+        + DeserializeOwned
+        + ToSchema
+        + Send
+        + Sync
+        + 'static
+{
+}
+
+/// An initiator admitted to a [`Port`], whatever the fabric: an iSCSI ACL, an SRP ACL.
+pub trait PortAcl {
+    /// The initiator, as the fabric names it.
+    fn initiator(&self) -> &str;
+
+    /// Whether `name` names this ACL's initiator, compared as the fabric compares names.
+    fn names(&self, name: &str) -> bool;
+
+    /// LUNs the initiator sees; when empty, all of the port's under their own numbers.
+    fn mapped_luns(&self) -> &[MappedLun];
+
+    /// Checks the initiator's name; the error says why it is not one of the fabric.
+    fn validate_initiator(&self) -> Result<(), String>;
+
+    /// Checks what else the ACL holds; the error names the field below the ACL and why.
+    fn validate_rest(&self) -> Result<(), (String, String)> {
+        Ok(())
+    }
+
+    /// Replaces every secret it holds by [`REDACTED`].
+    fn redact(&mut self) {}
+}
+
+/// What initiators reach LUNs through, whatever the fabric: an iSCSI portal group, an SRP
+/// target port. Each has a list of LUNs (backstores under a number) and a list of ACLs
+/// (initiators admitted, each with the LUNs it sees); both are validated, compared and
+/// served alike. A fabric's own settings (portals, CHAP, listen addresses) stay with its type.
+pub trait Port {
+    /// The port's ACL.
+    type Acl: PortAcl + Item;
+
+    /// How validation messages name the kind: `portal group`, `SRP port`.
+    const NOUN: &'static str;
+
+    fn luns(&self) -> &[Lun];
+
+    fn luns_mut(&mut self) -> &mut Vec<Lun>;
+
+    fn acls(&self) -> &[Self::Acl];
+
+    fn acls_mut(&mut self) -> &mut Vec<Self::Acl>;
+
+    /// Whether any initiator is admitted, and sees all LUNs, without an ACL.
+    fn allow_any_initiator(&self) -> bool;
+
+    /// Replaces every secret it holds by [`REDACTED`].
+    fn redact(&mut self) {
+        self.acls_mut().iter_mut().for_each(PortAcl::redact);
+    }
+
+    /// A copy with every secret replaced by [`REDACTED`].
+    fn redacted(mut self) -> Self
+    where
+        Self: Sized,
+    {
+        self.redact();
+        self
+    }
+
+    /// Why LUN `lun` cannot be in the list.
+    fn lun_fault(lun: u64, fault: LunFault) -> String {
+        match fault {
+            LunFault::OutOfRange => format!("LUN {lun} is out of range (0-16383)"),
+            LunFault::Twice => format!("LUN {lun} is listed twice"),
+        }
+    }
+}
+
+/// The list accessors of a [`Port`] whose fields are `luns`, `acls` and
+/// `allow_any_initiator`.
+macro_rules! port_lists {
+    ($acl:ty) => {
+        fn luns(&self) -> &[Lun] {
+            &self.luns
+        }
+
+        fn luns_mut(&mut self) -> &mut Vec<Lun> {
+            &mut self.luns
+        }
+
+        fn acls(&self) -> &[$acl] {
+            &self.acls
+        }
+
+        fn acls_mut(&mut self) -> &mut Vec<$acl> {
+            &mut self.acls
+        }
+
+        fn allow_any_initiator(&self) -> bool {
+            self.allow_any_initiator
+        }
+    };
+}
+
+impl PortAcl for Acl {
+    fn initiator(&self) -> &str {
+        &self.initiator
+    }
+
+    fn names(&self, name: &str) -> bool {
+        self.initiator == name
+    }
+
+    fn mapped_luns(&self) -> &[MappedLun] {
+        &self.mapped_luns
+    }
+
+    fn validate_initiator(&self) -> Result<(), String> {
+        validate_iscsi_name(&self.initiator)
+    }
+
+    fn validate_rest(&self) -> Result<(), (String, String)> {
+        validate_auth(&self.auth).map_err(|(f, m)| (format!("auth.{f}"), m))
+    }
+
+    fn redact(&mut self) {
+        self.auth.redact();
+    }
+}
+
+impl Port for PortalGroup {
+    type Acl = Acl;
+
+    const NOUN: &'static str = "portal group";
+
+    port_lists!(Acl);
+
+    fn redact(&mut self) {
+        self.auth.redact();
+        self.acls.iter_mut().for_each(PortAcl::redact);
+    }
+}
+
+impl PortAcl for SrpAcl {
+    fn initiator(&self) -> &str {
+        &self.initiator
+    }
+
+    /// SRP initiator port identifiers are hex: case does not matter.
+    fn names(&self, name: &str) -> bool {
+        self.initiator.eq_ignore_ascii_case(name)
+    }
+
+    fn mapped_luns(&self) -> &[MappedLun] {
+        &self.mapped_luns
+    }
+
+    fn validate_initiator(&self) -> Result<(), String> {
+        if valid_srp_port_name(&self.initiator) {
+            return Ok(());
+        }
+        Err(format!(
+            "{:?} is not an SRP initiator port identifier (0x and 32 hex digits)",
+            self.initiator
+        ))
+    }
+}
+
+impl Port for SrpPort {
+    type Acl = SrpAcl;
+
+    const NOUN: &'static str = "SRP port";
+
+    port_lists!(SrpAcl);
+
+    fn lun_fault(lun: u64, _: LunFault) -> String {
+        format!("LUN {lun} is out of range (0-16383) or listed twice")
+    }
+}
+
 /// The most microseconds of busy polling a setting may ask for.
 pub const MAX_BUSY_POLL_MICROS: u32 = 10_000;
 
@@ -929,13 +1131,9 @@ impl Config {
         let mut c = self.clone();
         c.discovery.auth.redact();
         for t in &mut c.targets {
-            for g in &mut t.portal_groups {
-                g.auth.redact();
-                for a in &mut g.acls {
-                    a.auth.redact();
-                }
-            }
+            t.portal_groups.iter_mut().for_each(Port::redact);
         }
+        c.srp.iter_mut().for_each(Port::redact);
         c
     }
 
@@ -964,26 +1162,29 @@ impl Config {
         self.backstores.iter().find(|b| b.name == name)
     }
 
+    /// Every LUN of every port, in the document's order, with its port as messages name it
+    /// (`iqn.2025-01.io.rtgt:t portal group 1`, `SRP target port p0`).
+    pub fn port_luns(&self) -> impl Iterator<Item = (String, &Lun)> {
+        let groups = self.targets.iter().flat_map(|t| {
+            t.portal_groups.iter().flat_map(move |g| {
+                let port = format!("{} portal group {}", t.name, g.tag);
+                g.luns.iter().map(move |l| (port.clone(), l))
+            })
+        });
+        let srp = self.srp.iter().flat_map(|p| {
+            let port = format!("SRP target port {}", p.name);
+            p.luns.iter().map(move |l| (port.clone(), l))
+        });
+        groups.chain(srp)
+    }
+
     /// Checks what the types cannot: references, uniqueness, ranges. Returns the path of the
     /// bad field and why.
     pub fn validate(&self) -> Result<(), (String, String)> {
         let mut names = HashSet::new();
         for (i, b) in self.backstores.iter().enumerate() {
             let at = |f: &str| format!("backstores[{i}].{f}");
-            if b.name.is_empty()
-                || !b
-                    .name
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
-            {
-                return Err((
-                    at("name"),
-                    format!(
-                        "invalid name {:?}: use letters, digits, '-', '_' and '.'",
-                        b.name
-                    ),
-                ));
-            }
+            validate_name(&b.name, "-_.").map_err(|m| (at("name"), m))?;
             if !names.insert(b.name.as_str()) {
                 return Err((at("name"), format!("duplicate backstore name {:?}", b.name)));
             }
@@ -1109,54 +1310,7 @@ impl Config {
                     }
                 }
                 validate_auth(&g.auth).map_err(|(f, m)| (gat(&format!("auth.{f}")), m))?;
-                let mut luns = HashSet::new();
-                for (li, l) in g.luns.iter().enumerate() {
-                    if l.lun >= 16384 {
-                        return Err((
-                            gat(&format!("luns[{li}].lun")),
-                            format!("LUN {} is out of range (0-16383)", l.lun),
-                        ));
-                    }
-                    if !luns.insert(l.lun) {
-                        return Err((
-                            gat(&format!("luns[{li}].lun")),
-                            format!("LUN {} is listed twice", l.lun),
-                        ));
-                    }
-                    if self.backstore(&l.backstore).is_none() {
-                        return Err((
-                            gat(&format!("luns[{li}].backstore")),
-                            format!("unknown backstore {:?}", l.backstore),
-                        ));
-                    }
-                }
-                let mut initiators = HashSet::new();
-                for (ai, a) in g.acls.iter().enumerate() {
-                    let aat = |f: &str| gat(&format!("acls[{ai}].{f}"));
-                    validate_iscsi_name(&a.initiator).map_err(|m| (aat("initiator"), m))?;
-                    if !initiators.insert(a.initiator.to_ascii_lowercase()) {
-                        return Err((
-                            aat("initiator"),
-                            format!("duplicate ACL for {:?}", a.initiator),
-                        ));
-                    }
-                    validate_auth(&a.auth).map_err(|(f, m)| (aat(&format!("auth.{f}")), m))?;
-                    let mut seen = HashSet::new();
-                    for (mi, m) in a.mapped_luns.iter().enumerate() {
-                        if m.lun >= 16384 || !seen.insert(m.lun) {
-                            return Err((
-                                aat(&format!("mapped_luns[{mi}].lun")),
-                                format!("LUN {} is out of range or listed twice", m.lun),
-                            ));
-                        }
-                        if !luns.contains(&m.tpg_lun) {
-                            return Err((
-                                aat(&format!("mapped_luns[{mi}].tpg_lun")),
-                                format!("the portal group has no LUN {}", m.tpg_lun),
-                            ));
-                        }
-                    }
-                }
+                self.validate_port(g, &gat)?;
                 validate_params(&g.params).map_err(|(f, m)| (gat(&format!("params.{f}")), m))?;
             }
         }
@@ -1178,20 +1332,7 @@ impl Config {
         let mut ids = HashSet::new();
         for (si, p) in self.srp.iter().enumerate() {
             let at = |f: &str| format!("srp[{si}].{f}");
-            if p.name.is_empty()
-                || !p
-                    .name
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || "-_.:".contains(c))
-            {
-                return Err((
-                    at("name"),
-                    format!(
-                        "invalid name {:?}: use letters, digits, '-', '_', '.' and ':'",
-                        p.name
-                    ),
-                ));
-            }
+            validate_name(&p.name, "-_.:").map_err(|m| (at("name"), m))?;
             if !names.insert(p.name.as_str()) {
                 return Err((at("name"), format!("duplicate SRP port {:?}", p.name)));
             }
@@ -1216,58 +1357,86 @@ impl Config {
                     ));
                 }
             }
-            let mut luns = HashSet::new();
-            for (li, l) in p.luns.iter().enumerate() {
-                if l.lun >= 16384 || !luns.insert(l.lun) {
-                    return Err((
-                        at(&format!("luns[{li}].lun")),
-                        format!("LUN {} is out of range (0-16383) or listed twice", l.lun),
-                    ));
-                }
-                if self.backstore(&l.backstore).is_none() {
-                    return Err((
-                        at(&format!("luns[{li}].backstore")),
-                        format!("unknown backstore {:?}", l.backstore),
-                    ));
-                }
+            self.validate_port(p, &at)?;
+        }
+        Ok(())
+    }
+
+    /// Checks a port's LUN and ACL lists, alike on every fabric: LUN numbers in range and
+    /// listed once, on backstores that exist; initiators named as the fabric names them and
+    /// admitted once; mapped LUNs in range, listed once and on the port. `at` makes the
+    /// path of a field of the port.
+    fn validate_port<P: Port>(
+        &self,
+        p: &P,
+        at: &dyn Fn(&str) -> String,
+    ) -> Result<(), (String, String)> {
+        let mut luns = HashSet::new();
+        for (li, l) in p.luns().iter().enumerate() {
+            let fault = if l.lun >= LUN_LIMIT {
+                Some(LunFault::OutOfRange)
+            } else if !luns.insert(l.lun) {
+                Some(LunFault::Twice)
+            } else {
+                None
+            };
+            if let Some(fault) = fault {
+                return Err((at(&format!("luns[{li}].lun")), P::lun_fault(l.lun, fault)));
             }
-            let mut initiators = HashSet::new();
-            for (ai, a) in p.acls.iter().enumerate() {
-                let aat = |f: &str| at(&format!("acls[{ai}].{f}"));
-                if !valid_srp_port_name(&a.initiator) {
+            if self.backstore(&l.backstore).is_none() {
+                return Err((
+                    at(&format!("luns[{li}].backstore")),
+                    format!("unknown backstore {:?}", l.backstore),
+                ));
+            }
+        }
+        let mut initiators = HashSet::new();
+        for (ai, a) in p.acls().iter().enumerate() {
+            let aat = |f: &str| at(&format!("acls[{ai}].{f}"));
+            a.validate_initiator().map_err(|m| (aat("initiator"), m))?;
+            if !initiators.insert(a.initiator().to_ascii_lowercase()) {
+                return Err((
+                    aat("initiator"),
+                    format!("duplicate ACL for {:?}", a.initiator()),
+                ));
+            }
+            a.validate_rest().map_err(|(f, m)| (aat(&f), m))?;
+            let mut seen = HashSet::new();
+            for (mi, m) in a.mapped_luns().iter().enumerate() {
+                if m.lun >= LUN_LIMIT || !seen.insert(m.lun) {
                     return Err((
-                        aat("initiator"),
-                        format!(
-                            "{:?} is not an SRP initiator port identifier (0x and 32 hex digits)",
-                            a.initiator
-                        ),
+                        aat(&format!("mapped_luns[{mi}].lun")),
+                        format!("LUN {} is out of range or listed twice", m.lun),
                     ));
                 }
-                if !initiators.insert(a.initiator.to_ascii_lowercase()) {
+                if !luns.contains(&m.tpg_lun) {
                     return Err((
-                        aat("initiator"),
-                        format!("duplicate ACL for {:?}", a.initiator),
+                        aat(&format!("mapped_luns[{mi}].tpg_lun")),
+                        format!("the {} has no LUN {}", P::NOUN, m.tpg_lun),
                     ));
-                }
-                let mut seen = HashSet::new();
-                for (mi, m) in a.mapped_luns.iter().enumerate() {
-                    if m.lun >= 16384 || !seen.insert(m.lun) {
-                        return Err((
-                            aat(&format!("mapped_luns[{mi}].lun")),
-                            format!("LUN {} is out of range or listed twice", m.lun),
-                        ));
-                    }
-                    if !luns.contains(&m.tpg_lun) {
-                        return Err((
-                            aat(&format!("mapped_luns[{mi}].tpg_lun")),
-                            format!("the SRP port has no LUN {}", m.tpg_lun),
-                        ));
-                    }
                 }
             }
         }
         Ok(())
     }
+}
+
+/// Checks a name of ASCII letters, digits and the characters of `others`.
+fn validate_name(name: &str, others: &str) -> Result<(), String> {
+    if !name.is_empty()
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || others.contains(c))
+    {
+        return Ok(());
+    }
+    let quoted: Vec<String> = others.chars().map(|c| format!("'{c}'")).collect();
+    let allowed = match quoted.split_last() {
+        Some((last, [])) => format!("letters, digits and {last}"),
+        Some((last, rest)) => format!("letters, digits, {} and {last}", rest.join(", ")),
+        None => "letters and digits".into(),
+    };
+    Err(format!("invalid name {name:?}: use {allowed}"))
 }
 
 /// RFC 7143 §4.2.7: iqn., eui. and naa. names.
@@ -1689,6 +1858,123 @@ mod tests {
         assert_eq!(
             path,
             "targets[0].portal_groups[0].acls[0].mapped_luns[0].tpg_lun"
+        );
+    }
+
+    #[test]
+    fn lun_and_acl_lists_are_checked_alike_with_each_fabric_wording() {
+        let base = "backstores: [{name: a, type: null, size: 1M}]\n";
+        let tpg = |body: &str| {
+            format!("{base}targets:\n  - name: iqn.2025-01.io.rtgt:t\n    portal_groups:\n      - {{tag: 1, portals: ['0.0.0.0:3260'], {body}}}\n")
+        };
+        let srp = |body: &str| format!("{base}srp:\n  - {{name: p, {body}}}\n");
+        let g = "targets[0].portal_groups[0]";
+        let iscsi = "iqn.1994-05.com.redhat:h";
+        let port = "'0x0000000000000000505400fffe123403'";
+        for (doc, path, message) in [
+            (
+                tpg("luns: [{lun: 16384, backstore: a}]"),
+                format!("{g}.luns[0].lun"),
+                "LUN 16384 is out of range (0-16383)",
+            ),
+            (
+                tpg("luns: [{lun: 1, backstore: a}, {lun: 1, backstore: a}]"),
+                format!("{g}.luns[1].lun"),
+                "LUN 1 is listed twice",
+            ),
+            (
+                srp("luns: [{lun: 16384, backstore: a}]"),
+                "srp[0].luns[0].lun".into(),
+                "LUN 16384 is out of range (0-16383) or listed twice",
+            ),
+            (
+                srp("luns: [{lun: 1, backstore: a}, {lun: 1, backstore: a}]"),
+                "srp[0].luns[1].lun".into(),
+                "LUN 1 is out of range (0-16383) or listed twice",
+            ),
+            (
+                tpg("luns: [{lun: 0, backstore: b}]"),
+                format!("{g}.luns[0].backstore"),
+                "unknown backstore \"b\"",
+            ),
+            (
+                tpg(&format!("acls: [{{initiator: {iscsi}}}, {{initiator: {}}}]", iscsi.to_uppercase())),
+                format!("{g}.acls[1].initiator"),
+                "duplicate ACL for \"IQN.1994-05.COM.REDHAT:H\"",
+            ),
+            (
+                srp(&format!("acls: [{{initiator: {port}}}, {{initiator: {}}}]", port.to_uppercase().replace("0X", "0x"))),
+                "srp[0].acls[1].initiator".into(),
+                "duplicate ACL for \"0x0000000000000000505400FFFE123403\"",
+            ),
+            (
+                tpg(&format!("acls: [{{initiator: {iscsi}, auth: {{chap: {{user: u, secret: short}}}}}}]")),
+                format!("{g}.acls[0].auth.chap.secret"),
+                "the CHAP secret must be 12 to 255 characters",
+            ),
+            (
+                tpg(&format!("luns: [{{lun: 0, backstore: a}}], acls: [{{initiator: {iscsi}, mapped_luns: [{{lun: 0, tpg_lun: 0}}, {{lun: 0, tpg_lun: 0}}]}}]")),
+                format!("{g}.acls[0].mapped_luns[1].lun"),
+                "LUN 0 is out of range or listed twice",
+            ),
+            (
+                tpg(&format!("acls: [{{initiator: {iscsi}, mapped_luns: [{{lun: 0, tpg_lun: 2}}]}}]")),
+                format!("{g}.acls[0].mapped_luns[0].tpg_lun"),
+                "the portal group has no LUN 2",
+            ),
+            (
+                srp(&format!("acls: [{{initiator: {port}, mapped_luns: [{{lun: 0, tpg_lun: 2}}]}}]")),
+                "srp[0].acls[0].mapped_luns[0].tpg_lun".into(),
+                "the SRP port has no LUN 2",
+            ),
+            (
+                srp("acls: [{initiator: '0x12'}]"),
+                "srp[0].acls[0].initiator".into(),
+                "\"0x12\" is not an SRP initiator port identifier (0x and 32 hex digits)",
+            ),
+        ] {
+            assert_eq!(err_of(&doc), (path, message.to_string()), "{doc}");
+        }
+    }
+
+    #[test]
+    fn names_say_what_they_may_hold() {
+        assert_eq!(
+            err_of("backstores: [{name: 'a b', type: null, size: 1M}]\n"),
+            (
+                "backstores[0].name".into(),
+                "invalid name \"a b\": use letters, digits, '-', '_' and '.'".into()
+            )
+        );
+        assert_eq!(
+            err_of("srp: [{name: ''}]\n"),
+            (
+                "srp[0].name".into(),
+                "invalid name \"\": use letters, digits, '-', '_', '.' and ':'".into()
+            )
+        );
+        assert_eq!(validate_name("a", ""), Ok(()));
+        assert_eq!(
+            validate_name("a.", "_"),
+            Err("invalid name \"a.\": use letters, digits and '_'".into())
+        );
+    }
+
+    #[test]
+    fn luns_of_every_port() {
+        let c = Config::from_yaml(
+            "backstores: [{name: a, type: null, size: 1M}]\ntargets:\n  - name: iqn.2025-01.io.rtgt:t\n    portal_groups:\n      - {tag: 2, portals: ['0.0.0.0:3260'], luns: [{lun: 0, backstore: a}, {lun: 1, backstore: a}]}\nsrp: [{name: p0, luns: [{lun: 7, backstore: a}]}]\n",
+            Path::new("t.yaml"),
+        )
+        .unwrap();
+        let luns: Vec<_> = c.port_luns().map(|(port, l)| (port, l.lun)).collect();
+        assert_eq!(
+            luns,
+            [
+                ("iqn.2025-01.io.rtgt:t portal group 2".to_string(), 0),
+                ("iqn.2025-01.io.rtgt:t portal group 2".to_string(), 1),
+                ("SRP target port p0".to_string(), 7),
+            ]
         );
     }
 

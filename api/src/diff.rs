@@ -2,7 +2,7 @@
 //! named as the report of a real apply names them (`iqn…:t/tpg1/lun/0`, `srp/p0/acl/0x…`).
 //! `PUT /api/v1/config?dry_run=true` answers with it.
 
-use crate::config::{Backstore, Config, PortalGroup, SrpPort, Target};
+use crate::config::{Backstore, Config, Port, PortAcl, PortalGroup, SrpPort, Target};
 use crate::control::ChangeReport;
 
 /// How a backstore's new definition applies to the running one.
@@ -194,12 +194,7 @@ pub fn restart_sections(report: &mut ChangeReport, old: &Config, new: &Config) {
 
 /// Whether a LUN maps the backstore.
 pub fn in_use(c: &Config, name: &str) -> bool {
-    c.targets
-        .iter()
-        .flat_map(|t| t.portal_groups.iter())
-        .flat_map(|g| g.luns.iter())
-        .chain(c.srp.iter().flat_map(|p| p.luns.iter()))
-        .any(|l| l.backstore == name)
+    c.port_luns().any(|(_, l)| l.backstore == name)
 }
 
 /// Reports what differs between two versions of a target: portal groups, their portals,
@@ -233,24 +228,7 @@ fn portal_group_diff(report: &mut ChangeReport, path: &str, o: &PortalGroup, g: 
     for p in o.portals.iter().filter(|p| !g.portals.contains(p)) {
         report.push("removed", "portal", format!("{path}/{p}"));
     }
-    keyed_diff(
-        report,
-        "lun",
-        path,
-        &o.luns,
-        &g.luns,
-        |l| l.lun.to_string(),
-        |a, b| a.lun == b.lun,
-    );
-    keyed_diff(
-        report,
-        "acl",
-        path,
-        &o.acls,
-        &g.acls,
-        |a| a.initiator.clone(),
-        |a, b| a.initiator == b.initiator,
-    );
+    port_diff(report, path, o, g);
     if g.auth != o.auth {
         report.push("changed", "auth", path);
     }
@@ -262,26 +240,7 @@ fn portal_group_diff(report: &mut ChangeReport, path: &str, o: &PortalGroup, g: 
 /// Reports what differs between two versions of an SRP target port: its LUNs, ACLs and
 /// settings.
 pub fn srp_diff(report: &mut ChangeReport, old: &SrpPort, new: &SrpPort) {
-    let path = format!("srp/{}", new.name);
-    keyed_diff(
-        report,
-        "lun",
-        &path,
-        &old.luns,
-        &new.luns,
-        |l| l.lun.to_string(),
-        |a, b| a.lun == b.lun,
-    );
-    // SRP initiator port identifiers are hex: case does not matter.
-    keyed_diff(
-        report,
-        "acl",
-        &path,
-        &old.acls,
-        &new.acls,
-        |a| a.initiator.clone(),
-        |a, b| a.initiator.eq_ignore_ascii_case(&b.initiator),
-    );
+    port_diff(report, &format!("srp/{}", new.name), old, new);
     if old.listen != new.listen
         || old.id_ext != new.id_ext
         || old.ioc_guid != new.ioc_guid
@@ -289,6 +248,30 @@ pub fn srp_diff(report: &mut ChangeReport, old: &SrpPort, new: &SrpPort) {
     {
         report.push("changed", "srp_port", new.name.clone());
     }
+}
+
+/// Reports the LUNs and ACLs that differ between two versions of a port, named
+/// `{path}/lun/{lun}` and `{path}/acl/{initiator}` (initiators compared as the fabric
+/// compares them).
+fn port_diff<P: Port>(report: &mut ChangeReport, path: &str, old: &P, new: &P) {
+    keyed_diff(
+        report,
+        "lun",
+        path,
+        old.luns(),
+        new.luns(),
+        |l| l.lun.to_string(),
+        |a, b| a.lun == b.lun,
+    );
+    keyed_diff(
+        report,
+        "acl",
+        path,
+        old.acls(),
+        new.acls(),
+        |a| a.initiator().to_string(),
+        |a, b| a.names(b.initiator()),
+    );
 }
 
 /// Added, changed and removed members of a list whose members `same` identifies, named

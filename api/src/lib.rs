@@ -9,6 +9,7 @@ pub mod control;
 pub mod diff;
 pub mod lio;
 pub mod metrics;
+pub mod resource;
 pub mod server;
 pub mod tls;
 pub mod token;

@@ -30,10 +30,13 @@ use utoipa::{IntoParams, OpenApi, ToSchema};
 
 use crate::auth::{Caller, Guard, PeerCred, Scope};
 use crate::config::{
-    Acl, ApiConfig, Auth, Backstore, Config, Lun, MappedLun, Policy, PortalGroup, SrpAcl, SrpPort,
-    Target,
+    Acl, ApiConfig, Auth, Backstore, Config, Lun, MappedLun, Policy, PortAcl, PortalGroup, Target,
 };
 use crate::control::{ChangeReport, Control, ControlError, SessionView};
+use crate::resource::{
+    each_kind, operation_id, request_name, template, Args, EachKind, Part, PathArgs, PortKind,
+    Verb, API_PREFIX, OPERATIONS,
+};
 
 /// Largest request body accepted (a whole configuration document fits comfortably).
 pub const BODY_LIMIT: usize = 1 << 20;
@@ -359,11 +362,6 @@ impl Api {
                 "/targets/{target}",
                 get(get_target).put(replace_target).delete(delete_target),
             )
-            .route("/targets/{target}/tpgs", get(list_tpgs).post(create_tpg))
-            .route(
-                "/targets/{target}/tpgs/{tag}",
-                get(get_tpg).put(replace_tpg).delete(delete_tpg),
-            )
             .route(
                 "/targets/{target}/tpgs/{tag}/portals",
                 get(list_portals).post(add_portal),
@@ -375,22 +373,6 @@ impl Api {
             .route(
                 "/targets/{target}/tpgs/{tag}/auth",
                 get(get_tpg_auth).put(put_tpg_auth),
-            )
-            .route(
-                "/targets/{target}/tpgs/{tag}/luns",
-                get(list_luns).post(add_lun),
-            )
-            .route(
-                "/targets/{target}/tpgs/{tag}/luns/{lun}",
-                get(get_lun).delete(delete_lun),
-            )
-            .route(
-                "/targets/{target}/tpgs/{tag}/acls",
-                get(list_acls).post(add_acl),
-            )
-            .route(
-                "/targets/{target}/tpgs/{tag}/acls/{initiator}",
-                get(get_acl).put(replace_acl).delete(delete_acl),
             )
             .route(
                 "/targets/{target}/tpgs/{tag}/acls/{initiator}/auth",
@@ -408,37 +390,16 @@ impl Api {
                 "/discovery/auth",
                 get(get_discovery_auth).put(put_discovery_auth),
             )
-            .route("/srp/ports", get(list_srp_ports).post(create_srp_port))
-            .route(
-                "/srp/ports/{name}",
-                get(get_srp_port)
-                    .put(replace_srp_port)
-                    .delete(delete_srp_port),
-            )
-            .route(
-                "/srp/ports/{name}/luns",
-                get(list_srp_luns).post(add_srp_lun),
-            )
-            .route(
-                "/srp/ports/{name}/luns/{lun}",
-                get(get_srp_lun).delete(delete_srp_lun),
-            )
-            .route(
-                "/srp/ports/{name}/acls",
-                get(list_srp_acls).post(add_srp_acl),
-            )
-            .route(
-                "/srp/ports/{name}/acls/{initiator}",
-                get(get_srp_acl).put(replace_srp_acl).delete(delete_srp_acl),
-            )
             .route("/sessions", get(list_sessions))
             .route("/sessions/{id}", axum::routing::delete(delete_session))
             .route("/config", get(export_config).put(apply_config))
             .route("/openapi.json", get(openapi_json))
             .route("/health", get(health))
             .route("/ready", get(ready));
+        let mut ports = PortRoutes(v1);
+        each_kind(&mut ports);
         Router::new()
-            .nest("/api/v1", v1)
+            .nest(API_PREFIX, ports.0)
             .route("/metrics", get(metrics))
             .fallback(not_found)
             .method_not_allowed_fallback(method_not_allowed)
@@ -630,22 +591,6 @@ fn target_mut<'a>(c: &'a mut Config, name: &str) -> Res<&'a mut Target> {
         .ok_or_else(|| ApiError::not_found(format!("no target {name:?}")))
 }
 
-fn tpg_mut<'a>(c: &'a mut Config, target: &str, tag: u16) -> Res<&'a mut PortalGroup> {
-    target_mut(c, target)?
-        .portal_groups
-        .iter_mut()
-        .find(|g| g.tag == tag)
-        .ok_or_else(|| ApiError::not_found(format!("target {target:?} has no portal group {tag}")))
-}
-
-fn acl_mut<'a>(c: &'a mut Config, target: &str, tag: u16, initiator: &str) -> Res<&'a mut Acl> {
-    tpg_mut(c, target, tag)?
-        .acls
-        .iter_mut()
-        .find(|a| a.initiator == initiator)
-        .ok_or_else(|| ApiError::not_found(format!("no ACL for {initiator:?}")))
-}
-
 /// Reads from the redacted configuration.
 fn read<T>(st: &AppState, f: impl FnOnce(&mut Config) -> Res<T>) -> Res<axum::Json<T>> {
     let mut c = st.api.control.config().redacted();
@@ -756,29 +701,11 @@ async fn delete_backstore(State(st): St, PathParams(name): PathParams<String>) -
                 .iter()
                 .position(|b| b.name == name)
                 .ok_or_else(|| ApiError::not_found(format!("no backstore {name:?}")))?;
-            for t in &c.targets {
-                for g in &t.portal_groups {
-                    if let Some(l) = g.luns.iter().find(|l| l.backstore == name) {
-                        return Err(ApiError::conflict(
-                            "name",
-                            format!(
-                                "backstore {name:?} is in use: LUN {} of {} portal group {}",
-                                l.lun, t.name, g.tag
-                            ),
-                        ));
-                    }
-                }
-            }
-            for p in &c.srp {
-                if let Some(l) = p.luns.iter().find(|l| l.backstore == name) {
-                    return Err(ApiError::conflict(
-                        "name",
-                        format!(
-                            "backstore {name:?} is in use: LUN {} of SRP target port {}",
-                            l.lun, p.name
-                        ),
-                    ));
-                }
+            if let Some((port, l)) = c.port_luns().find(|(_, l)| l.backstore == name) {
+                return Err(ApiError::conflict(
+                    "name",
+                    format!("backstore {name:?} is in use: LUN {} of {port}", l.lun),
+                ));
             }
             c.backstores.remove(i);
             Ok(())
@@ -826,15 +753,6 @@ fn redacted_target(t: Target) -> Target {
         ..Config::default()
     };
     c.redacted().targets.remove(0)
-}
-
-fn redacted_tpg(g: PortalGroup) -> PortalGroup {
-    let t = Target {
-        name: String::new(),
-        alias: None,
-        portal_groups: vec![g],
-    };
-    redacted_target(t).portal_groups.remove(0)
 }
 
 #[utoipa::path(get, path = "/api/v1/targets/{target}", tag = "targets",
@@ -887,110 +805,430 @@ async fn delete_target(State(st): St, PathParams(name): PathParams<String>) -> R
     Ok(no_content())
 }
 
-// ---- portal groups ----
+// ---- ports of every fabric: iSCSI portal groups, SRP target ports ----
+//
+// The ports of every kind ([`crate::resource::PortKind`]) are served alike: a collection of
+// ports, each with its LUN list and its ACL list. The handlers below serve every kind,
+// [`port_routes`] routes them and [`document_ports`] describes them, from one list of
+// operations.
 
-#[utoipa::path(get, path = "/api/v1/targets/{target}/tpgs", tag = "targets",
-    params(("target" = String, Path, description = "Target name")),
-    responses((status = 200, body = Vec<PortalGroup>), (status = 400, body = ErrorBody),
-        (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)))]
-async fn list_tpgs(
+/// The path parameters naming a port of kind `K`.
+type At<K> = (<K as PortKind>::Parent, <K as PortKind>::Id);
+
+/// The collection of ports of kind `K` that `parent` names.
+fn ports_mut<'a, K: PortKind>(c: &'a mut Config, parent: &K::Parent) -> Res<&'a mut Vec<K>> {
+    K::collection_mut(c, parent).map_err(ApiError::not_found)
+}
+
+fn port_mut<'a, K: PortKind>(c: &'a mut Config, (parent, id): &At<K>) -> Res<&'a mut K> {
+    ports_mut::<K>(c, parent)?
+        .iter_mut()
+        .find(|p| p.id() == *id)
+        .ok_or_else(|| ApiError::not_found(K::missing(parent, id)))
+}
+
+fn port_acl_mut<'a, K: PortKind>(
+    c: &'a mut Config,
+    at: &At<K>,
+    initiator: &str,
+) -> Res<&'a mut K::Acl> {
+    port_mut::<K>(c, at)?
+        .acls_mut()
+        .iter_mut()
+        .find(|a| a.names(initiator))
+        .ok_or_else(|| ApiError::not_found(format!("no ACL for {initiator:?}")))
+}
+
+fn tpg_mut<'a>(c: &'a mut Config, target: &str, tag: u16) -> Res<&'a mut PortalGroup> {
+    port_mut::<PortalGroup>(c, &(target.to_string(), tag))
+}
+
+fn acl_mut<'a>(c: &'a mut Config, target: &str, tag: u16, initiator: &str) -> Res<&'a mut Acl> {
+    port_acl_mut::<PortalGroup>(c, &(target.to_string(), tag), initiator)
+}
+
+/// Applies the change `f` to the configuration, logged as the operation on `K` it is.
+async fn change_port<K: PortKind, T>(
+    st: &AppState,
+    part: Part,
+    verb: Verb,
+    f: impl FnOnce(&mut Config) -> Res<T> + Send,
+) -> Res<T> {
+    let what = request_name::<K>(part, verb);
+    Ok(st.api.change(&what, f).await?.0)
+}
+
+async fn list_ports<K: PortKind>(
     State(st): St,
-    PathParams(name): PathParams<String>,
-) -> Res<axum::Json<Vec<PortalGroup>>> {
+    PathParams(Args(parent)): PathParams<Args<K::Parent>>,
+) -> Res<axum::Json<Vec<K>>> {
+    read(&st, |c| Ok(std::mem::take(ports_mut::<K>(c, &parent)?)))
+}
+
+async fn create_port<K: PortKind>(
+    State(st): St,
+    PathParams(Args(parent)): PathParams<Args<K::Parent>>,
+    Body(p): Body<K>,
+) -> Res<Response> {
+    let p = change_port::<K, _>(&st, Part::Port, Verb::Add, |c| {
+        let ports = ports_mut::<K>(c, &parent)?;
+        if ports.iter().any(|x| x.id() == p.id()) {
+            return Err(ApiError::conflict(
+                K::ID,
+                format!("{} exists", K::describe(&p.id())),
+            ));
+        }
+        ports.push(p.clone());
+        Ok(p)
+    })
+    .await?;
+    Ok(created(p.redacted()))
+}
+
+async fn get_port<K: PortKind>(
+    State(st): St,
+    PathParams(Args(at)): PathParams<Args<At<K>>>,
+) -> Res<axum::Json<K>> {
+    read(&st, |c| port_mut::<K>(c, &at).map(|p| p.clone()))
+}
+
+async fn replace_port<K: PortKind>(
+    State(st): St,
+    PathParams(Args(at)): PathParams<Args<At<K>>>,
+    Body(p): Body<K>,
+) -> Res<axum::Json<K>> {
+    if p.id() != at.1 {
+        return Err(ApiError::invalid(
+            K::ID,
+            format!("the {} cannot change", K::ID),
+        ));
+    }
+    let p = change_port::<K, _>(&st, Part::Port, Verb::Replace, |c| {
+        *port_mut::<K>(c, &at)? = p.clone();
+        Ok(p)
+    })
+    .await?;
+    Ok(axum::Json(p.redacted()))
+}
+
+async fn delete_port<K: PortKind>(
+    State(st): St,
+    PathParams(Args(at)): PathParams<Args<At<K>>>,
+) -> Res<Response> {
+    change_port::<K, _>(&st, Part::Port, Verb::Delete, |c| {
+        port_mut::<K>(c, &at)?;
+        let ports = ports_mut::<K>(c, &at.0)?;
+        if let Some(why) = K::KEEP_ONE.filter(|_| ports.len() == 1) {
+            return Err(ApiError::conflict(K::ID, why));
+        }
+        ports.retain(|p| p.id() != at.1);
+        Ok(())
+    })
+    .await?;
+    Ok(no_content())
+}
+
+async fn list_luns<K: PortKind>(
+    State(st): St,
+    PathParams(Args(at)): PathParams<Args<At<K>>>,
+) -> Res<axum::Json<Vec<Lun>>> {
     read(&st, |c| {
-        Ok(std::mem::take(&mut target_mut(c, &name)?.portal_groups))
+        Ok(std::mem::take(port_mut::<K>(c, &at)?.luns_mut()))
     })
 }
 
-#[utoipa::path(post, path = "/api/v1/targets/{target}/tpgs", tag = "targets", request_body = PortalGroup,
-    params(("target" = String, Path, description = "Target name")),
-    responses((status = 201, body = PortalGroup), (status = 400, body = ErrorBody),
-        (status = 401, body = ErrorBody), (status = 404, body = ErrorBody),
-        (status = 409, body = ErrorBody), (status = 413, body = ErrorBody),
-        (status = 415, body = ErrorBody), (status = 422, body = ErrorBody)))]
-async fn create_tpg(
+async fn add_lun<K: PortKind>(
     State(st): St,
-    PathParams(name): PathParams<String>,
-    Body(g): Body<PortalGroup>,
+    PathParams(Args(at)): PathParams<Args<At<K>>>,
+    Body(l): Body<Lun>,
 ) -> Res<Response> {
-    let (g, _) = st
-        .api
-        .change("create portal group", |c| {
-            let t = target_mut(c, &name)?;
-            if t.portal_groups.iter().any(|x| x.tag == g.tag) {
-                return Err(ApiError::conflict(
-                    "tag",
-                    format!("portal group {} exists", g.tag),
-                ));
-            }
-            t.portal_groups.push(g.clone());
-            Ok(g)
-        })
-        .await?;
-    Ok(created(redacted_tpg(g)))
+    change_port::<K, _>(&st, Part::Luns, Verb::Add, |c| {
+        let luns = port_mut::<K>(c, &at)?.luns_mut();
+        if luns.iter().any(|x| x.lun == l.lun) {
+            return Err(ApiError::conflict("lun", format!("LUN {} is taken", l.lun)));
+        }
+        luns.push(l.clone());
+        Ok(())
+    })
+    .await?;
+    Ok(created(l))
 }
 
-#[utoipa::path(get, path = "/api/v1/targets/{target}/tpgs/{tag}", tag = "targets",
-    params(("target" = String, Path, description = "Target name"),
-        ("tag" = u16, Path, description = "Portal group tag")),
-    responses((status = 200, body = PortalGroup), (status = 400, body = ErrorBody),
-        (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)))]
-async fn get_tpg(
+async fn get_lun<K: PortKind>(
     State(st): St,
-    PathParams((name, tag)): PathParams<(String, u16)>,
-) -> Res<axum::Json<PortalGroup>> {
-    read(&st, |c| tpg_mut(c, &name, tag).map(|g| g.clone()))
+    PathParams(Args((at, lun))): PathParams<Args<(At<K>, u64)>>,
+) -> Res<axum::Json<Lun>> {
+    read(&st, |c| {
+        port_mut::<K>(c, &at)?
+            .luns()
+            .iter()
+            .find(|l| l.lun == lun)
+            .cloned()
+            .ok_or_else(|| ApiError::not_found(format!("no LUN {lun}")))
+    })
 }
 
-#[utoipa::path(put, path = "/api/v1/targets/{target}/tpgs/{tag}", tag = "targets", request_body = PortalGroup,
-    params(("target" = String, Path, description = "Target name"),
-        ("tag" = u16, Path, description = "Portal group tag")),
-    responses((status = 200, body = PortalGroup), (status = 400, body = ErrorBody),
-        (status = 401, body = ErrorBody), (status = 404, body = ErrorBody),
-        (status = 409, body = ErrorBody), (status = 413, body = ErrorBody),
-        (status = 415, body = ErrorBody), (status = 422, body = ErrorBody)))]
-async fn replace_tpg(
+async fn delete_lun<K: PortKind>(
     State(st): St,
-    PathParams((name, tag)): PathParams<(String, u16)>,
-    Body(g): Body<PortalGroup>,
-) -> Res<axum::Json<PortalGroup>> {
-    if g.tag != tag {
-        return Err(ApiError::invalid("tag", "the tag cannot change"));
-    }
-    let (g, _) = st
-        .api
-        .change("replace portal group", |c| {
-            *tpg_mut(c, &name, tag)? = g.clone();
-            Ok(g)
-        })
-        .await?;
-    Ok(axum::Json(redacted_tpg(g)))
-}
-
-#[utoipa::path(delete, path = "/api/v1/targets/{target}/tpgs/{tag}", tag = "targets",
-    params(("target" = String, Path, description = "Target name"),
-        ("tag" = u16, Path, description = "Portal group tag")),
-    responses((status = 204), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody),
-        (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
-async fn delete_tpg(
-    State(st): St,
-    PathParams((name, tag)): PathParams<(String, u16)>,
+    PathParams(Args((at, lun))): PathParams<Args<(At<K>, u64)>>,
 ) -> Res<Response> {
-    st.api
-        .change("delete portal group", |c| {
-            tpg_mut(c, &name, tag)?;
-            let t = target_mut(c, &name)?;
-            if t.portal_groups.len() == 1 {
-                return Err(ApiError::conflict(
-                    "tag",
-                    "a target needs at least one portal group: delete the target instead",
-                ));
-            }
-            t.portal_groups.retain(|g| g.tag != tag);
-            Ok(())
-        })
-        .await?;
+    change_port::<K, _>(&st, Part::Luns, Verb::Delete, |c| {
+        let p = port_mut::<K>(c, &at)?;
+        if !p.luns().iter().any(|l| l.lun == lun) {
+            return Err(ApiError::not_found(format!("no LUN {lun}")));
+        }
+        if let Some(a) = p
+            .acls()
+            .iter()
+            .find(|a| a.mapped_luns().iter().any(|m| m.tpg_lun == lun))
+        {
+            return Err(ApiError::conflict(
+                "lun",
+                format!("LUN {lun} is mapped {} {}", K::MAPPED_FOR, a.initiator()),
+            ));
+        }
+        p.luns_mut().retain(|l| l.lun != lun);
+        Ok(())
+    })
+    .await?;
     Ok(no_content())
+}
+
+async fn list_acls<K: PortKind>(
+    State(st): St,
+    PathParams(Args(at)): PathParams<Args<At<K>>>,
+) -> Res<axum::Json<Vec<K::Acl>>> {
+    read(&st, |c| {
+        Ok(std::mem::take(port_mut::<K>(c, &at)?.acls_mut()))
+    })
+}
+
+async fn add_acl<K: PortKind>(
+    State(st): St,
+    PathParams(Args(at)): PathParams<Args<At<K>>>,
+    Body(a): Body<K::Acl>,
+) -> Res<Response> {
+    let mut a = change_port::<K, _>(&st, Part::Acls, Verb::Add, |c| {
+        let acls = port_mut::<K>(c, &at)?.acls_mut();
+        if acls
+            .iter()
+            .any(|x| x.initiator().eq_ignore_ascii_case(a.initiator()))
+        {
+            return Err(ApiError::conflict(
+                "initiator",
+                format!("an ACL for {:?} exists", a.initiator()),
+            ));
+        }
+        acls.push(a.clone());
+        Ok(a)
+    })
+    .await?;
+    a.redact();
+    Ok(created(a))
+}
+
+async fn get_acl<K: PortKind>(
+    State(st): St,
+    PathParams(Args((at, ini))): PathParams<Args<(At<K>, String)>>,
+) -> Res<axum::Json<K::Acl>> {
+    read(&st, |c| port_acl_mut::<K>(c, &at, &ini).map(|a| a.clone()))
+}
+
+async fn replace_acl<K: PortKind>(
+    State(st): St,
+    PathParams(Args((at, ini))): PathParams<Args<(At<K>, String)>>,
+    Body(a): Body<K::Acl>,
+) -> Res<axum::Json<K::Acl>> {
+    if !a.names(&ini) {
+        return Err(ApiError::invalid(
+            "initiator",
+            "the initiator cannot change",
+        ));
+    }
+    let mut a = change_port::<K, _>(&st, Part::Acls, Verb::Replace, |c| {
+        *port_acl_mut::<K>(c, &at, &ini)? = a.clone();
+        Ok(a)
+    })
+    .await?;
+    a.redact();
+    Ok(axum::Json(a))
+}
+
+async fn delete_acl<K: PortKind>(
+    State(st): St,
+    PathParams(Args((at, ini))): PathParams<Args<(At<K>, String)>>,
+) -> Res<Response> {
+    change_port::<K, _>(&st, Part::Acls, Verb::Delete, |c| {
+        port_acl_mut::<K>(c, &at, &ini)?;
+        port_mut::<K>(c, &at)?.acls_mut().retain(|a| !a.names(&ini));
+        Ok(())
+    })
+    .await?;
+    Ok(no_content())
+}
+
+/// The routes of every operation on ports of kind `K` (each of [`OPERATIONS`]).
+fn port_routes<K: PortKind>(router: Router<AppState>) -> Router<AppState> {
+    let path = template::<K>;
+    router
+        .route(
+            &path(Part::Port, Verb::List),
+            get(list_ports::<K>).post(create_port::<K>),
+        )
+        .route(
+            &path(Part::Port, Verb::Get),
+            get(get_port::<K>)
+                .put(replace_port::<K>)
+                .delete(delete_port::<K>),
+        )
+        .route(
+            &path(Part::Luns, Verb::List),
+            get(list_luns::<K>).post(add_lun::<K>),
+        )
+        .route(
+            &path(Part::Luns, Verb::Get),
+            get(get_lun::<K>).delete(delete_lun::<K>),
+        )
+        .route(
+            &path(Part::Acls, Verb::List),
+            get(list_acls::<K>).post(add_acl::<K>),
+        )
+        .route(
+            &path(Part::Acls, Verb::Get),
+            get(get_acl::<K>)
+                .put(replace_acl::<K>)
+                .delete(delete_acl::<K>),
+        )
+}
+
+/// Adds the routes of every kind of port.
+struct PortRoutes(Router<AppState>);
+
+impl EachKind for PortRoutes {
+    fn kind<K: PortKind>(&mut self) {
+        self.0 = port_routes::<K>(std::mem::take(&mut self.0));
+    }
+}
+
+/// Describes every operation on ports of kind `K` in `doc`, as the `#[utoipa::path]`
+/// attributes of the other handlers would.
+fn document_ports<K: PortKind>(doc: &mut utoipa::openapi::OpenApi) {
+    use utoipa::openapi::path::{HttpMethod, OperationBuilder, ParameterBuilder, ParameterIn};
+    use utoipa::openapi::request_body::RequestBodyBuilder;
+    use utoipa::openapi::schema::ArrayBuilder;
+    use utoipa::openapi::{ContentBuilder, Ref, RefOr, Required, ResponseBuilder, Schema};
+
+    let json = |schema: RefOr<Schema>| ContentBuilder::new().schema(Some(schema)).build();
+    let answer = |schema: Option<RefOr<Schema>>| {
+        let r = ResponseBuilder::new().description("");
+        match schema {
+            Some(s) => r.content("application/json", json(s)).build(),
+            None => r.build(),
+        }
+    };
+    let error = || Some(Ref::from_schema_name("ErrorBody").into());
+    for (part, verb) in OPERATIONS {
+        let path = template::<K>(part, verb);
+        let names: Vec<&str> = path
+            .split('{')
+            .skip(1)
+            .filter_map(|p| p.split_once('}').map(|(name, _)| name))
+            .collect();
+        let mut schemas = Vec::new();
+        <At<K>>::param_schemas(&mut schemas);
+        let mut descriptions = K::PARAMS.to_vec();
+        match part {
+            Part::Port => {}
+            Part::Luns => {
+                u64::param_schemas(&mut schemas);
+                descriptions.push("LUN");
+            }
+            Part::Acls => {
+                String::param_schemas(&mut schemas);
+                descriptions.push(K::INITIATOR);
+            }
+        }
+        let member: RefOr<Schema> = Ref::from_schema_name(match part {
+            Part::Port => K::name(),
+            Part::Luns => Lun::name(),
+            Part::Acls => K::Acl::name(),
+        })
+        .into();
+        let mut op = OperationBuilder::new()
+            .tag(K::tag(part))
+            .summary(K::summary(part, verb))
+            .operation_id(Some(operation_id::<K>(part, verb)));
+        for ((name, description), schema) in names.iter().zip(&descriptions).zip(schemas) {
+            op = op.parameter(
+                ParameterBuilder::new()
+                    .name(*name)
+                    .parameter_in(ParameterIn::Path)
+                    .description(Some(*description))
+                    .required(Required::True)
+                    .schema(Some(schema)),
+            );
+        }
+        if matches!(verb, Verb::Add | Verb::Replace) {
+            op = op.request_body(Some(
+                RequestBodyBuilder::new()
+                    .content("application/json", json(member.clone()))
+                    .required(Some(Required::True))
+                    .build(),
+            ));
+        }
+        let (method, status, body, errors): (_, _, _, &[&str]) = match verb {
+            Verb::List => (
+                HttpMethod::Get,
+                "200",
+                Some(ArrayBuilder::new().items(member).into()),
+                &[],
+            ),
+            Verb::Add => (
+                HttpMethod::Post,
+                "201",
+                Some(member),
+                &["409", "413", "415", "422"],
+            ),
+            Verb::Get => (HttpMethod::Get, "200", Some(member), &[]),
+            Verb::Replace => (
+                HttpMethod::Put,
+                "200",
+                Some(member),
+                &["409", "413", "415", "422"],
+            ),
+            Verb::Delete => (HttpMethod::Delete, "204", None, &["409"]),
+        };
+        // A request is bad for its path parameters or its body; only path parameters can
+        // name what is not there.
+        let params = !names.is_empty();
+        let bad = params || matches!(verb, Verb::Add | Verb::Replace);
+        op = op.response(status, answer(body));
+        for (e, present) in [("400", bad), ("401", true), ("404", params)]
+            .into_iter()
+            .chain(errors.iter().map(|e| (*e, true)))
+        {
+            if present {
+                op = op.response(e, answer(error()));
+            }
+        }
+        doc.paths
+            .add_path_operation(format!("{API_PREFIX}{path}"), vec![method], op.build());
+    }
+}
+
+/// Adds the operations on every kind of port to the OpenAPI document.
+struct PortDocs;
+
+impl utoipa::Modify for PortDocs {
+    fn modify(&self, doc: &mut utoipa::openapi::OpenApi) {
+        struct Each<'a>(&'a mut utoipa::openapi::OpenApi);
+        impl EachKind for Each<'_> {
+            fn kind<K: PortKind>(&mut self) {
+                document_ports::<K>(self.0);
+            }
+        }
+        each_kind(&mut Each(doc));
+    }
 }
 
 // ---- portals ----
@@ -1184,223 +1422,7 @@ async fn put_discovery_auth(State(st): St, Body(a): Body<Auth>) -> Res<axum::Jso
     Ok(axum::Json(redact_auth(&a)))
 }
 
-// ---- LUNs ----
-
-#[utoipa::path(get, path = "/api/v1/targets/{target}/tpgs/{tag}/luns", tag = "luns",
-    params(("target" = String, Path, description = "Target name"),
-        ("tag" = u16, Path, description = "Portal group tag")),
-    responses((status = 200, body = Vec<Lun>), (status = 400, body = ErrorBody),
-        (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)))]
-async fn list_luns(
-    State(st): St,
-    PathParams((name, tag)): PathParams<(String, u16)>,
-) -> Res<axum::Json<Vec<Lun>>> {
-    read(&st, |c| {
-        Ok(std::mem::take(&mut tpg_mut(c, &name, tag)?.luns))
-    })
-}
-
-/// Maps a backstore as a LUN; sessions that see it get REPORTED LUNS DATA HAS CHANGED.
-#[utoipa::path(post, path = "/api/v1/targets/{target}/tpgs/{tag}/luns", tag = "luns", request_body = Lun,
-    params(("target" = String, Path, description = "Target name"),
-        ("tag" = u16, Path, description = "Portal group tag")),
-    responses((status = 201, body = Lun), (status = 400, body = ErrorBody),
-        (status = 401, body = ErrorBody), (status = 404, body = ErrorBody),
-        (status = 409, body = ErrorBody), (status = 413, body = ErrorBody),
-        (status = 415, body = ErrorBody), (status = 422, body = ErrorBody)))]
-async fn add_lun(
-    State(st): St,
-    PathParams((name, tag)): PathParams<(String, u16)>,
-    Body(l): Body<Lun>,
-) -> Res<Response> {
-    st.api
-        .change("add LUN", |c| {
-            let g = tpg_mut(c, &name, tag)?;
-            if g.luns.iter().any(|x| x.lun == l.lun) {
-                return Err(ApiError::conflict("lun", format!("LUN {} is taken", l.lun)));
-            }
-            g.luns.push(l.clone());
-            Ok(())
-        })
-        .await?;
-    Ok(created(l))
-}
-
-#[utoipa::path(get, path = "/api/v1/targets/{target}/tpgs/{tag}/luns/{lun}", tag = "luns",
-    params(("target" = String, Path, description = "Target name"),
-        ("tag" = u16, Path, description = "Portal group tag"),
-        ("lun" = u64, Path, description = "LUN")),
-    responses((status = 200, body = Lun), (status = 400, body = ErrorBody),
-        (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)))]
-async fn get_lun(
-    State(st): St,
-    PathParams((name, tag, lun)): PathParams<(String, u16, u64)>,
-) -> Res<axum::Json<Lun>> {
-    read(&st, |c| {
-        tpg_mut(c, &name, tag)?
-            .luns
-            .iter()
-            .find(|l| l.lun == lun)
-            .cloned()
-            .ok_or_else(|| ApiError::not_found(format!("no LUN {lun}")))
-    })
-}
-
-/// Unmaps a LUN; sessions that saw it get REPORTED LUNS DATA HAS CHANGED.
-#[utoipa::path(delete, path = "/api/v1/targets/{target}/tpgs/{tag}/luns/{lun}", tag = "luns",
-    params(("target" = String, Path, description = "Target name"),
-        ("tag" = u16, Path, description = "Portal group tag"),
-        ("lun" = u64, Path, description = "LUN")),
-    responses((status = 204), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody),
-        (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
-async fn delete_lun(
-    State(st): St,
-    PathParams((name, tag, lun)): PathParams<(String, u16, u64)>,
-) -> Res<Response> {
-    st.api
-        .change("delete LUN", |c| {
-            let g = tpg_mut(c, &name, tag)?;
-            if !g.luns.iter().any(|l| l.lun == lun) {
-                return Err(ApiError::not_found(format!("no LUN {lun}")));
-            }
-            if let Some(a) = g
-                .acls
-                .iter()
-                .find(|a| a.mapped_luns.iter().any(|m| m.tpg_lun == lun))
-            {
-                return Err(ApiError::conflict(
-                    "lun",
-                    format!("LUN {lun} is mapped in the ACL of {}", a.initiator),
-                ));
-            }
-            g.luns.retain(|l| l.lun != lun);
-            Ok(())
-        })
-        .await?;
-    Ok(no_content())
-}
-
-// ---- ACLs ----
-
-#[utoipa::path(get, path = "/api/v1/targets/{target}/tpgs/{tag}/acls", tag = "acls",
-    params(("target" = String, Path, description = "Target name"),
-        ("tag" = u16, Path, description = "Portal group tag")),
-    responses((status = 200, body = Vec<Acl>), (status = 400, body = ErrorBody),
-        (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)))]
-async fn list_acls(
-    State(st): St,
-    PathParams((name, tag)): PathParams<(String, u16)>,
-) -> Res<axum::Json<Vec<Acl>>> {
-    read(&st, |c| {
-        Ok(std::mem::take(&mut tpg_mut(c, &name, tag)?.acls))
-    })
-}
-
-#[utoipa::path(post, path = "/api/v1/targets/{target}/tpgs/{tag}/acls", tag = "acls", request_body = Acl,
-    params(("target" = String, Path, description = "Target name"),
-        ("tag" = u16, Path, description = "Portal group tag")),
-    responses((status = 201, body = Acl), (status = 400, body = ErrorBody),
-        (status = 401, body = ErrorBody), (status = 404, body = ErrorBody),
-        (status = 409, body = ErrorBody), (status = 413, body = ErrorBody),
-        (status = 415, body = ErrorBody), (status = 422, body = ErrorBody)))]
-async fn add_acl(
-    State(st): St,
-    PathParams((name, tag)): PathParams<(String, u16)>,
-    Body(a): Body<Acl>,
-) -> Res<Response> {
-    let (a, _) = st
-        .api
-        .change("add ACL", |c| {
-            let g = tpg_mut(c, &name, tag)?;
-            if g.acls
-                .iter()
-                .any(|x| x.initiator.eq_ignore_ascii_case(&a.initiator))
-            {
-                return Err(ApiError::conflict(
-                    "initiator",
-                    format!("an ACL for {:?} exists", a.initiator),
-                ));
-            }
-            g.acls.push(a.clone());
-            Ok(a)
-        })
-        .await?;
-    let mut g = PortalGroup {
-        tag,
-        portals: Vec::new(),
-        auth: Auth::default(),
-        allow_any_initiator: false,
-        luns: Vec::new(),
-        acls: vec![a],
-        params: Default::default(),
-        iser: true,
-    };
-    g = redacted_tpg(g);
-    Ok(created(g.acls.remove(0)))
-}
-
-#[utoipa::path(get, path = "/api/v1/targets/{target}/tpgs/{tag}/acls/{initiator}", tag = "acls",
-    params(("target" = String, Path, description = "Target name"),
-        ("tag" = u16, Path, description = "Portal group tag"),
-        ("initiator" = String, Path, description = "Initiator name")),
-    responses((status = 200, body = Acl), (status = 400, body = ErrorBody),
-        (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)))]
-async fn get_acl(
-    State(st): St,
-    PathParams((name, tag, ini)): PathParams<(String, u16, String)>,
-) -> Res<axum::Json<Acl>> {
-    read(&st, |c| acl_mut(c, &name, tag, &ini).map(|a| a.clone()))
-}
-
-/// Replaces an ACL; the initiator's sessions see the new LUN map at once.
-#[utoipa::path(put, path = "/api/v1/targets/{target}/tpgs/{tag}/acls/{initiator}", tag = "acls", request_body = Acl,
-    params(("target" = String, Path, description = "Target name"),
-        ("tag" = u16, Path, description = "Portal group tag"),
-        ("initiator" = String, Path, description = "Initiator name")),
-    responses((status = 200, body = Acl), (status = 400, body = ErrorBody),
-        (status = 401, body = ErrorBody), (status = 404, body = ErrorBody),
-        (status = 409, body = ErrorBody), (status = 413, body = ErrorBody),
-        (status = 415, body = ErrorBody), (status = 422, body = ErrorBody)))]
-async fn replace_acl(
-    State(st): St,
-    PathParams((name, tag, ini)): PathParams<(String, u16, String)>,
-    Body(a): Body<Acl>,
-) -> Res<axum::Json<Acl>> {
-    if a.initiator != ini {
-        return Err(ApiError::invalid(
-            "initiator",
-            "the initiator cannot change",
-        ));
-    }
-    st.api
-        .change("replace ACL", |c| {
-            *acl_mut(c, &name, tag, &ini)? = a.clone();
-            Ok(())
-        })
-        .await?;
-    read(&st, |c| acl_mut(c, &name, tag, &ini).map(|a| a.clone()))
-}
-
-/// Removes an ACL and ends that initiator's sessions (only those).
-#[utoipa::path(delete, path = "/api/v1/targets/{target}/tpgs/{tag}/acls/{initiator}", tag = "acls",
-    params(("target" = String, Path, description = "Target name"),
-        ("tag" = u16, Path, description = "Portal group tag"),
-        ("initiator" = String, Path, description = "Initiator name")),
-    responses((status = 204), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody),
-        (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
-async fn delete_acl(
-    State(st): St,
-    PathParams((name, tag, ini)): PathParams<(String, u16, String)>,
-) -> Res<Response> {
-    st.api
-        .change("delete ACL", |c| {
-            acl_mut(c, &name, tag, &ini)?;
-            tpg_mut(c, &name, tag)?.acls.retain(|a| a.initiator != ini);
-            Ok(())
-        })
-        .await?;
-    Ok(no_content())
-}
+// ---- mapped LUNs of iSCSI ACLs ----
 
 #[utoipa::path(post, path = "/api/v1/targets/{target}/tpgs/{tag}/acls/{initiator}/mapped_luns", tag = "acls",
     request_body = MappedLun,
@@ -1450,302 +1472,6 @@ async fn delete_mapped_lun(
                 return Err(ApiError::not_found(format!("no mapped LUN {lun}")));
             }
             a.mapped_luns.retain(|m| m.lun != lun);
-            Ok(())
-        })
-        .await?;
-    Ok(no_content())
-}
-
-// ---- SRP target ports ----
-
-fn srp_port_mut<'a>(c: &'a mut Config, name: &str) -> Res<&'a mut SrpPort> {
-    c.srp
-        .iter_mut()
-        .find(|p| p.name == name)
-        .ok_or_else(|| ApiError::not_found(format!("no SRP target port {name:?}")))
-}
-
-fn srp_acl_mut<'a>(c: &'a mut Config, name: &str, initiator: &str) -> Res<&'a mut SrpAcl> {
-    srp_port_mut(c, name)?
-        .acls
-        .iter_mut()
-        .find(|a| a.initiator.eq_ignore_ascii_case(initiator))
-        .ok_or_else(|| ApiError::not_found(format!("no ACL for {initiator:?}")))
-}
-
-#[utoipa::path(get, path = "/api/v1/srp/ports", tag = "srp",
-    responses((status = 200, body = Vec<SrpPort>), (status = 401, body = ErrorBody)))]
-async fn list_srp_ports(State(st): St) -> Res<axum::Json<Vec<SrpPort>>> {
-    read(&st, |c| Ok(std::mem::take(&mut c.srp)))
-}
-
-/// Creates an SRP target port; its RDMA/CM listeners start at once (when the RDMA device
-/// is up).
-#[utoipa::path(post, path = "/api/v1/srp/ports", tag = "srp", request_body = SrpPort,
-    responses((status = 201, body = SrpPort), (status = 400, body = ErrorBody),
-        (status = 401, body = ErrorBody), (status = 409, body = ErrorBody),
-        (status = 413, body = ErrorBody), (status = 415, body = ErrorBody),
-        (status = 422, body = ErrorBody)))]
-async fn create_srp_port(State(st): St, Body(p): Body<SrpPort>) -> Res<Response> {
-    let (p, _) = st
-        .api
-        .change("create SRP target port", |c| {
-            if c.srp.iter().any(|x| x.name == p.name) {
-                return Err(ApiError::conflict(
-                    "name",
-                    format!("SRP target port {:?} exists", p.name),
-                ));
-            }
-            c.srp.push(p.clone());
-            Ok(p)
-        })
-        .await?;
-    Ok(created(p))
-}
-
-#[utoipa::path(get, path = "/api/v1/srp/ports/{name}", tag = "srp",
-    params(("name" = String, Path, description = "SRP target port name")),
-    responses((status = 200, body = SrpPort), (status = 400, body = ErrorBody),
-        (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)))]
-async fn get_srp_port(
-    State(st): St,
-    PathParams(name): PathParams<String>,
-) -> Res<axum::Json<SrpPort>> {
-    read(&st, |c| srp_port_mut(c, &name).map(|p| p.clone()))
-}
-
-/// Replaces an SRP target port. LUN and ACL changes reach live sessions at once; a new
-/// identifier or new listen addresses log its channels out.
-#[utoipa::path(put, path = "/api/v1/srp/ports/{name}", tag = "srp", request_body = SrpPort,
-    params(("name" = String, Path, description = "SRP target port name")),
-    responses((status = 200, body = SrpPort), (status = 400, body = ErrorBody),
-        (status = 401, body = ErrorBody), (status = 404, body = ErrorBody),
-        (status = 409, body = ErrorBody), (status = 413, body = ErrorBody),
-        (status = 415, body = ErrorBody), (status = 422, body = ErrorBody)))]
-async fn replace_srp_port(
-    State(st): St,
-    PathParams(name): PathParams<String>,
-    Body(p): Body<SrpPort>,
-) -> Res<axum::Json<SrpPort>> {
-    if p.name != name {
-        return Err(ApiError::invalid("name", "the name cannot change"));
-    }
-    let (p, _) = st
-        .api
-        .change("replace SRP target port", |c| {
-            *srp_port_mut(c, &name)? = p.clone();
-            Ok(p)
-        })
-        .await?;
-    Ok(axum::Json(p))
-}
-
-/// Deletes an SRP target port: its channels get SRP_T_LOGOUT, its listeners stop.
-#[utoipa::path(delete, path = "/api/v1/srp/ports/{name}", tag = "srp",
-    params(("name" = String, Path, description = "SRP target port name")),
-    responses((status = 204), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody),
-        (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
-async fn delete_srp_port(State(st): St, PathParams(name): PathParams<String>) -> Res<Response> {
-    st.api
-        .change("delete SRP target port", |c| {
-            srp_port_mut(c, &name)?;
-            c.srp.retain(|p| p.name != name);
-            Ok(())
-        })
-        .await?;
-    Ok(no_content())
-}
-
-#[utoipa::path(get, path = "/api/v1/srp/ports/{name}/luns", tag = "srp",
-    params(("name" = String, Path, description = "SRP target port name")),
-    responses((status = 200, body = Vec<Lun>), (status = 400, body = ErrorBody),
-        (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)))]
-async fn list_srp_luns(
-    State(st): St,
-    PathParams(name): PathParams<String>,
-) -> Res<axum::Json<Vec<Lun>>> {
-    read(&st, |c| {
-        Ok(std::mem::take(&mut srp_port_mut(c, &name)?.luns))
-    })
-}
-
-/// Maps a backstore as a LUN of the port; sessions that see it get REPORTED LUNS DATA
-/// HAS CHANGED.
-#[utoipa::path(post, path = "/api/v1/srp/ports/{name}/luns", tag = "srp", request_body = Lun,
-    params(("name" = String, Path, description = "SRP target port name")),
-    responses((status = 201, body = Lun), (status = 400, body = ErrorBody),
-        (status = 401, body = ErrorBody), (status = 404, body = ErrorBody),
-        (status = 409, body = ErrorBody), (status = 413, body = ErrorBody),
-        (status = 415, body = ErrorBody), (status = 422, body = ErrorBody)))]
-async fn add_srp_lun(
-    State(st): St,
-    PathParams(name): PathParams<String>,
-    Body(l): Body<Lun>,
-) -> Res<Response> {
-    st.api
-        .change("add SRP LUN", |c| {
-            let p = srp_port_mut(c, &name)?;
-            if p.luns.iter().any(|x| x.lun == l.lun) {
-                return Err(ApiError::conflict("lun", format!("LUN {} is taken", l.lun)));
-            }
-            p.luns.push(l.clone());
-            Ok(())
-        })
-        .await?;
-    Ok(created(l))
-}
-
-#[utoipa::path(get, path = "/api/v1/srp/ports/{name}/luns/{lun}", tag = "srp",
-    params(("name" = String, Path, description = "SRP target port name"),
-        ("lun" = u64, Path, description = "LUN")),
-    responses((status = 200, body = Lun), (status = 400, body = ErrorBody),
-        (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)))]
-async fn get_srp_lun(
-    State(st): St,
-    PathParams((name, lun)): PathParams<(String, u64)>,
-) -> Res<axum::Json<Lun>> {
-    read(&st, |c| {
-        srp_port_mut(c, &name)?
-            .luns
-            .iter()
-            .find(|l| l.lun == lun)
-            .cloned()
-            .ok_or_else(|| ApiError::not_found(format!("no LUN {lun}")))
-    })
-}
-
-/// Unmaps a LUN of the port; sessions that saw it get REPORTED LUNS DATA HAS CHANGED.
-#[utoipa::path(delete, path = "/api/v1/srp/ports/{name}/luns/{lun}", tag = "srp",
-    params(("name" = String, Path, description = "SRP target port name"),
-        ("lun" = u64, Path, description = "LUN")),
-    responses((status = 204), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody),
-        (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
-async fn delete_srp_lun(
-    State(st): St,
-    PathParams((name, lun)): PathParams<(String, u64)>,
-) -> Res<Response> {
-    st.api
-        .change("delete SRP LUN", |c| {
-            let p = srp_port_mut(c, &name)?;
-            if !p.luns.iter().any(|l| l.lun == lun) {
-                return Err(ApiError::not_found(format!("no LUN {lun}")));
-            }
-            if let Some(a) = p
-                .acls
-                .iter()
-                .find(|a| a.mapped_luns.iter().any(|m| m.tpg_lun == lun))
-            {
-                return Err(ApiError::conflict(
-                    "lun",
-                    format!("LUN {lun} is mapped for {}", a.initiator),
-                ));
-            }
-            p.luns.retain(|l| l.lun != lun);
-            Ok(())
-        })
-        .await?;
-    Ok(no_content())
-}
-
-#[utoipa::path(get, path = "/api/v1/srp/ports/{name}/acls", tag = "srp",
-    params(("name" = String, Path, description = "SRP target port name")),
-    responses((status = 200, body = Vec<SrpAcl>), (status = 400, body = ErrorBody),
-        (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)))]
-async fn list_srp_acls(
-    State(st): St,
-    PathParams(name): PathParams<String>,
-) -> Res<axum::Json<Vec<SrpAcl>>> {
-    read(&st, |c| {
-        Ok(std::mem::take(&mut srp_port_mut(c, &name)?.acls))
-    })
-}
-
-#[utoipa::path(post, path = "/api/v1/srp/ports/{name}/acls", tag = "srp", request_body = SrpAcl,
-    params(("name" = String, Path, description = "SRP target port name")),
-    responses((status = 201, body = SrpAcl), (status = 400, body = ErrorBody),
-        (status = 401, body = ErrorBody), (status = 404, body = ErrorBody),
-        (status = 409, body = ErrorBody), (status = 413, body = ErrorBody),
-        (status = 415, body = ErrorBody), (status = 422, body = ErrorBody)))]
-async fn add_srp_acl(
-    State(st): St,
-    PathParams(name): PathParams<String>,
-    Body(a): Body<SrpAcl>,
-) -> Res<Response> {
-    st.api
-        .change("add SRP ACL", |c| {
-            let p = srp_port_mut(c, &name)?;
-            if p.acls
-                .iter()
-                .any(|x| x.initiator.eq_ignore_ascii_case(&a.initiator))
-            {
-                return Err(ApiError::conflict(
-                    "initiator",
-                    format!("an ACL for {:?} exists", a.initiator),
-                ));
-            }
-            p.acls.push(a.clone());
-            Ok(())
-        })
-        .await?;
-    Ok(created(a))
-}
-
-#[utoipa::path(get, path = "/api/v1/srp/ports/{name}/acls/{initiator}", tag = "srp",
-    params(("name" = String, Path, description = "SRP target port name"),
-        ("initiator" = String, Path, description = "Initiator port identifier (0x and 32 hex digits)")),
-    responses((status = 200, body = SrpAcl), (status = 400, body = ErrorBody),
-        (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)))]
-async fn get_srp_acl(
-    State(st): St,
-    PathParams((name, ini)): PathParams<(String, String)>,
-) -> Res<axum::Json<SrpAcl>> {
-    read(&st, |c| srp_acl_mut(c, &name, &ini).map(|a| a.clone()))
-}
-
-/// Replaces an ACL; the initiator's sessions see the new LUN map at once.
-#[utoipa::path(put, path = "/api/v1/srp/ports/{name}/acls/{initiator}", tag = "srp", request_body = SrpAcl,
-    params(("name" = String, Path, description = "SRP target port name"),
-        ("initiator" = String, Path, description = "Initiator port identifier (0x and 32 hex digits)")),
-    responses((status = 200, body = SrpAcl), (status = 400, body = ErrorBody),
-        (status = 401, body = ErrorBody), (status = 404, body = ErrorBody),
-        (status = 409, body = ErrorBody), (status = 413, body = ErrorBody),
-        (status = 415, body = ErrorBody), (status = 422, body = ErrorBody)))]
-async fn replace_srp_acl(
-    State(st): St,
-    PathParams((name, ini)): PathParams<(String, String)>,
-    Body(a): Body<SrpAcl>,
-) -> Res<axum::Json<SrpAcl>> {
-    if !a.initiator.eq_ignore_ascii_case(&ini) {
-        return Err(ApiError::invalid(
-            "initiator",
-            "the initiator cannot change",
-        ));
-    }
-    st.api
-        .change("replace SRP ACL", |c| {
-            *srp_acl_mut(c, &name, &ini)? = a.clone();
-            Ok(())
-        })
-        .await?;
-    Ok(axum::Json(a))
-}
-
-/// Removes an ACL: that initiator's channels (only those) get SRP_T_LOGOUT.
-#[utoipa::path(delete, path = "/api/v1/srp/ports/{name}/acls/{initiator}", tag = "srp",
-    params(("name" = String, Path, description = "SRP target port name"),
-        ("initiator" = String, Path, description = "Initiator port identifier (0x and 32 hex digits)")),
-    responses((status = 204), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody),
-        (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
-async fn delete_srp_acl(
-    State(st): St,
-    PathParams((name, ini)): PathParams<(String, String)>,
-) -> Res<Response> {
-    st.api
-        .change("delete SRP ACL", |c| {
-            srp_acl_mut(c, &name, &ini)?;
-            srp_port_mut(c, &name)?
-                .acls
-                .retain(|a| !a.initiator.eq_ignore_ascii_case(&ini));
             Ok(())
         })
         .await?;
@@ -1972,20 +1698,15 @@ impl utoipa::Modify for BearerAuth {
     paths(
         list_backstores, create_backstore, get_backstore, replace_backstore, delete_backstore,
         list_targets, create_target, get_target, replace_target, delete_target,
-        list_tpgs, create_tpg, get_tpg, replace_tpg, delete_tpg,
         list_portals, add_portal, delete_portal,
         get_tpg_auth, put_tpg_auth, get_acl_auth, put_acl_auth, get_discovery_auth, put_discovery_auth,
-        list_luns, add_lun, get_lun, delete_lun,
-        list_acls, add_acl, get_acl, replace_acl, delete_acl, add_mapped_lun, delete_mapped_lun,
-        list_srp_ports, create_srp_port, get_srp_port, replace_srp_port, delete_srp_port,
-        list_srp_luns, add_srp_lun, get_srp_lun, delete_srp_lun,
-        list_srp_acls, add_srp_acl, get_srp_acl, replace_srp_acl, delete_srp_acl,
+        add_mapped_lun, delete_mapped_lun,
         list_sessions, delete_session,
         export_config, apply_config,
         health, ready, metrics, openapi_json,
     ),
     components(schemas(ErrorBody, Status, Portal, ApiConfig)),
-    modifiers(&BearerAuth),
+    modifiers(&PortDocs, &BearerAuth),
     security(("bearer" = []))
 )]
 struct ApiDoc;
@@ -2019,6 +1740,258 @@ mod tests {
         assert!(!json.contains("writeOnly"));
         assert!(json.contains("********"));
         assert!(json.contains("bearer"));
+    }
+
+    /// A running target that takes every configuration it is given.
+    struct Taker(std::sync::Mutex<Config>);
+
+    #[async_trait::async_trait]
+    impl Control for Taker {
+        fn config(&self) -> Config {
+            self.0.lock().unwrap().clone()
+        }
+        async fn apply(&self, config: Config) -> Result<ChangeReport, ControlError> {
+            *self.0.lock().unwrap() = config;
+            Ok(ChangeReport::default())
+        }
+        fn sessions(&self) -> Vec<SessionView> {
+            Vec::new()
+        }
+        fn force_logout(&self, _: &str) -> bool {
+            false
+        }
+        fn ready(&self) -> bool {
+            true
+        }
+        fn metrics(&self) -> String {
+            String::new()
+        }
+    }
+
+    #[tokio::test]
+    async fn ports_of_every_fabric_are_served_alike() {
+        use tower::ServiceExt;
+        let cfg = Config::from_yaml(
+            "backstores: [{name: a, type: null, size: 1M}]\ntargets:\n  - name: iqn.2025-01.io.rtgt:t\n    portal_groups: [{tag: 1, portals: ['127.0.0.1:3260']}]\nsrp: [{name: p0}]\n",
+            std::path::Path::new("t.yaml"),
+        )
+        .unwrap();
+        let token = "a".repeat(64);
+        let router = Api::new(Arc::new(Taker(std::sync::Mutex::new(cfg)))).router(Guard::Tokens(
+            crate::auth::Tokens {
+                admin: token.clone().into(),
+                read: "b".repeat(64).into(),
+            },
+        ));
+        let call = |method: &str, path: String, body: &str| {
+            let req = Request::builder()
+                .method(method)
+                .uri(path)
+                .header(header::AUTHORIZATION, format!("Bearer {token}"))
+                .header(header::CONTENT_TYPE, "application/json")
+                .body(axum::body::Body::from(body.to_string()))
+                .unwrap();
+            let router = router.clone();
+            async move {
+                let r = router.oneshot(req).await.unwrap();
+                let status = r.status().as_u16();
+                let body = axum::body::to_bytes(r.into_body(), BODY_LIMIT)
+                    .await
+                    .unwrap();
+                (status, String::from_utf8_lossy(&body).into_owned())
+            }
+        };
+        let tpg = "/api/v1/targets/iqn.2025-01.io.rtgt:t/tpgs";
+        let srp = "/api/v1/srp/ports";
+        let ini = "iqn.1994-05.com.redhat:h";
+        let port = "0x0000000000000000505400fffe123403";
+        let port_upper = port.to_uppercase().replacen("0X", "0x", 1);
+        let chap = r#"{"chap":{"user":"u","secret":"secret-secret-1"}}"#;
+        let redacted = r#"{"chap":{"user":"u","secret":"********"}}"#;
+        let mapped = r#"[{"lun":1,"tpg_lun":0}]"#;
+        let error = |message: &str, field: &str| {
+            let field = if field.is_empty() {
+                String::new()
+            } else {
+                format!(r#","field":"{field}""#)
+            };
+            format!(r#"{{"error":{message:?}{field}}}"#)
+        };
+        let lun0 = r#"{"lun":0,"backstore":"a"}"#;
+        let cases = [
+            (
+                "POST",
+                tpg.to_string(),
+                r#"{"tag":1,"portals":["127.0.0.2:1"]}"#.to_string(),
+                409,
+                error("portal group 1 exists", "tag"),
+            ),
+            (
+                "POST",
+                srp.to_string(),
+                r#"{"name":"p0"}"#.into(),
+                409,
+                error("SRP target port \"p0\" exists", "name"),
+            ),
+            (
+                "PUT",
+                format!("{srp}/p0"),
+                r#"{"name":"p1"}"#.into(),
+                422,
+                error("the name cannot change", "name"),
+            ),
+            (
+                "GET",
+                format!("{tpg}/2"),
+                String::new(),
+                404,
+                error("target \"iqn.2025-01.io.rtgt:t\" has no portal group 2", ""),
+            ),
+            (
+                "GET",
+                format!("{srp}/p1/luns"),
+                String::new(),
+                404,
+                error("no SRP target port \"p1\"", ""),
+            ),
+            (
+                "GET",
+                format!("{tpg}/x/luns"),
+                String::new(),
+                400,
+                error(
+                    "Invalid URL: Cannot parse value at index 1 with value `x` to a `u16`",
+                    "tag",
+                ),
+            ),
+            (
+                "GET",
+                format!("{srp}/p0/luns/x"),
+                String::new(),
+                400,
+                error(
+                    "Invalid URL: Cannot parse value at index 1 with value `x` to a `u64`",
+                    "lun",
+                ),
+            ),
+            (
+                "POST",
+                format!("{tpg}/1/luns"),
+                lun0.into(),
+                201,
+                lun0.into(),
+            ),
+            (
+                "POST",
+                format!("{srp}/p0/luns"),
+                lun0.into(),
+                201,
+                lun0.into(),
+            ),
+            (
+                "POST",
+                format!("{srp}/p0/luns"),
+                lun0.into(),
+                409,
+                error("LUN 0 is taken", "lun"),
+            ),
+            (
+                "POST",
+                format!("{tpg}/1/acls"),
+                format!(r#"{{"initiator":"{ini}","auth":{chap},"mapped_luns":{mapped}}}"#),
+                201,
+                format!(r#"{{"initiator":"{ini}","auth":{redacted},"mapped_luns":{mapped}}}"#),
+            ),
+            (
+                "POST",
+                format!("{srp}/p0/acls"),
+                format!(r#"{{"initiator":"{port}","mapped_luns":{mapped}}}"#),
+                201,
+                format!(r#"{{"initiator":"{port}","mapped_luns":{mapped}}}"#),
+            ),
+            (
+                "POST",
+                format!("{srp}/p0/acls"),
+                format!(r#"{{"initiator":"{port_upper}"}}"#),
+                409,
+                error(&format!("an ACL for {port_upper:?} exists"), "initiator"),
+            ),
+            // iSCSI names are looked up as written, SRP port identifiers in any case.
+            (
+                "GET",
+                format!("{tpg}/1/acls/{}", ini.to_uppercase()),
+                String::new(),
+                404,
+                error(&format!("no ACL for {:?}", ini.to_uppercase()), ""),
+            ),
+            (
+                "GET",
+                format!("{srp}/p0/acls/{port_upper}"),
+                String::new(),
+                200,
+                format!(r#"{{"initiator":"{port}","mapped_luns":{mapped}}}"#),
+            ),
+            (
+                "DELETE",
+                format!("{tpg}/1/luns/0"),
+                String::new(),
+                409,
+                error(&format!("LUN 0 is mapped in the ACL of {ini}"), "lun"),
+            ),
+            (
+                "DELETE",
+                format!("{srp}/p0/luns/0"),
+                String::new(),
+                409,
+                error(&format!("LUN 0 is mapped for {port}"), "lun"),
+            ),
+            (
+                "PUT",
+                format!("{tpg}/1/acls/{ini}"),
+                format!(r#"{{"initiator":"{ini}","auth":{chap}}}"#),
+                200,
+                format!(r#"{{"initiator":"{ini}","auth":{redacted}}}"#),
+            ),
+            (
+                "DELETE",
+                format!("{srp}/p0/acls/{port_upper}"),
+                String::new(),
+                204,
+                String::new(),
+            ),
+            (
+                "DELETE",
+                format!("{srp}/p0/luns/0"),
+                String::new(),
+                204,
+                String::new(),
+            ),
+            (
+                "DELETE",
+                format!("{tpg}/1"),
+                String::new(),
+                409,
+                error(
+                    "a target needs at least one portal group: delete the target instead",
+                    "tag",
+                ),
+            ),
+            (
+                "DELETE",
+                format!("{srp}/p0"),
+                String::new(),
+                204,
+                String::new(),
+            ),
+            ("GET", srp.to_string(), String::new(), 200, "[]".into()),
+        ];
+        for (method, path, body, status, answer) in cases {
+            assert_eq!(
+                call(method, path.clone(), &body).await,
+                (status, answer),
+                "{method} {path}"
+            );
+        }
     }
 
     #[test]

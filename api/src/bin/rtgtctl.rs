@@ -7,9 +7,10 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use rtgt_api::client::{discover, segment, ClientError, Given, System};
 use rtgt_api::config::{
-    Acl, Auth, Backstore, BackstoreKind, ByteSize, Chap, Config, Lun, MappedLun, PortalGroup,
+    Acl, Auth, Backstore, BackstoreKind, ByteSize, Chap, Config, Lun, MappedLun, Port, PortalGroup,
     SrpAcl, SrpPort, Target, REDACTED,
 };
+use rtgt_api::resource::PortPath;
 use rtgt_api::server::Portal;
 use rtgt_api::{ChangeReport, SessionView};
 
@@ -190,12 +191,8 @@ struct Tpg {
 }
 
 impl Tpg {
-    fn path(&self) -> String {
-        format!(
-            "/api/v1/targets/{}/tpgs/{}",
-            segment(&self.target),
-            self.tpg
-        )
+    fn port(&self) -> PortPath<PortalGroup> {
+        PortPath::new(&self.target, &self.tpg)
     }
 }
 
@@ -316,41 +313,40 @@ enum SrpCmd {
     },
 }
 
-fn srp_path(name: &str) -> String {
-    format!("/api/v1/srp/ports/{}", segment(name))
+fn srp_port(name: &str) -> PortPath<SrpPort> {
+    PortPath::new(&(), &name.to_string())
 }
 
 fn print_srp_ports(json: bool, v: &[SrpPort]) {
-    if json {
-        return print_json(&v);
-    }
-    table(
+    print_list(
+        json,
+        v,
         &["PORT", "LISTEN", "ID_EXT", "IOC_GUID", "LUNS", "ACLS"],
-        v.iter()
-            .map(|p| {
-                vec![
-                    p.name.clone(),
-                    p.listen
-                        .iter()
-                        .map(|a| a.to_string())
-                        .collect::<Vec<_>>()
-                        .join(","),
-                    p.id_ext.clone().unwrap_or_else(|| "derived".into()),
-                    p.ioc_guid.clone().unwrap_or_else(|| "derived".into()),
-                    p.luns
-                        .iter()
-                        .map(|l| format!("{}={}", l.lun, l.backstore))
-                        .collect::<Vec<_>>()
-                        .join(","),
-                    if p.allow_any_initiator {
-                        "any".into()
-                    } else {
-                        p.acls.len().to_string()
-                    },
-                ]
-            })
-            .collect(),
+        |p| {
+            vec![
+                p.name.clone(),
+                joined(&p.listen, |a| a.to_string()),
+                p.id_ext.clone().unwrap_or_else(|| "derived".into()),
+                p.ioc_guid.clone().unwrap_or_else(|| "derived".into()),
+                joined(&p.luns, |l| format!("{}={}", l.lun, l.backstore)),
+                acls_cell(p),
+            ]
+        },
     );
+}
+
+/// The items of a list cell, comma-separated.
+fn joined<T>(items: &[T], cell: impl Fn(&T) -> String) -> String {
+    items.iter().map(cell).collect::<Vec<_>>().join(",")
+}
+
+/// Who a port admits: `any`, or how many ACLs it has.
+fn acls_cell(p: &impl Port) -> String {
+    if p.allow_any_initiator() {
+        "any".into()
+    } else {
+        p.acls().len().to_string()
+    }
 }
 
 #[derive(Subcommand, Debug)]
@@ -410,6 +406,19 @@ fn table(header: &[&str], rows: Vec<Vec<String>>) {
     }
 }
 
+/// Prints `v` as JSON, or as a table of `header` with a row per item.
+fn print_list<T: serde::Serialize>(
+    json: bool,
+    v: &[T],
+    header: &[&str],
+    row: impl Fn(&T) -> Vec<String>,
+) {
+    if json {
+        return print_json(&v);
+    }
+    table(header, v.iter().map(row).collect());
+}
+
 fn print_json<T: serde::Serialize>(v: &T) {
     println!(
         "{}",
@@ -432,36 +441,31 @@ fn print_report(json: bool, r: &ChangeReport) {
     }
 }
 
-fn backstore_rows(v: &[Backstore]) -> Vec<Vec<String>> {
-    v.iter()
-        .map(|b| {
-            vec![
-                b.name.clone(),
-                format!("{:?}", b.kind).to_lowercase(),
-                b.size.map(|s| s.to_string()).unwrap_or_else(|| "-".into()),
-                b.block_size.to_string(),
-                b.path
-                    .as_ref()
-                    .map(|p| p.display().to_string())
-                    .unwrap_or_else(|| "-".into()),
-                if b.read_only { "ro" } else { "rw" }.into(),
-                match b.kind {
-                    BackstoreKind::File | BackstoreKind::Block if b.direct() => "direct",
-                    BackstoreKind::File | BackstoreKind::Block => "page",
-                    BackstoreKind::Ramdisk | BackstoreKind::Null => "-",
-                }
-                .into(),
-                if b.write_cache { "on" } else { "off" }.into(),
-            ]
-        })
-        .collect()
+fn backstore_row(b: &Backstore) -> Vec<String> {
+    vec![
+        b.name.clone(),
+        format!("{:?}", b.kind).to_lowercase(),
+        b.size.map(|s| s.to_string()).unwrap_or_else(|| "-".into()),
+        b.block_size.to_string(),
+        b.path
+            .as_ref()
+            .map(|p| p.display().to_string())
+            .unwrap_or_else(|| "-".into()),
+        if b.read_only { "ro" } else { "rw" }.into(),
+        match b.kind {
+            BackstoreKind::File | BackstoreKind::Block if b.direct() => "direct",
+            BackstoreKind::File | BackstoreKind::Block => "page",
+            BackstoreKind::Ramdisk | BackstoreKind::Null => "-",
+        }
+        .into(),
+        if b.write_cache { "on" } else { "off" }.into(),
+    ]
 }
 
 fn print_backstores(json: bool, v: &[Backstore]) {
-    if json {
-        return print_json(&v);
-    }
-    table(
+    print_list(
+        json,
+        v,
         &[
             "NAME",
             "TYPE",
@@ -472,7 +476,7 @@ fn print_backstores(json: bool, v: &[Backstore]) {
             "CACHE",
             "WRITE-CACHE",
         ],
-        backstore_rows(v),
+        backstore_row,
     );
 }
 
@@ -486,17 +490,9 @@ fn print_targets(json: bool, v: &[Target]) {
             rows.push(vec![
                 t.name.clone(),
                 g.tag.to_string(),
-                g.portals
-                    .iter()
-                    .map(|p| p.to_string())
-                    .collect::<Vec<_>>()
-                    .join(","),
+                joined(&g.portals, |p| p.to_string()),
                 g.luns.len().to_string(),
-                if g.allow_any_initiator {
-                    "any".into()
-                } else {
-                    g.acls.len().to_string()
-                },
+                acls_cell(g),
                 if g.auth.chap.is_some() {
                     "chap"
                 } else {
@@ -739,11 +735,7 @@ fn run(args: Args, ctx: &mut Context) -> Result<(), ClientError> {
                 .redacted()
                 .targets
                 .remove(0);
-                if json {
-                    print_json(&t);
-                } else {
-                    print!("{}", serde_norway_yaml(&t));
-                }
+                print_object(json, &t);
             }
             TargetCmd::Create {
                 name,
@@ -773,87 +765,53 @@ fn run(args: Args, ctx: &mut Context) -> Result<(), ClientError> {
         },
         Cmd::Portals(cmd) => match cmd {
             PortalCmd::List { tpg } => {
-                let v: Vec<Portal> = c.get(&format!("{}/portals", tpg.path()))?;
-                if json {
-                    print_json(&v);
-                } else {
-                    table(
-                        &["PORTAL"],
-                        v.iter().map(|p| vec![p.address.to_string()]).collect(),
-                    );
-                }
+                let v: Vec<Portal> = c.get(&format!("{}/portals", tpg.port().as_str()))?;
+                print_list(json, &v, &["PORTAL"], |p| vec![p.address.to_string()]);
             }
             PortalCmd::Add { tpg, address } => {
                 c.send(
                     "POST",
-                    &format!("{}/portals", tpg.path()),
+                    &format!("{}/portals", tpg.port().as_str()),
                     &Portal { address },
                 )?;
             }
             PortalCmd::Remove { tpg, address } => c.delete(&format!(
                 "{}/portals/{}",
-                tpg.path(),
+                tpg.port().as_str(),
                 segment(&address.to_string())
             ))?,
         },
         Cmd::Luns(cmd) => match cmd {
             LunCmd::List { tpg } => {
-                let v: Vec<Lun> = c.get(&format!("{}/luns", tpg.path()))?;
-                if json {
-                    print_json(&v);
-                } else {
-                    table(
-                        &["LUN", "BACKSTORE"],
-                        v.iter()
-                            .map(|l| vec![l.lun.to_string(), l.backstore.clone()])
-                            .collect(),
-                    );
-                }
+                print_list(json, &c.luns(&tpg.port())?, &["LUN", "BACKSTORE"], |l| {
+                    vec![l.lun.to_string(), l.backstore.clone()]
+                });
             }
             LunCmd::Add {
                 tpg,
                 lun,
                 backstore,
-            } => {
-                c.send(
-                    "POST",
-                    &format!("{}/luns", tpg.path()),
-                    &Lun { lun, backstore },
-                )?;
-            }
-            LunCmd::Remove { tpg, lun } => c.delete(&format!("{}/luns/{lun}", tpg.path()))?,
+            } => c.add_lun(&tpg.port(), &Lun { lun, backstore })?,
+            LunCmd::Remove { tpg, lun } => c.remove_lun(&tpg.port(), lun)?,
         },
         Cmd::Acls(cmd) => match cmd {
             AclCmd::List { tpg } => {
-                let v: Vec<Acl> = c.get(&format!("{}/acls", tpg.path()))?;
-                if json {
-                    print_json(&v);
-                } else {
-                    table(
-                        &["INITIATOR", "AUTH", "MAPPED LUNS"],
-                        v.iter()
-                            .map(|a| {
-                                vec![
-                                    a.initiator.clone(),
-                                    a.auth
-                                        .chap
-                                        .as_ref()
-                                        .map(|c| format!("chap:{}", c.user))
-                                        .unwrap_or_else(|| "-".into()),
-                                    if a.mapped_luns.is_empty() {
-                                        "all".into()
-                                    } else {
-                                        a.mapped_luns
-                                            .iter()
-                                            .map(|m| format!("{}={}", m.lun, m.tpg_lun))
-                                            .collect::<Vec<_>>()
-                                            .join(",")
-                                    },
-                                ]
-                            })
-                            .collect(),
-                    );
-                }
+                let header = ["INITIATOR", "AUTH", "MAPPED LUNS"];
+                print_list(json, &c.acls(&tpg.port())?, &header, |a| {
+                    vec![
+                        a.initiator.clone(),
+                        a.auth
+                            .chap
+                            .as_ref()
+                            .map(|c| format!("chap:{}", c.user))
+                            .unwrap_or_else(|| "-".into()),
+                        if a.mapped_luns.is_empty() {
+                            "all".into()
+                        } else {
+                            joined(&a.mapped_luns, |m| format!("{}={}", m.lun, m.tpg_lun))
+                        },
+                    ]
+                });
             }
             AclCmd::Add {
                 tpg,
@@ -873,21 +831,15 @@ fn run(args: Args, ctx: &mut Context) -> Result<(), ClientError> {
                     },
                     mapped_luns: maps,
                 };
-                c.send("POST", &format!("{}/acls", tpg.path()), &acl)?;
+                c.add_acl(&tpg.port(), &acl)?;
             }
-            AclCmd::Remove { tpg, initiator } => {
-                c.delete(&format!("{}/acls/{}", tpg.path(), segment(&initiator)))?
-            }
+            AclCmd::Remove { tpg, initiator } => c.remove_acl(&tpg.port(), &initiator)?,
         },
         Cmd::Srp(cmd) => match cmd {
-            SrpCmd::List => print_srp_ports(json, &c.get::<Vec<SrpPort>>("/api/v1/srp/ports")?),
+            SrpCmd::List => print_srp_ports(json, &c.ports::<SrpPort>(&())?),
             SrpCmd::Show { name } => {
-                let p: SrpPort = c.get(&srp_path(&name))?;
-                if json {
-                    print_json(&p);
-                } else {
-                    print!("{}", serde_norway_yaml(&p));
-                }
+                let p = c.port(&srp_port(&name))?;
+                print_object(json, &p);
             }
             SrpCmd::Create {
                 name,
@@ -905,25 +857,15 @@ fn run(args: Args, ctx: &mut Context) -> Result<(), ClientError> {
                     luns: Vec::new(),
                     acls: Vec::new(),
                 };
-                let p: SrpPort =
-                    serde_json::from_value(c.send("POST", "/api/v1/srp/ports", &p)?)?;
-                print_srp_ports(json, &[p]);
+                print_srp_ports(json, &[c.create_port(&(), &p)?]);
             }
-            SrpCmd::Delete { name } => c.delete(&srp_path(&name))?,
+            SrpCmd::Delete { name } => c.delete_port(&srp_port(&name))?,
             SrpCmd::AddLun {
                 name,
                 lun,
                 backstore,
-            } => {
-                c.send(
-                    "POST",
-                    &format!("{}/luns", srp_path(&name)),
-                    &Lun { lun, backstore },
-                )?;
-            }
-            SrpCmd::RemoveLun { name, lun } => {
-                c.delete(&format!("{}/luns/{lun}", srp_path(&name)))?
-            }
+            } => c.add_lun(&srp_port(&name), &Lun { lun, backstore })?,
+            SrpCmd::RemoveLun { name, lun } => c.remove_lun(&srp_port(&name), lun)?,
             SrpCmd::AddAcl {
                 name,
                 initiator,
@@ -933,47 +875,37 @@ fn run(args: Args, ctx: &mut Context) -> Result<(), ClientError> {
                     initiator,
                     mapped_luns: maps,
                 };
-                c.send("POST", &format!("{}/acls", srp_path(&name)), &acl)?;
+                c.add_acl(&srp_port(&name), &acl)?;
             }
-            SrpCmd::RemoveAcl { name, initiator } => {
-                c.delete(&format!("{}/acls/{}", srp_path(&name), segment(&initiator)))?
-            }
+            SrpCmd::RemoveAcl { name, initiator } => c.remove_acl(&srp_port(&name), &initiator)?,
         },
         Cmd::Sessions(cmd) => match cmd {
             SessionCmd::List => {
                 let v: Vec<SessionView> = c.get("/api/v1/sessions")?;
-                if json {
-                    print_json(&v);
-                } else {
-                    table(
-                        &[
-                            "ID",
-                            "INITIATOR",
-                            "TARGET",
-                            "TRANSPORT",
-                            "PEER",
-                            "QD",
-                            "OUT",
-                            "COMMANDS",
-                            "UPTIME",
-                        ],
-                        v.iter()
-                            .map(|s| {
-                                vec![
-                                    s.id.clone(),
-                                    s.initiator.clone(),
-                                    s.target.clone(),
-                                    s.transport.clone(),
-                                    s.peer.clone(),
-                                    s.queue_depth.to_string(),
-                                    s.outstanding.to_string(),
-                                    s.commands.to_string(),
-                                    format!("{}s", s.uptime_seconds),
-                                ]
-                            })
-                            .collect(),
-                    );
-                }
+                let header = [
+                    "ID",
+                    "INITIATOR",
+                    "TARGET",
+                    "TRANSPORT",
+                    "PEER",
+                    "QD",
+                    "OUT",
+                    "COMMANDS",
+                    "UPTIME",
+                ];
+                print_list(json, &v, &header, |s| {
+                    vec![
+                        s.id.clone(),
+                        s.initiator.clone(),
+                        s.target.clone(),
+                        s.transport.clone(),
+                        s.peer.clone(),
+                        s.queue_depth.to_string(),
+                        s.outstanding.to_string(),
+                        s.commands.to_string(),
+                        format!("{}s", s.uptime_seconds),
+                    ]
+                });
             }
             SessionCmd::Logout { id } => c.delete(&format!("/api/v1/sessions/{}", segment(&id)))?,
         },
@@ -1033,8 +965,13 @@ fn run(args: Args, ctx: &mut Context) -> Result<(), ClientError> {
     Ok(())
 }
 
-fn serde_norway_yaml<T: serde::Serialize>(v: &T) -> String {
-    serde_norway::to_string(v).unwrap_or_default()
+/// Prints one object as JSON or YAML.
+fn print_object<T: serde::Serialize>(json: bool, v: &T) {
+    if json {
+        print_json(v);
+    } else {
+        print!("{}", serde_norway::to_string(v).unwrap_or_default());
+    }
 }
 
 fn main() -> ExitCode {
