@@ -19,5 +19,7 @@ pub mod netdev;
 pub mod rc;
 pub(crate) mod ring;
 pub mod sim;
+#[cfg(test)]
+mod test_support;
 pub mod verbs;
 pub mod wire;
