@@ -9,41 +9,15 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use super::cq::Cq;
+pub use super::event::EventQueue;
 use super::mem::Region;
 use super::mr::{access_valid, KeyKind, MrEntry, MrState, MrTable};
 use super::qp::{modify_is_ok, QpCtx, RecvWqe, SendWqe, WqeState};
+pub use super::types::Ah;
 use super::types::*;
 use super::VerbsError;
 use crate::ring::Ring;
 use crate::wire::{roce, Opcode};
-
-/// Bounded queue of asynchronous events.
-#[derive(Debug)]
-pub struct EventQueue {
-    q: Mutex<VecDeque<AsyncEvent>>,
-    cap: usize,
-}
-
-impl EventQueue {
-    pub(crate) fn new(cap: usize) -> EventQueue {
-        EventQueue {
-            q: Mutex::new(VecDeque::new()),
-            cap,
-        }
-    }
-
-    pub(crate) fn push(&self, ev: AsyncEvent) {
-        let mut q = self.q.lock().unwrap_or_else(|e| e.into_inner());
-        if q.len() < self.cap {
-            q.push_back(ev);
-        }
-    }
-
-    /// The oldest pending event.
-    pub fn poll(&self) -> Option<AsyncEvent> {
-        self.q.lock().unwrap_or_else(|e| e.into_inner()).pop_front()
-    }
-}
 
 /// Device configuration.
 #[derive(Debug, Clone)]
@@ -651,13 +625,6 @@ impl Drop for PdInner {
 /// A protection domain.
 #[derive(Debug, Clone)]
 pub struct Pd(Arc<PdInner>);
-
-/// An address handle.
-#[derive(Debug, Clone)]
-pub struct Ah {
-    pub(crate) pd: u32,
-    pub av: AddressVector,
-}
 
 impl Pd {
     pub fn id(&self) -> u32 {

@@ -9,6 +9,7 @@
 pub mod connect;
 pub mod cq;
 pub mod device;
+pub mod event;
 pub mod mem;
 pub mod mr;
 pub mod qp;
@@ -16,9 +17,8 @@ pub mod types;
 
 pub use connect::RcPath;
 pub use cq::{Cq, NotifyKind};
-pub use device::{
-    Ah, Device, DeviceConfig, EventQueue, Mr, Pd, Qp, QpInitAttr, Srq, Stats, GSI_QKEY,
-};
+pub use device::{Device, DeviceConfig, Mr, Pd, Qp, QpInitAttr, Srq, Stats, GSI_QKEY};
+pub use event::EventQueue;
 pub use mem::Region;
 pub use mr::{KeyKind, MrError};
 pub use types::*;
