@@ -4,7 +4,8 @@
 //! Handles are cheap references into the device's tables; dropping a handle destroys the
 //! resource. Posting validates like a NIC does and fails fast; the transport engine
 //! ([`crate::rc`]) runs when the device is driven ([`Device::drive`], [`Device::poll`],
-//! [`Device::receive`]).
+//! [`Device::receive`]). Those methods are defined where what they run lives, the engine and
+//! the links ([`crate::netdev`]): both build on this layer, which depends on neither.
 
 pub mod connect;
 pub mod cq;
