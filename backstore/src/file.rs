@@ -917,6 +917,7 @@ impl std::fmt::Debug for FileBackstore {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::test_support::skip_or_fail;
     use std::future::Future;
     use std::process::Command;
     use std::task::{Context, Waker};
@@ -929,11 +930,25 @@ mod tests {
         }
     }
 
-    /// A scratch directory on tmpfs, if the machine has one at /dev/shm.
+    /// A scratch directory on tmpfs, if the machine has one at /dev/shm; `None` after
+    /// [`skip_or_fail`] (the test then returns).
     fn tmpfs_dir() -> Option<tempfile::TempDir> {
-        let dir = tempfile::tempdir_in("/dev/shm").ok()?;
-        let probe = File::create(dir.path().join("probe")).ok()?;
-        sys::is_memory_fs(&probe).ok()?.then_some(dir)
+        let probe = || -> std::io::Result<Option<tempfile::TempDir>> {
+            let dir = tempfile::tempdir_in("/dev/shm")?;
+            let probe = File::create(dir.path().join("probe"))?;
+            Ok(sys::is_memory_fs(&probe)?.then_some(dir))
+        };
+        match probe() {
+            Ok(Some(dir)) => Some(dir),
+            Ok(None) => {
+                skip_or_fail("/dev/shm is not a tmpfs");
+                None
+            }
+            Err(e) => {
+                skip_or_fail(format!("no tmpfs at /dev/shm: {e}"));
+                None
+            }
+        }
     }
 
     /// Bytes of the file spliced into a pipe (the pipe holds references to the cached
@@ -942,7 +957,6 @@ mod tests {
     #[tokio::test]
     async fn write_replacing_leaves_spliced_pages_alone() {
         let Some(dir) = tmpfs_dir() else {
-            eprintln!("SKIP write_replacing_leaves_spliced_pages_alone: no tmpfs");
             return;
         };
         let bs = FileBackstore::open(dir.path().join("d"), opts()).unwrap();
@@ -987,7 +1001,6 @@ mod tests {
     #[tokio::test]
     async fn memory_file_systems_transfer_inline_without_o_direct() {
         let Some(dir) = tmpfs_dir() else {
-            eprintln!("SKIP memory_file_systems_transfer_inline_without_o_direct: no tmpfs");
             return;
         };
         let path = dir.path().join("d");
@@ -1130,8 +1143,9 @@ mod tests {
         let dev = match out {
             Ok(o) if o.status.success() => String::from_utf8_lossy(&o.stdout).trim().to_string(),
             other => {
-                eprintln!("SKIP direct_einval_falls_back_to_buffered: no loop device: {other:?}");
-                return;
+                return skip_or_fail(format!(
+                    "cannot set up a 4Kn loop device (needs root and losetup): {other:?}"
+                ))
             }
         };
         struct Detach(String);

@@ -16,6 +16,8 @@ mod file;
 mod mem;
 pub mod policy;
 mod sys;
+#[cfg(test)]
+mod test_support;
 mod uring;
 
 pub use buf::{BufPool, IoBuf, IO_BUF_ALIGN};

@@ -619,7 +619,7 @@ async fn block_device_through_a_loop_device() {
         .unwrap()
         .set_len(32 * MIB)
         .unwrap();
-    let Some(dev) = LoopDevice::attach(&backing, None, "block_device_through_a_loop_device") else {
+    let Some(dev) = LoopDevice::attach(&backing, None) else {
         return;
     };
     let bdev_opts = FileOptions {
@@ -687,7 +687,7 @@ async fn block_device_through_a_loop_device() {
 
 #[tokio::test]
 async fn full_file_system_is_no_space() {
-    let Some(fs) = SmallTmpfs::mount("1m", "full_file_system_is_no_space") else {
+    let Some(fs) = SmallTmpfs::mount("1m") else {
         return;
     };
     let bs = FileBackstore::open(fs.dir.path().join("d"), opts(16 * MIB, true)).unwrap();

@@ -1,17 +1,35 @@
 //! Helpers shared by the integration tests: prerequisites and a running rtgtd.
 #![allow(dead_code)]
 
+use std::fmt::Display;
+use std::io::Write;
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// Whether CI runs us: there a missing prerequisite is a failure, not a skip.
+/// Whether CI runs us (`CI` set, not empty, neither `false` nor `0`): there a missing
+/// prerequisite is a failure, not a skip.
 pub fn in_ci() -> bool {
     std::env::var_os("CI").is_some_and(|v| !v.is_empty() && v != "false" && v != "0")
 }
 
-/// Runs `probe`; when it cannot start, skips the test with one line (or fails it in CI).
+/// Reports that the calling test cannot run here because of `reason`: fails it in CI;
+/// elsewhere writes `skipped: <test>: <reason>` to stderr (past the test harness's output
+/// capture, so the skip shows) and the caller returns.
+#[track_caller]
+pub fn skip_or_fail(reason: impl Display) {
+    let thread = std::thread::current();
+    let test = thread.name().filter(|n| *n != "main").unwrap_or("test");
+    assert!(
+        !in_ci(),
+        "{test}: {reason} (CI is set: a missing prerequisite is a failure)"
+    );
+    let _ = writeln!(std::io::stderr(), "skipped: {test}: {reason}");
+}
+
+/// Runs `probe`; when it cannot start, [`skip_or_fail`] (the test then returns).
+#[track_caller]
 pub fn prerequisite(what: &str, probe: &[&str]) -> bool {
     let ok = Command::new(probe[0])
         .args(&probe[1..])
@@ -20,15 +38,10 @@ pub fn prerequisite(what: &str, probe: &[&str]) -> bool {
         .status()
         .is_ok();
     if !ok {
-        assert!(
-            !in_ci(),
-            "{what} is required in CI but `{}` did not run",
+        skip_or_fail(format!(
+            "{what} is not installed (`{}` did not run)",
             probe.join(" ")
-        );
-        eprintln!(
-            "skipped: {what} is not installed (`{}` did not run)",
-            probe.join(" ")
-        );
+        ));
     }
     ok
 }

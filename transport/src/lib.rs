@@ -12,6 +12,11 @@
 //!   accept, reject, connect, disconnect).
 //! * [`hca`] puts them together: a device on the host's addresses, its driver task and its
 //!   CM.
+//!
+//! Modules depend on each other one way: [`verbs`] builds on [`wire`]; [`rc`] on both (and
+//! defines the device methods that run it); [`netdev`] on those three; [`cm`] on [`rc`],
+//! [`verbs`] and [`wire`]; [`hca`] on the others. Within a module, no submodule depends on a
+//! sibling that depends on it.
 
 pub mod cm;
 pub mod hca;
@@ -19,5 +24,7 @@ pub mod netdev;
 pub mod rc;
 pub(crate) mod ring;
 pub mod sim;
+#[cfg(test)]
+mod test_support;
 pub mod verbs;
 pub mod wire;

@@ -1,10 +1,14 @@
 //! Helpers shared by the integration tests: data patterns and root-only fixtures (loop devices,
-//! small tmpfs mounts) that report a skip when they cannot be set up.
+//! small tmpfs mounts) that skip the test when they cannot be set up, or fail it in CI.
 
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+
+#[path = "../../src/test_support.rs"]
+mod test_support;
+pub use test_support::skip_or_fail;
 
 /// Deterministic bytes that differ per `seed` and per position, so a misplaced block shows.
 pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
@@ -36,8 +40,9 @@ pub struct LoopDevice {
 }
 
 impl LoopDevice {
-    /// Attaches `backing`; `None` (after printing why) when losetup is unavailable or refuses.
-    pub fn attach(backing: &Path, sector_size: Option<u32>, test: &str) -> Option<LoopDevice> {
+    /// Attaches `backing`; `None` when losetup is unavailable or refuses, after
+    /// [`skip_or_fail`] (the test then returns).
+    pub fn attach(backing: &Path, sector_size: Option<u32>) -> Option<LoopDevice> {
         let mut cmd = Command::new("losetup");
         cmd.arg("--find").arg("--show");
         if let Some(s) = sector_size {
@@ -49,7 +54,9 @@ impl LoopDevice {
                 path: PathBuf::from(dev),
             }),
             Err(e) => {
-                eprintln!("SKIP {test}: cannot set up a loop device (needs root and losetup): {e}");
+                skip_or_fail(format!(
+                    "cannot set up a loop device (needs root and losetup): {e}"
+                ));
                 None
             }
         }
@@ -68,8 +75,10 @@ pub struct SmallTmpfs {
 }
 
 impl SmallTmpfs {
-    pub fn mount(size: &str, test: &str) -> Option<SmallTmpfs> {
-        let dir = tempfile::tempdir().ok()?;
+    /// Mounts a tmpfs of `size`; `None` when it cannot, after [`skip_or_fail`] (the test then
+    /// returns).
+    pub fn mount(size: &str) -> Option<SmallTmpfs> {
+        let dir = tempfile::tempdir().expect("a scratch directory");
         let opts = format!("size={size}");
         match run(Command::new("mount")
             .args(["-t", "tmpfs", "-o", &opts, "rtgt-test"])
@@ -77,7 +86,7 @@ impl SmallTmpfs {
         {
             Ok(_) => Some(SmallTmpfs { dir }),
             Err(e) => {
-                eprintln!("SKIP {test}: cannot mount a tmpfs (needs root): {e}");
+                skip_or_fail(format!("cannot mount a tmpfs (needs root): {e}"));
                 None
             }
         }

@@ -14,6 +14,9 @@ pub mod udp;
 
 use std::future::Future;
 use std::io;
+use std::time::Duration;
+
+use crate::verbs::Device;
 
 /// A link that carries whole IP datagrams.
 pub trait NetDev: Send {
@@ -60,6 +63,44 @@ pub trait NetDev: Send {
     }
 }
 
+// Defined with the links rather than in the verbs layer, which knows none.
+impl Device {
+    /// Receive from `netdev`, run the engine and transmit, once. Returns the number of
+    /// datagrams moved in either direction.
+    pub fn drive(&self, netdev: &mut dyn NetDev, now: Duration) -> usize {
+        let (mut rx, mut tx) = {
+            let mut eng = self.engine();
+            (
+                std::mem::take(&mut eng.rx_scratch),
+                std::mem::take(&mut eng.tx_scratch),
+            )
+        };
+        rx.clear();
+        // Receive errors are transient for a datagram link; the transport retransmits.
+        let _ = netdev.receive_batch(&mut rx, 1024);
+        let mut eng = self.engine();
+        eng.tx.ports = netdev.tx_ports();
+        for d in &rx {
+            eng.receive(d, now);
+        }
+        eng.poll(now);
+        tx.clear();
+        tx.extend(eng.tx.queue.drain(..));
+        drop(eng);
+        // A full or failing link drops packets, as a NIC's wire would; the transport recovers
+        // by retransmission.
+        let _ = netdev.transmit_batch(&tx);
+        let moved = rx.len() + tx.len();
+        // Received buffers go back to the netdev, sent ones to the engine, for reuse.
+        netdev.recycle(&mut rx);
+        let mut eng = self.engine();
+        eng.tx.recycle(&mut tx);
+        eng.rx_scratch = rx;
+        eng.tx_scratch = tx;
+        moved
+    }
+}
+
 /// A netdev that can wait for received datagrams, so an async runner can sleep.
 pub trait AsyncNetDev: NetDev {
     /// Resolves when [`NetDev::receive`] may return a datagram (spurious wake-ups allowed).
@@ -74,7 +115,7 @@ pub trait AsyncNetDev: NetDev {
 /// for that long after the last datagram moved (yielding to the runtime's other tasks
 /// between tries) before it sleeps: the next request of a busy peer then costs no wake-up.
 /// An idle device sleeps as without it.
-pub async fn run<N: AsyncNetDev>(dev: crate::verbs::Device, mut netdev: N) -> io::Result<()> {
+pub async fn run<N: AsyncNetDev>(dev: Device, mut netdev: N) -> io::Result<()> {
     let epoch = tokio::time::Instant::now();
     let busy_poll = dev.busy_poll();
     let mut last_moved = std::time::Duration::ZERO;

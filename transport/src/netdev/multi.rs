@@ -130,6 +130,7 @@ impl super::AsyncNetDev for MultiUdpNetDev {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::test_support::skip_or_fail;
     use crate::wire::{datagram, ipv4, IpRepr};
     use std::net::{Ipv4Addr, SocketAddr};
 
@@ -154,15 +155,15 @@ mod tests {
 
     #[tokio::test]
     async fn routes_by_source_address() {
-        let Ok(mut a) = UdpNetDev::bind("127.0.0.1:0".parse().unwrap()) else {
-            eprintln!("skipping: cannot bind a UDP socket");
-            return;
+        let mut a = match UdpNetDev::bind("127.0.0.1:0".parse().unwrap()) {
+            Ok(a) => a,
+            Err(e) => return skip_or_fail(format!("cannot bind a UDP socket: {e}")),
         };
         let port = a.local_addr().port();
-        let Ok(mut b) = UdpNetDev::bind(SocketAddr::new(Ipv4Addr::new(127, 0, 0, 2).into(), port))
-        else {
-            eprintln!("skipping: cannot bind 127.0.0.2");
-            return;
+        let mut b = match UdpNetDev::bind(SocketAddr::new(Ipv4Addr::new(127, 0, 0, 2).into(), port))
+        {
+            Ok(b) => b,
+            Err(e) => return skip_or_fail(format!("cannot bind 127.0.0.2 port {port}: {e}")),
         };
         let sink = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
         sink.set_read_timeout(Some(std::time::Duration::from_secs(5)))

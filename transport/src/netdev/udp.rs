@@ -1033,13 +1033,14 @@ impl super::AsyncNetDev for UdpNetDev {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::test_support::skip_or_fail;
     use std::net::Ipv4Addr;
 
     #[tokio::test]
     async fn rewrite_makes_kernel_header() {
-        let Ok(nd) = UdpNetDev::bind("127.0.0.1:0".parse().unwrap()) else {
-            eprintln!("skipping: cannot bind a UDP socket");
-            return;
+        let nd = match UdpNetDev::bind("127.0.0.1:0".parse().unwrap()) {
+            Ok(nd) => nd,
+            Err(e) => return skip_or_fail(format!("cannot bind a UDP socket: {e}")),
         };
         let ip = IpRepr::V4(ipv4::Repr {
             src_addr: Ipv4Addr::new(9, 9, 9, 9),
@@ -1075,6 +1076,7 @@ mod tests {
 #[cfg(test)]
 mod gso_tests {
     use super::*;
+    use crate::test_support::skip_or_fail;
     use std::net::Ipv4Addr;
 
     /// A RoCEv2 datagram from `from` to `to` as the device builds it for this netdev (its
@@ -1142,12 +1144,18 @@ mod gso_tests {
     /// cuts the run on a link).
     #[tokio::test]
     async fn gso_runs_arrive_as_the_datagrams_sent() {
-        let (Ok(mut a), Ok(mut b)) = (
+        let (mut a, mut b) = match (
             UdpNetDev::bind("127.0.0.1:0".parse().unwrap()),
             UdpNetDev::bind("127.0.0.1:0".parse().unwrap()),
-        ) else {
-            eprintln!("skipping: cannot bind UDP sockets");
-            return;
+        ) {
+            (Ok(a), Ok(b)) => (a, b),
+            (a, b) => {
+                return skip_or_fail(format!(
+                    "cannot bind UDP sockets: {:?} {:?}",
+                    a.err(),
+                    b.err()
+                ))
+            }
         };
         assert!(b.gro, "UDP_GRO refused");
         a.peer_port = b.local_addr().port();
@@ -1182,12 +1190,18 @@ mod gso_tests {
     /// header gives the segment size, and every datagram cut from it has a valid ICRC.
     #[tokio::test]
     async fn packet_socket_cuts_gso_runs_with_valid_icrcs() {
-        let (Ok(mut a), Ok(mut b)) = (
+        let (mut a, mut b) = match (
             UdpNetDev::bind("127.0.0.5:0".parse().unwrap()),
             UdpNetDev::bind_with_packet_rx("127.0.0.6:0".parse().unwrap(), "lo"),
-        ) else {
-            eprintln!("skipping: no packet socket (needs CAP_NET_RAW)");
-            return;
+        ) {
+            (Ok(a), Ok(b)) => (a, b),
+            (a, b) => {
+                return skip_or_fail(format!(
+                    "no packet socket on lo (needs CAP_NET_RAW): {:?} {:?}",
+                    a.err(),
+                    b.err()
+                ))
+            }
         };
         a.peer_port = b.local_addr().port();
         let to = b.local_addr();

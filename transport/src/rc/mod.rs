@@ -5,7 +5,8 @@
 //!
 //! Everything here is pure logic over the device's tables: packets come in through
 //! `receive`, timers and the send queues run in `poll_qp` (both driven by
-//! [`crate::verbs::Device`]), and packets go out as whole IP
+//! [`crate::verbs::Device`], through the [`Device::receive`] and [`Device::poll`] this module
+//! defines), and packets go out as whole IP
 //! datagrams into the device's bounded transmit queue. Time is a `Duration` since an arbitrary
 //! epoch given by the caller, so tests can run on a virtual clock. No packet from the wire can
 //! make this code panic: every header goes through the wire module's checked views, and all
@@ -22,7 +23,7 @@ use std::time::Duration;
 use crate::verbs::device::Engine;
 use crate::verbs::mr::{KeyKind, MrError, MrTable};
 use crate::verbs::qp::QpCtx;
-use crate::verbs::{Access, AddressVector, QpState, QpType, Sge};
+use crate::verbs::{Access, AddressVector, Device, QpState, QpType, Sge};
 use crate::wire::{datagram, icrc, ipv4, ipv6, roce, Datagram, IpRepr, RoceRepr};
 
 /// ACK requests are forced after this many packets without one (rxe `RXE_MAX_PKT_PER_ACK`).
@@ -302,6 +303,42 @@ pub(crate) fn poll_qp(eng: &mut Engine, qp: &mut QpCtx, now: Duration) {
         qp.sqd_notify = false;
         eng.events
             .push(crate::verbs::AsyncEvent::SqDrained { qpn: qp.qpn });
+    }
+}
+
+// The device runs the engine through these methods. They are defined here, with the engine,
+// so that the verbs layer the engine builds on does not depend on it.
+impl Engine {
+    /// Hands one received IP datagram to the transport, counting it (and counting it dropped
+    /// when the transport does not take it).
+    pub(crate) fn receive(&mut self, datagram: &[u8], now: Duration) {
+        self.stats.rx_packets += 1;
+        if !receive(self, datagram, now) {
+            self.stats.rx_dropped += 1;
+        }
+    }
+
+    /// Timers, completions and the send side of every QP.
+    pub(crate) fn poll(&mut self, now: Duration) {
+        let qpns: Vec<u32> = self.qps.keys().copied().collect();
+        for qpn in qpns {
+            if let Some(mut qp) = self.qps.remove(&qpn) {
+                poll_qp(self, &mut qp, now);
+                self.qps.insert(qpn, qp);
+            }
+        }
+    }
+}
+
+impl Device {
+    /// Hands one received IP datagram (starting at the IP header) to the engine.
+    pub fn receive(&self, datagram: &[u8], now: Duration) {
+        self.engine().receive(datagram, now);
+    }
+
+    /// Runs timers and the send side of every QP.
+    pub fn poll(&self, now: Duration) {
+        self.engine().poll(now);
     }
 }
 

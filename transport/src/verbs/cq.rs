@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use tokio::sync::Notify;
 
+use super::event::EventQueue;
 use super::types::{AsyncEvent, WorkCompletion};
 use crate::ring::Ring;
 
@@ -34,7 +35,7 @@ pub(crate) struct CqShared {
     pub(crate) id: u32,
     state: Mutex<CqState>,
     notify: Notify,
-    pub(crate) async_events: Arc<super::device::EventQueue>,
+    pub(crate) async_events: Arc<EventQueue>,
     live: Arc<std::sync::atomic::AtomicU32>,
 }
 
@@ -54,7 +55,7 @@ impl Cq {
     pub(crate) fn new(
         id: u32,
         depth: u32,
-        events: Arc<super::device::EventQueue>,
+        events: Arc<EventQueue>,
         live: Arc<std::sync::atomic::AtomicU32>,
     ) -> Cq {
         Cq {
@@ -192,7 +193,7 @@ mod tests {
 
     #[test]
     fn poll_and_overflow() {
-        let ev = Arc::new(super::super::device::EventQueue::new(8));
+        let ev = Arc::new(EventQueue::new(8));
         let cq = Cq::new(1, 3, ev.clone(), Arc::new(1.into()));
         for i in 0..3 {
             cq.push(wc(i), false);
@@ -207,7 +208,7 @@ mod tests {
 
     #[test]
     fn notify_solicited_only() {
-        let ev = Arc::new(super::super::device::EventQueue::new(8));
+        let ev = Arc::new(EventQueue::new(8));
         let cq = Cq::new(1, 8, ev, Arc::new(1.into()));
         assert!(!cq.req_notify(NotifyKind::Solicited));
         cq.push(wc(1), false);
@@ -220,7 +221,7 @@ mod tests {
 
     #[tokio::test]
     async fn async_wait() {
-        let ev = Arc::new(super::super::device::EventQueue::new(8));
+        let ev = Arc::new(EventQueue::new(8));
         let cq = Cq::new(1, 8, ev, Arc::new(1.into()));
         let c2 = cq.clone();
         let h = tokio::spawn(async move {

@@ -9,41 +9,15 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use super::cq::Cq;
+pub use super::event::EventQueue;
 use super::mem::Region;
 use super::mr::{access_valid, KeyKind, MrEntry, MrState, MrTable};
 use super::qp::{modify_is_ok, QpCtx, RecvWqe, SendWqe, WqeState};
+pub use super::types::Ah;
 use super::types::*;
 use super::VerbsError;
 use crate::ring::Ring;
 use crate::wire::{roce, Opcode};
-
-/// Bounded queue of asynchronous events.
-#[derive(Debug)]
-pub struct EventQueue {
-    q: Mutex<VecDeque<AsyncEvent>>,
-    cap: usize,
-}
-
-impl EventQueue {
-    pub(crate) fn new(cap: usize) -> EventQueue {
-        EventQueue {
-            q: Mutex::new(VecDeque::new()),
-            cap,
-        }
-    }
-
-    pub(crate) fn push(&self, ev: AsyncEvent) {
-        let mut q = self.q.lock().unwrap_or_else(|e| e.into_inner());
-        if q.len() < self.cap {
-            q.push_back(ev);
-        }
-    }
-
-    /// The oldest pending event.
-    pub fn poll(&self) -> Option<AsyncEvent> {
-        self.q.lock().unwrap_or_else(|e| e.into_inner()).pop_front()
-    }
-}
 
 /// Device configuration.
 #[derive(Debug, Clone)]
@@ -149,8 +123,8 @@ pub(crate) struct Engine {
     pub events: Arc<EventQueue>,
     pub stats: Stats,
     /// The vectors [`Device::drive`] moves datagrams in, kept between calls.
-    rx_scratch: Vec<Vec<u8>>,
-    tx_scratch: Vec<Vec<u8>>,
+    pub rx_scratch: Vec<Vec<u8>>,
+    pub tx_scratch: Vec<Vec<u8>>,
     next_id: u32,
     next_qpn: u32,
 }
@@ -360,16 +334,6 @@ impl Device {
         out.extend(eng.tx.queue.drain(..));
     }
 
-    /// Hands one received IP datagram (starting at the IP header) to the engine.
-    pub fn receive(&self, datagram: &[u8], now: Duration) {
-        self.engine().receive(datagram, now);
-    }
-
-    /// Runs timers and the send side of every QP.
-    pub fn poll(&self, now: Duration) {
-        self.engine().poll(now);
-    }
-
     /// The earliest pending timer, if any.
     pub fn next_deadline(&self) -> Option<Duration> {
         self.engine().next_deadline()
@@ -378,41 +342,6 @@ impl Device {
     /// True if some QP has packets it could send right now.
     pub fn has_work(&self) -> bool {
         self.engine().has_work()
-    }
-
-    /// Receive from `netdev`, run the engine and transmit, once. Returns the number of
-    /// datagrams moved in either direction.
-    pub fn drive(&self, netdev: &mut dyn crate::netdev::NetDev, now: Duration) -> usize {
-        let (mut rx, mut tx) = {
-            let mut eng = self.engine();
-            (
-                std::mem::take(&mut eng.rx_scratch),
-                std::mem::take(&mut eng.tx_scratch),
-            )
-        };
-        rx.clear();
-        // Receive errors are transient for a datagram link; the transport retransmits.
-        let _ = netdev.receive_batch(&mut rx, 1024);
-        let mut eng = self.engine();
-        eng.tx.ports = netdev.tx_ports();
-        for d in &rx {
-            eng.receive(d, now);
-        }
-        eng.poll(now);
-        tx.clear();
-        tx.extend(eng.tx.queue.drain(..));
-        drop(eng);
-        // A full or failing link drops packets, as a NIC's wire would; the transport recovers
-        // by retransmission.
-        let _ = netdev.transmit_batch(&tx);
-        let moved = rx.len() + tx.len();
-        // Received buffers go back to the netdev, sent ones to the engine, for reuse.
-        netdev.recycle(&mut rx);
-        let mut eng = self.engine();
-        eng.tx.recycle(&mut tx);
-        eng.rx_scratch = rx;
-        eng.tx_scratch = tx;
-        moved
     }
 
     /// [`Qp::modify`] by QP number: the connection manager drives QPs it does not own.
@@ -617,23 +546,6 @@ impl Engine {
                                 .is_some_and(|w| matches!(w.state, WqeState::Done(_)))))
             })
     }
-
-    pub(crate) fn receive(&mut self, datagram: &[u8], now: Duration) {
-        self.stats.rx_packets += 1;
-        if !crate::rc::receive(self, datagram, now) {
-            self.stats.rx_dropped += 1;
-        }
-    }
-
-    pub(crate) fn poll(&mut self, now: Duration) {
-        let qpns: Vec<u32> = self.qps.keys().copied().collect();
-        for qpn in qpns {
-            if let Some(mut qp) = self.qps.remove(&qpn) {
-                crate::rc::poll_qp(self, &mut qp, now);
-                self.qps.insert(qpn, qp);
-            }
-        }
-    }
 }
 
 #[derive(Debug)]
@@ -651,13 +563,6 @@ impl Drop for PdInner {
 /// A protection domain.
 #[derive(Debug, Clone)]
 pub struct Pd(Arc<PdInner>);
-
-/// An address handle.
-#[derive(Debug, Clone)]
-pub struct Ah {
-    pub(crate) pd: u32,
-    pub av: AddressVector,
-}
 
 impl Pd {
     pub fn id(&self) -> u32 {

@@ -4,11 +4,13 @@
 //! Handles are cheap references into the device's tables; dropping a handle destroys the
 //! resource. Posting validates like a NIC does and fails fast; the transport engine
 //! ([`crate::rc`]) runs when the device is driven ([`Device::drive`], [`Device::poll`],
-//! [`Device::receive`]).
+//! [`Device::receive`]). Those methods are defined where what they run lives, the engine and
+//! the links ([`crate::netdev`]): both build on this layer, which depends on neither.
 
 pub mod connect;
 pub mod cq;
 pub mod device;
+pub mod event;
 pub mod mem;
 pub mod mr;
 pub mod qp;
@@ -16,9 +18,8 @@ pub mod types;
 
 pub use connect::RcPath;
 pub use cq::{Cq, NotifyKind};
-pub use device::{
-    Ah, Device, DeviceConfig, EventQueue, Mr, Pd, Qp, QpInitAttr, Srq, Stats, GSI_QKEY,
-};
+pub use device::{Device, DeviceConfig, Mr, Pd, Qp, QpInitAttr, Srq, Stats, GSI_QKEY};
+pub use event::EventQueue;
 pub use mem::Region;
 pub use mr::{KeyKind, MrError};
 pub use types::*;

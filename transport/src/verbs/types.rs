@@ -394,10 +394,17 @@ impl SendOp {
     }
 }
 
+/// An address handle.
+#[derive(Debug, Clone)]
+pub struct Ah {
+    pub(crate) pd: u32,
+    pub av: AddressVector,
+}
+
 /// A UD destination.
 #[derive(Debug, Clone)]
 pub struct UdDest {
-    pub ah: super::Ah,
+    pub ah: Ah,
     pub remote_qpn: u32,
     pub remote_qkey: u32,
 }

@@ -12,10 +12,19 @@
 
 use core::fmt;
 
-use super::{be, Bits, Error, Field, Opcode, Result, U24_MASK};
+use super::{be, Bits, Error, Field, Opcode, OpcodeInfo, Result, U24_MASK};
 
 /// Length of the BTH.
 pub const HEADER_LEN: usize = 12;
+
+// Here rather than with the opcode table, which the BTH builds on and which knows only the
+// extension headers that follow it.
+impl OpcodeInfo {
+    /// Length of BTH plus extension headers.
+    pub const fn header_len(&self) -> usize {
+        HEADER_LEN + self.headers.byte_len()
+    }
+}
 /// The only transport header version (rxe drops anything else).
 pub const TVER: u8 = 0;
 /// The default partition key, full membership (`IB_DEFAULT_PKEY_FULL`); rxe always sends it.

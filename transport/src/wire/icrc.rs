@@ -101,6 +101,16 @@ pub fn compute(ip_header: &[u8], udp_header: &[u8], bth_and_rest: &[u8]) -> u32 
     Icrc::new(ip_header, udp_header, bth_and_rest).finish()
 }
 
+// The ICRC of a datagram is computed here rather than in the datagram module, which only
+// frames packets: the ICRC builds on the framing, not the other way round.
+impl Datagram<'_> {
+    /// The ICRC the packet should carry.
+    pub fn computed_icrc(&self) -> u32 {
+        let covered = &self.roce[..self.roce.len() - roce::ICRC_LEN];
+        compute(self.ip_header, self.udp_header, covered)
+    }
+}
+
 /// Checks the ICRC of an IP datagram (starting at the IP header) that carries a RoCEv2
 /// packet. `Ok(false)` is a mismatch, `Err` a datagram that cannot carry one.
 pub fn check(datagram: &[u8]) -> Result<bool> {

@@ -223,11 +223,6 @@ pub struct OpcodeInfo {
 }
 
 impl OpcodeInfo {
-    /// Length of BTH plus extension headers.
-    pub const fn header_len(&self) -> usize {
-        crate::wire::bth::HEADER_LEN + self.headers.byte_len()
-    }
-
     pub const fn has_payload(&self) -> bool {
         self.flags.contains(OpFlags::PAYLOAD)
     }

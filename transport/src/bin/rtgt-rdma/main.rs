@@ -9,9 +9,16 @@
 //!
 //! The pingpong tools exchange `LLLL:QQQQQQ:PPPPPP:GGGG...` (LID, QPN, PSN, GID as 32 hex digits)
 //! over TCP, as the rdma-core examples do, then bounce SENDs of `--size` bytes `--iters` times.
-//! Every message rtgt sends carries a pattern of its own (one per iteration); the rdma-core tools
-//! send back the buffer they received into, so rtgt checks each message it receives against the
-//! pattern of the message it answers (`--no-check` turns this off, e.g. between two rtgt ends).
+//! As with the rdma-core tools, the server needs no address: its RoCEv2 address is the one the
+//! client's TCP connection reached.
+//!
+//! Every message rtgt sends carries a pattern of its own (one per iteration, seeded by the
+//! sender's QPN and PSN), with a 0 at the start of every page as rdma-core's `--chk` expects.
+//! The rdma-core tools send back the buffer they received into, another rtgt end sends its own
+//! pattern: rtgt checks each message it receives against the pattern of the message it answers
+//! and against the peer's pattern for that iteration, and fails unless one matches
+//! (`--no-check` turns this off). `-c`/`--chk` also requires the 0 at every page start of every
+//! message received, which covers the first message of an rdma-core client running `--chk`.
 
 use std::io::{Read, Write};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
@@ -59,8 +66,9 @@ struct PpArgs {
     server: bool,
     /// The server to connect to (client mode).
     servername: Option<String>,
-    /// Local IPv4/IPv6 address for RoCEv2 (UDP 4791); the client defaults to the address
-    /// its TCP connection to the server uses.
+    /// Local IPv4/IPv6 address for RoCEv2 (UDP 4791). Defaults to this end's address of the
+    /// TCP exchange: for the server the address the client reached, for the client the one
+    /// its connection to the server starts from.
     #[arg(long)]
     local: Option<IpAddr>,
     /// TCP port of the address exchange.
@@ -93,6 +101,10 @@ struct PpArgs {
     /// Do not check the payload of received messages.
     #[arg(long)]
     no_check: bool,
+    /// Validate the received buffers as rdma-core's `--chk` does: every page of every message
+    /// received must start with 0 (on top of the pattern check).
+    #[arg(short = 'c', long = "chk", conflicts_with = "no_check")]
+    chk: bool,
     /// Give up after this many seconds.
     #[arg(long, default_value_t = 120)]
     timeout: u64,
@@ -189,17 +201,39 @@ impl Dest {
     }
 }
 
-/// The pattern of message `iter` sent by an end with `seed`: position-dependent bytes.
-fn pattern(seed: u32, iter: u32, len: usize) -> Vec<u8> {
+/// The pattern of message `iter` sent by an end with `seed`: position-dependent bytes, with a
+/// 0 at the start of every page of `page` bytes (what rdma-core's `--chk` checks).
+fn pattern(seed: u32, iter: u32, len: usize, page: usize) -> Vec<u8> {
     let mut x = seed.wrapping_mul(0x9E37_79B9) ^ iter.wrapping_mul(0x85EB_CA6B) ^ 0x2545_F491;
-    (0..len)
+    let mut out: Vec<u8> = (0..len)
         .map(|_| {
             x ^= x << 13;
             x ^= x >> 17;
             x ^= x << 5;
             x as u8
         })
-        .collect()
+        .collect();
+    for b in out.iter_mut().step_by(page.max(1)) {
+        *b = 0;
+    }
+    out
+}
+
+/// The pattern seed of the end with this address.
+fn pattern_seed(d: &Dest) -> u32 {
+    d.qpn ^ d.psn.rotate_left(8)
+}
+
+/// The first page (of `page` bytes) of `buf` that does not start with 0.
+fn unmarked_page(buf: &[u8], page: usize) -> Option<usize> {
+    buf.iter().step_by(page.max(1)).position(|&b| b != 0)
+}
+
+/// The system's page size, the unit of rdma-core's `--chk` marks.
+fn page_size() -> usize {
+    // SAFETY: sysconf has no preconditions.
+    let n = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    usize::try_from(n).ok().filter(|&n| n > 0).unwrap_or(4096)
 }
 
 pub(crate) fn psn_seed() -> u32 {
@@ -213,10 +247,20 @@ fn read_full(s: &mut TcpStream, buf: &mut [u8]) -> Result<()> {
     s.read_exact(buf).map_err(err("exchange: read"))
 }
 
-/// The TCP side of the exchange, before the QP exists (the client needs its local address).
+/// The TCP side of the exchange, connected before the QP exists: each end's RoCEv2 address
+/// defaults to the local address of this connection.
 enum Conn {
-    Server(TcpListener),
+    /// The accepted connection and the client's address.
+    Server(TcpStream, SocketAddr),
     Client(TcpStream),
+}
+
+impl Conn {
+    fn stream(&self) -> &TcpStream {
+        match self {
+            Conn::Server(s, _) | Conn::Client(s) => s,
+        }
+    }
 }
 
 fn open_conn(a: &PpArgs, deadline: Instant) -> Result<Conn> {
@@ -225,7 +269,21 @@ fn open_conn(a: &PpArgs, deadline: Instant) -> Result<Conn> {
         (None, _) => {
             let l = TcpListener::bind((Ipv4Addr::UNSPECIFIED, a.port))
                 .map_err(err("exchange: cannot listen"))?;
-            Ok(Conn::Server(l))
+            l.set_nonblocking(true).map_err(err("exchange"))?;
+            let (s, peer) = loop {
+                match l.accept() {
+                    Ok(x) => break x,
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                        if Instant::now() >= deadline {
+                            return Err("exchange: no client connected".into());
+                        }
+                        std::thread::sleep(Duration::from_millis(50));
+                    }
+                    Err(e) => return Err(format!("exchange: accept: {e}")),
+                }
+            };
+            s.set_nonblocking(false).map_err(err("exchange"))?;
+            Ok(Conn::Server(s, peer))
         }
         (Some(name), false) => {
             let addrs: Vec<SocketAddr> = (name.as_str(), a.port)
@@ -363,10 +421,11 @@ fn pingpong(rt: &tokio::runtime::Runtime, a: &PpArgs, qp_type: QpType) -> Result
         ));
     }
     let conn = open_conn(a, deadline)?;
-    let local_ip = match (&conn, a.local) {
-        (_, Some(ip)) => ip,
-        (Conn::Client(s), None) => s.local_addr().map_err(err("exchange"))?.ip(),
-        (Conn::Server(_), None) => return Err("the server needs --local ADDRESS".into()),
+    // Without --local, the address the TCP connection uses on this end: for a server the one
+    // the client reached, for a client the one its route to the server starts from.
+    let local_ip = match a.local {
+        Some(ip) => ip,
+        None => conn.stream().local_addr().map_err(err("exchange"))?.ip(),
     };
     let hca = open_hca(
         rt,
@@ -461,21 +520,7 @@ fn pingpong(rt: &tokio::runtime::Runtime, a: &PpArgs, qp_type: QpType) -> Result
     };
     let is_client = matches!(conn, Conn::Client(_));
     let (rem, rem_ip) = match conn {
-        Conn::Server(l) => {
-            l.set_nonblocking(true).map_err(err("exchange"))?;
-            let (mut s, peer) = loop {
-                match l.accept() {
-                    Ok(x) => break x,
-                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                        if Instant::now() >= deadline {
-                            return Err("exchange: no client connected".into());
-                        }
-                        std::thread::sleep(Duration::from_millis(50));
-                    }
-                    Err(e) => return Err(format!("exchange: accept: {e}")),
-                }
-            };
-            s.set_nonblocking(false).map_err(err("exchange"))?;
+        Conn::Server(mut s, peer) => {
             s.set_read_timeout(Some(Duration::from_secs(30)))
                 .map_err(err("exchange"))?;
             let mut msg = [0u8; MSG_LEN];
@@ -521,7 +566,9 @@ fn pingpong(rt: &tokio::runtime::Runtime, a: &PpArgs, qp_type: QpType) -> Result
         None
     };
 
-    let seed = my.qpn ^ my.psn.rotate_left(8);
+    let seed = pattern_seed(&my);
+    let peer_seed = pattern_seed(&rem);
+    let page = page_size();
     let check = !a.no_check;
     let mut scnt = 0u32;
     let mut rcnt = 0u32;
@@ -529,7 +576,7 @@ fn pingpong(rt: &tokio::runtime::Runtime, a: &PpArgs, qp_type: QpType) -> Result
     let mut pending_send = false;
     let mut pending_recv = true;
     let send = |iter: u32| -> Result<()> {
-        region.write(send_off, &pattern(seed, iter, size));
+        region.write(send_off, &pattern(seed, iter, size, page));
         let mut wr = SendWr::new(
             SEND_WRID | iter as u64,
             SendOp::Send,
@@ -577,21 +624,40 @@ fn pingpong(rt: &tokio::runtime::Runtime, a: &PpArgs, qp_type: QpType) -> Result
                     ));
                 }
                 region.read(i as usize * slot + skip, &mut got);
-                // The peer sends back what it received: the client's message `n` answers its
-                // own message `n`, the server's message `n` answers its message `n - 1`.
+                // An rdma-core peer sends back what it received: the client's message `n`
+                // answers its own message `n`, the server's message `n` answers its message
+                // `n - 1`. Another rtgt end sends its own pattern: message `n` of either end
+                // arrives as the other's receive `n`.
                 let answered = if is_client {
                     Some(rcnt)
                 } else {
                     rcnt.checked_sub(1)
                 };
-                if let (true, Some(n)) = (check, answered) {
-                    if got != pattern(seed, n, size) {
-                        bad += 1;
-                        if bad <= 3 {
-                            let want = pattern(seed, n, size);
-                            let at = got.iter().zip(&want).position(|(x, y)| x != y);
-                            eprintln!("receive {rcnt}: payload differs from message {n} at {at:?}");
-                        }
+                let problem = if !check {
+                    None
+                } else if let Some(p) = a.chk.then(|| unmarked_page(&got, page)).flatten() {
+                    Some(format!(
+                        "page {p} does not start with 0 (does the peer run --chk?)"
+                    ))
+                } else if answered.is_some_and(|n| got == pattern(seed, n, size, page))
+                    || got == pattern(peer_seed, rcnt, size, page)
+                {
+                    None
+                } else if let Some(n) = answered {
+                    let want = pattern(seed, n, size, page);
+                    let at = got.iter().zip(&want).position(|(x, y)| x != y);
+                    Some(format!(
+                        "payload is neither the peer's message {rcnt} nor message {n} sent \
+                         back (it differs from that at byte {at:?})"
+                    ))
+                } else {
+                    // The first message of an rdma-core client carries its own buffer.
+                    None
+                };
+                if let Some(p) = problem {
+                    bad += 1;
+                    if bad <= 3 {
+                        eprintln!("receive {rcnt}: {p}");
                     }
                 }
                 rcnt += 1;
@@ -645,6 +711,20 @@ fn pingpong(rt: &tokio::runtime::Runtime, a: &PpArgs, qp_type: QpType) -> Result
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn patterns_carry_the_chk_marks() {
+        let p = pattern(7, 3, 10_000, 4096);
+        assert_eq!((p[0], p[4096], p[8192]), (0, 0, 0));
+        assert_eq!(unmarked_page(&p, 4096), None);
+        assert_ne!(p, pattern(7, 4, 10_000, 4096), "one pattern per iteration");
+        assert_ne!(p, pattern(8, 3, 10_000, 4096), "one pattern per end");
+        // An rdma-core client's buffer without --chk: 0x7b everywhere.
+        assert_eq!(unmarked_page(&[0x7b; 5000], 4096), Some(0));
+        let mut q = p.clone();
+        q[8192] = 1;
+        assert_eq!(unmarked_page(&q, 4096), Some(2));
+    }
 
     #[test]
     fn dest_round_trip() {
