@@ -1,35 +1,38 @@
 //! An SRP RDMA channel (SRP r16a §5.4): one RC queue pair, a receive ring of initiator IUs
 //! sized from the request limit, and the commands in flight on it.
 //!
-//! Flow control is the request limit: every SRP_CMD and SRP_TSK_MGMT holds its receive
-//! buffer until its answer is sent; the buffer is posted again just before the SRP_RSP goes
-//! out and the SRP_RSP returns that credit (REQUEST LIMIT DELTA 1, plus the credits of
-//! aborted commands, which get no response of their own). An initiator that sends beyond its
-//! credits finds no receive buffer and is held back by RNR NAKs.
+//! The queue pair, rings, credits and data movement are the shared RDMA channel layer's
+//! ([`crate::rdma`]); this module adds the SRP information units, the request limit and the
+//! mapping of SRP_CMD descriptors onto RDMA READ and WRITE.
+//!
+//! Flow control is the request limit: every SRP_CMD and SRP_TSK_MGMT takes a credit, which
+//! its SRP_RSP returns (REQUEST LIMIT DELTA 1, plus the credits of aborted commands, which
+//! get no response of their own). Each received IU is copied out of the ring and its buffer
+//! posted again at once; the ring holds the request limit plus a reserve for IUs that take no
+//! credit, and an initiator that sends beyond that is held back by RNR NAKs.
 //!
 //! Data-in moves by RDMA WRITE straight from the backstore buffer, data-out by RDMA READ
-//! straight into the buffer handed to the SCSI engine; an indirect descriptor table that the
-//! SRP_CMD does not carry whole is fetched by RDMA READ first; immediate data is copied out of
-//! the receive buffer.
+//! straight into a pool buffer handed to the SCSI engine; an indirect descriptor table that
+//! the SRP_CMD does not carry whole is fetched by RDMA READ first; immediate data is copied
+//! out of the received IU.
 
-use std::collections::HashMap;
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use bytes::Bytes;
 use rtgt_backstore::{BufPool, IoBuf};
-use rtgt_transport::verbs::{
-    Access, Cq, Mr, Pd, Qp, QpAttr, QpAttrMask, QpCap, QpInitAttr, QpState, QpType, RecvWr, Region,
-    SendFlags, SendOp, SendWr, VerbsError, WcOpcode, WcStatus, WorkCompletion,
-};
-use tokio::sync::{oneshot, watch, Semaphore};
+use rtgt_transport::verbs::{Pd, Qp, VerbsError};
+use tokio::sync::watch;
 
 use super::iu::{
     logout_reason, opcode, tmf, tmf_status, Cmd, DataDesc, DirectBuf, InitiatorIu, Rsp, ShortIu,
     TskMgmt,
 };
 use super::login::ChannelParams;
-use super::mem::{region_owning, Lent};
 use super::port::{Login, Session, SessionRef, SrpPort};
+use crate::rdma::mem::PoolMrs;
+use crate::rdma::{self, Endpoint, Link, LinkError, Receiver, Remote, Rings};
 use crate::scsi::sense::{asc, key, Sense};
 use crate::scsi::task::{self, Function, Outcome, Refused, Stage, Task, TaskSet, TmResponse, Turn};
 use crate::scsi::{lun_from_bytes, Command, Status, TaskAttr, MAX_TRANSFER_BYTES};
@@ -43,6 +46,8 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 pub const RECV_RESERVE: u32 = 4;
 /// Send work requests in flight per channel (RDMA READ/WRITE and SENDs).
 pub const SEND_DEPTH: u32 = 1024;
+/// RDMA READs in flight per channel.
+pub const READ_DEPTH: u32 = 16;
 /// Largest indirect descriptor table fetched from the initiator, in descriptors.
 pub const MAX_EXT_DESCRIPTORS: usize = 4096;
 
@@ -70,8 +75,8 @@ pub enum CloseReason {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Failed;
 
-impl From<VerbsError> for Failed {
-    fn from(_: VerbsError) -> Failed {
+impl From<LinkError> for Failed {
+    fn from(_: LinkError) -> Failed {
         Failed
     }
 }
@@ -83,14 +88,6 @@ pub struct ChannelStats {
     pub task_mgmt: AtomicU64,
     pub bytes_in: AtomicU64,
     pub bytes_out: AtomicU64,
-}
-
-#[derive(Default)]
-struct Inner {
-    waiters: HashMap<u64, oneshot::Sender<WcStatus>>,
-    /// Send-side memory regions kept until their work request completes.
-    send_mrs: HashMap<u64, Mr>,
-    closed: bool,
 }
 
 /// The SRP_CMD TASK ATTRIBUTE field (SRP r16a 6.9, the SAM task attribute codes).
@@ -115,17 +112,9 @@ pub struct Channel {
     pub stats: ChannelStats,
     /// The initiator's address and the one it connected to, once connected.
     addrs: std::sync::OnceLock<(std::net::SocketAddr, std::net::SocketAddr)>,
-    qp: Arc<Qp>,
-    cq: Cq,
-    pd: Pd,
-    recv_region: Arc<Region>,
-    recv_mr: Mr,
-    max_inline: u32,
-    inner: Mutex<Inner>,
+    link: Arc<Link>,
     /// The channel's commands (tags are unique per channel).
     tasks: Arc<TaskSet<Task>>,
-    next_wr: AtomicU64,
-    sq: Semaphore,
     pending_credits: AtomicU32,
     close_tx: watch::Sender<Option<CloseReason>>,
     finished: watch::Sender<bool>,
@@ -136,14 +125,11 @@ impl std::fmt::Debug for Channel {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Channel")
             .field("id", &self.id)
-            .field("qpn", &self.qp.qpn())
+            .field("qpn", &self.link.qp().qpn())
             .field("initiator", &self.session.nexus.initiator_port)
             .finish()
     }
 }
-
-/// Send work request ids start here; receive ids are slot numbers.
-const SEND_WR_BASE: u64 = 1 << 32;
 
 impl Channel {
     /// Receive buffers of a channel with `params`.
@@ -151,47 +137,39 @@ impl Channel {
         params.req_lim + RECV_RESERVE
     }
 
-    /// Queue sizes of the QP of a channel with `params` on a device with `max_inline` bytes
-    /// of inline data.
-    pub fn qp_cap(params: &ChannelParams, max_inline: u32) -> QpCap {
-        QpCap {
-            max_send_wr: SEND_DEPTH,
-            max_recv_wr: Self::recv_slots(params),
-            max_send_sge: 1,
-            max_recv_sge: 1,
-            max_inline_data: max_inline.min(512),
+    /// The rings of a channel with `params`.
+    pub fn rings(params: &ChannelParams) -> Rings {
+        let slots = Self::recv_slots(params);
+        Rings {
+            recv_slots: slots,
+            recv_slot_len: params.it_iu_len as usize,
+            send_slots: slots,
+            send_slot_len: (params.ti_iu_len as usize).max(ShortIu::LEN),
+            send_queue: SEND_DEPTH,
+            rdma_read_depth: READ_DEPTH,
         }
     }
 
-    /// Creates the completion queue and the RC QP of a channel, in the RESET state (the
-    /// connection manager drives it to RTS).
-    pub fn create_qp(pd: &Pd, params: &ChannelParams) -> Result<(Cq, Qp), VerbsError> {
-        let dev = pd.device();
-        let cap = Self::qp_cap(params, dev.attr().max_inline_data);
-        let cq = dev.create_cq(cap.max_send_wr + cap.max_recv_wr)?;
-        let mut init = QpInitAttr::new(QpType::Rc, &cq, &cq);
-        init.cap = cap;
-        init.sq_sig_all = true;
-        let qp = pd.create_qp(init)?;
-        Ok((cq, qp))
+    /// Creates the queue pair, completion queues and receive ring of a channel, the QP in
+    /// the RESET state (the connection manager drives it to RTS).
+    pub fn endpoint(pd: &Pd, params: &ChannelParams) -> Result<Endpoint, VerbsError> {
+        Endpoint::new(pd, Self::rings(params))
     }
 
-    /// Builds the channel of an accepted login on `qp` (made by [`Channel::create_qp`], now
-    /// INIT or later): registers and posts the receive ring and starts the completion
-    /// handler. An IU that arrives before the ring is posted is held back by RNR NAKs.
+    /// Builds the channel of an accepted login on `ep` (made by [`Channel::endpoint`], its
+    /// QP now INIT or later): posts the receive ring and starts the receiver and the send
+    /// completion poller. An IU that arrives before the ring is posted is held back by RNR
+    /// NAKs.
     pub fn start(
-        pd: Pd,
-        cq: Cq,
-        qp: Arc<Qp>,
+        ep: Endpoint,
         login: Login,
         port: &SrpPort,
+        peer: SocketAddr,
     ) -> Result<Arc<Channel>, VerbsError> {
         let params = login.params;
-        let slots = Self::recv_slots(&params);
-        let iu_len = params.it_iu_len as usize;
-        let recv_region = Arc::new(Region::zeroed(slots as usize * iu_len));
-        let recv_mr = pd.reg_mr(recv_region.clone(), Access::LOCAL_WRITE)?;
-        let max_inline = qp.attr().map_or(0, |(_, cap)| cap.max_inline_data);
+        let pool_mrs = PoolMrs::register(&ep.pd, &port.pool)?;
+        let link = Arc::new(Link::new(&ep, peer, Some(Arc::new(pool_mrs)))?);
+        ep.post_receives()?;
         let session = login.session.session.clone();
         let tasks = TaskSet::new(session.nexus.id);
         let ch = Arc::new(Channel {
@@ -202,31 +180,21 @@ impl Channel {
             session_ref: Mutex::new(Some(login.session)),
             stats: ChannelStats::default(),
             addrs: std::sync::OnceLock::new(),
-            qp,
-            cq,
-            pd,
-            recv_region,
-            recv_mr,
-            max_inline,
-            inner: Mutex::new(Inner::default()),
+            link: link.clone(),
             tasks,
-            next_wr: AtomicU64::new(SEND_WR_BASE),
-            sq: Semaphore::new(SEND_DEPTH as usize),
             pending_credits: AtomicU32::new(0),
             close_tx: watch::channel(None).0,
             finished: watch::channel(false).0,
             pool: port.pool.clone(),
         });
-        for slot in 0..slots {
-            ch.repost(slot)?;
-        }
         port.add_channel(&ch.session, &ch);
-        tokio::spawn(ch.clone().completions());
+        tokio::spawn(rdma::poll_send(link, ep.send_cq().clone()));
+        tokio::spawn(ch.clone().receiver(Receiver::new(ep)));
         Ok(ch)
     }
 
     pub fn qp(&self) -> &Arc<Qp> {
-        &self.qp
+        self.link.qp()
     }
 
     /// Records the connection's addresses: the initiator's and the one it connected to.
@@ -292,90 +260,51 @@ impl Channel {
                 word: logout_reason::NO_REASON,
                 tag: 0,
             };
-            if let Ok(rx) = self.send_iu(iu.to_bytes()).await {
-                let _ = tokio::time::timeout(std::time::Duration::from_secs(2), rx).await;
+            if self.send_iu(&iu.to_bytes()).await.is_ok() {
+                self.link.wait_sent().await;
             }
         }
         self.close(CloseReason::Shutdown);
         self.finished().await;
     }
 
-    fn repost(&self, slot: u32) -> Result<(), VerbsError> {
-        let len = self.params.it_iu_len;
-        self.qp.post_recv(RecvWr {
-            wr_id: u64::from(slot),
-            sg_list: vec![self.recv_mr.sge(slot as usize * len as usize, len)],
-        })
-    }
-
-    /// The completion handler: receives become commands, send completions wake their
-    /// waiters. Runs until the channel closes, then tears it down.
-    async fn completions(self: Arc<Self>) {
+    /// The receiver: received IUs become commands. Runs until the channel closes, then
+    /// tears it down.
+    async fn receiver(self: Arc<Self>, mut rx: Receiver) {
         let mut close_rx = self.close_tx.subscribe();
-        let mut wcs = Vec::with_capacity(64);
-        loop {
+        let mut events = Vec::new();
+        'run: loop {
             if close_rx.borrow_and_update().is_some() {
                 break;
             }
+            rx.take(&mut events);
+            for ev in events.drain(..) {
+                match ev {
+                    rdma::RxEvent::Msg(iu) => self.receive(iu),
+                    rdma::RxEvent::Failed(status) => {
+                        if !self.is_closed() {
+                            tracing::info!(
+                                channel = self.id,
+                                ?status,
+                                "SRP channel receive failed: closing"
+                            );
+                        }
+                        self.close(CloseReason::Disconnected);
+                        break 'run;
+                    }
+                }
+            }
             tokio::select! {
-                _ = self.cq.wait_nonempty() => {}
-                _ = close_rx.changed() => continue,
-            }
-            wcs.clear();
-            self.cq.poll_into(&mut wcs, 64);
-            for wc in wcs.drain(..) {
-                self.completion(wc);
-            }
-            if self.cq.is_error() {
-                tracing::error!(channel = self.id, "SRP channel completion queue overrun");
-                self.close(CloseReason::Disconnected);
+                _ = rx.wait() => {}
+                _ = close_rx.changed() => {}
+                _ = self.link.closed() => self.close(CloseReason::Disconnected),
             }
         }
         self.teardown().await;
     }
 
-    fn completion(self: &Arc<Self>, wc: WorkCompletion) {
-        if matches!(wc.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm) {
-            if wc.status != WcStatus::Success {
-                if !self.is_closed() {
-                    tracing::info!(channel = self.id, status = ?wc.status, "SRP channel receive failed: closing");
-                }
-                self.close(CloseReason::Disconnected);
-                return;
-            }
-            self.receive(wc.wr_id as u32, wc.byte_len as usize);
-            return;
-        }
-        let (waiter, _mr) = {
-            let mut g = lock(&self.inner);
-            (g.waiters.remove(&wc.wr_id), g.send_mrs.remove(&wc.wr_id))
-        };
-        self.sq.add_permits(1);
-        if let Some(w) = waiter {
-            let _ = w.send(wc.status);
-        }
-        if wc.status != WcStatus::Success {
-            if wc.status != WcStatus::WrFlushErr {
-                tracing::warn!(channel = self.id, status = ?wc.status, "SRP channel send failed: closing");
-            }
-            self.close(CloseReason::Disconnected);
-        }
-    }
-
     async fn teardown(self: Arc<Self>) {
-        let _ = self.qp.modify(
-            &QpAttr {
-                qp_state: Some(QpState::Err),
-                ..Default::default()
-            },
-            QpAttrMask::STATE,
-        );
-        {
-            let mut g = lock(&self.inner);
-            g.closed = true;
-            g.waiters.clear();
-        }
-        self.sq.close();
+        self.link.close();
         let tasks = self.tasks.abort_all();
         if !tasks.is_empty() {
             for dev in self.session.luns.current().map.luns.values() {
@@ -390,15 +319,11 @@ impl Channel {
             channel = self.id, initiator = %self.session.nexus.initiator_port, ?reason,
             aborted = tasks.len(), "SRP channel closed"
         );
-        lock(&self.inner).send_mrs.clear();
         drop(lock(&self.session_ref).take());
         self.finished.send_replace(true);
     }
 
-    fn receive(self: &Arc<Self>, slot: u32, len: usize) {
-        let iu_len = self.params.it_iu_len as usize;
-        let mut iu = vec![0u8; len.min(iu_len)];
-        self.recv_region.read(slot as usize * iu_len, &mut iu);
+    fn receive(self: &Arc<Self>, iu: Bytes) {
         match InitiatorIu::parse(&iu) {
             Ok(InitiatorIu::Cmd(cmd)) => {
                 self.stats.commands.fetch_add(1, Ordering::Relaxed);
@@ -408,7 +333,7 @@ impl Channel {
                 let ch = self.clone();
                 let sense = match self.tasks.admit(&task) {
                     Ok(turn) => {
-                        tokio::spawn(async move { ch.run_cmd(slot, iu, cmd, task, turn).await });
+                        tokio::spawn(async move { ch.run_cmd(iu, cmd, task, turn).await });
                         return;
                     }
                     Err(Refused::Overlapped) => {
@@ -416,20 +341,15 @@ impl Channel {
                     }
                     Err(Refused::NoAca) => Sense::new(key::ILLEGAL_REQUEST, asc::INVALID_MESSAGE),
                 };
-                tokio::spawn(async move { ch.respond_check(slot, cmd.tag, &sense, None).await });
+                tokio::spawn(async move { ch.respond_check(cmd.tag, &sense, None).await });
             }
             Ok(InitiatorIu::TskMgmt(t)) => {
                 self.stats.task_mgmt.fetch_add(1, Ordering::Relaxed);
                 let ch = self.clone();
-                tokio::spawn(async move { ch.run_tmf(slot, t).await });
+                tokio::spawn(async move { ch.run_tmf(t).await });
             }
-            Ok(InitiatorIu::ILogout(_)) => {
-                let _ = self.repost(slot);
-                self.close(CloseReason::Logout);
-            }
-            Ok(InitiatorIu::CredRsp(_) | InitiatorIu::AerRsp(_)) => {
-                let _ = self.repost(slot);
-            }
+            Ok(InitiatorIu::ILogout(_)) => self.close(CloseReason::Logout),
+            Ok(InitiatorIu::CredRsp(_) | InitiatorIu::AerRsp(_)) => {}
             Err(e) => {
                 let tag = super::iu::iu_tag(&iu);
                 let ch = self.clone();
@@ -437,13 +357,11 @@ impl Channel {
                     Some(opcode::CMD) => {
                         tracing::debug!(channel = self.id, error = %e, "invalid SRP_CMD");
                         let sense = Sense::new(key::ILLEGAL_REQUEST, INVALID_FIELD_IN_IU);
-                        tokio::spawn(
-                            async move { ch.respond_check(slot, tag, &sense, None).await },
-                        );
+                        tokio::spawn(async move { ch.respond_check(tag, &sense, None).await });
                     }
                     Some(opcode::TSK_MGMT) => {
                         tokio::spawn(async move {
-                            ch.respond_tmf(slot, tag, tmf_status::INVALID_FIELDS).await
+                            ch.respond_tmf(tag, tmf_status::INVALID_FIELDS).await
                         });
                     }
                     op => {
@@ -456,8 +374,8 @@ impl Channel {
                                 word: logout_reason::INVALID_IU_TYPE,
                                 tag,
                             };
-                            if let Ok(rx) = ch.send_iu(iu.to_bytes()).await {
-                                let _ = rx.await;
+                            if ch.send_iu(&iu.to_bytes()).await.is_ok() {
+                                ch.link.wait_sent().await;
                             }
                             ch.close(CloseReason::Protocol);
                         });
@@ -467,122 +385,46 @@ impl Channel {
         }
     }
 
-    fn next_wr_id(&self) -> u64 {
-        self.next_wr.fetch_add(1, Ordering::Relaxed)
+    /// Sends one IU.
+    async fn send_iu(&self, bytes: &[u8]) -> Result<(), Failed> {
+        Ok(self.link.send(&[bytes], None).await?)
     }
 
-    /// Posts a send work request; the receiver resolves with its completion status.
-    async fn post(
-        &self,
-        wr: SendWr,
-        mr: Option<Mr>,
-    ) -> Result<oneshot::Receiver<WcStatus>, Failed> {
-        let permit = self.sq.acquire().await.map_err(|_| Failed)?;
-        permit.forget();
-        let (tx, rx) = oneshot::channel();
-        let id = wr.wr_id;
-        {
-            let mut g = lock(&self.inner);
-            if g.closed {
-                drop(g);
-                self.sq.add_permits(1);
-                return Err(Failed);
-            }
-            g.waiters.insert(id, tx);
-            if let Some(mr) = mr {
-                g.send_mrs.insert(id, mr);
-            }
-        }
-        if let Err(e) = self.qp.post_send(wr) {
-            {
-                let mut g = lock(&self.inner);
-                g.waiters.remove(&id);
-                g.send_mrs.remove(&id);
-            }
-            self.sq.add_permits(1);
-            tracing::warn!(channel = self.id, error = %e, "SRP channel cannot post: closing");
-            self.close(CloseReason::Disconnected);
-            return Err(Failed);
-        }
-        Ok(rx)
-    }
-
-    /// Sends one IU, inline when it fits.
-    async fn send_iu(&self, bytes: Vec<u8>) -> Result<oneshot::Receiver<WcStatus>, Failed> {
-        let id = self.next_wr_id();
-        if bytes.len() <= self.max_inline as usize {
-            let mut wr = SendWr::new(id, SendOp::Send, Vec::new());
-            wr.flags = SendFlags::SIGNALED | SendFlags::INLINE;
-            wr.inline_data = bytes;
-            self.post(wr, None).await
-        } else {
-            let len = bytes.len() as u32;
-            let mr = self
-                .pd
-                .reg_mr(Arc::new(Region::from_vec(bytes)), Access::LOCAL_WRITE)?;
-            let wr = SendWr::new(id, SendOp::Send, vec![mr.sge(0, len)]);
-            self.post(wr, Some(mr)).await
-        }
-    }
-
-    async fn wait_all(rxs: Vec<oneshot::Receiver<WcStatus>>) -> Result<(), Failed> {
-        let mut ok = true;
-        for rx in rxs {
-            ok &= matches!(rx.await, Ok(WcStatus::Success));
-        }
-        if ok {
-            Ok(())
-        } else {
-            Err(Failed)
-        }
-    }
-
-    /// Reposts the receive buffer of `slot` and sends `rsp`, which returns its credit and
-    /// those of aborted commands.
-    async fn respond(
-        &self,
-        slot: u32,
-        mut rsp: Rsp,
-        before: Vec<oneshot::Receiver<WcStatus>>,
-        retire: Option<&Arc<Task>>,
-    ) -> Result<(), Failed> {
+    /// Sends `rsp`, which returns its command's credit and those of aborted commands.
+    /// With `retire`, the task leaves the task set first and an aborted task gets no
+    /// response (or TASK ABORTED status, when TAS says so).
+    async fn respond(&self, mut rsp: Rsp, retire: Option<&Arc<Task>>) -> Result<(), Failed> {
         // The initiator may reuse the tag as soon as it sees the response.
         if let Some(t) = retire {
             match self.tasks.retire(t) {
                 Outcome::Respond => {}
                 Outcome::TaskAborted => rsp = Self::task_aborted(rsp.tag),
                 Outcome::Drop => {
-                    self.repost(slot)?;
                     self.pending_credits.fetch_add(1, Ordering::AcqRel);
-                    return Self::wait_all(before).await;
+                    return Ok(());
                 }
             }
         }
-        self.repost(slot)?;
         rsp.req_lim_delta = 1 + self.pending_credits.swap(0, Ordering::AcqRel);
         // The initiator's receive buffers hold max_ti_iu_len bytes: shorten the sense data.
         let room = (self.params.ti_iu_len as usize).saturating_sub(Rsp::LEN + rsp.resp_data.len());
         rsp.sense.truncate(room);
-        let mut rxs = before;
-        match self.send_iu(rsp.to_bytes()).await {
-            Ok(rx) => rxs.push(rx),
-            Err(f) => {
-                self.pending_credits
-                    .fetch_add(rsp.req_lim_delta, Ordering::AcqRel);
-                return Err(f);
-            }
+        if let Err(f) = self.send_iu(&rsp.to_bytes()).await {
+            self.pending_credits
+                .fetch_add(rsp.req_lim_delta, Ordering::AcqRel);
+            return Err(f);
         }
-        Self::wait_all(rxs).await
+        Ok(())
     }
 
-    async fn respond_check(&self, slot: u32, tag: u64, sense: &Sense, retire: Option<&Arc<Task>>) {
+    async fn respond_check(&self, tag: u64, sense: &Sense, retire: Option<&Arc<Task>>) {
         let rsp = Rsp {
             tag,
             status: Status::CheckCondition as u8,
             sense: sense.emit(false),
             ..Rsp::default()
         };
-        let _ = self.respond(slot, rsp, Vec::new(), retire).await;
+        let _ = self.respond(rsp, retire).await;
     }
 
     /// TASK ABORTED status for a task another I_T nexus aborted while TAS=1.
@@ -594,36 +436,26 @@ impl Channel {
         }
     }
 
-    async fn respond_tmf(&self, slot: u32, tag: u64, status: u8) {
+    async fn respond_tmf(&self, tag: u64, status: u8) {
         let rsp = Rsp {
             tag,
             resp_data: vec![0, 0, 0, status],
             ..Rsp::default()
         };
-        let _ = self.respond(slot, rsp, Vec::new(), None).await;
+        let _ = self.respond(rsp, None).await;
     }
 
-    async fn run_cmd(
-        self: Arc<Self>,
-        slot: u32,
-        iu: Vec<u8>,
-        cmd: Cmd,
-        task: Arc<Task>,
-        turn: Turn,
-    ) {
+    async fn run_cmd(self: Arc<Self>, iu: Bytes, cmd: Cmd, task: Arc<Task>, turn: Turn) {
         let r = if task.wait_turn(turn).await {
-            self.exec_cmd(slot, &iu, &cmd, &task).await
+            self.exec_cmd(&iu, &cmd, &task).await
         } else {
             Ok(false)
         };
         if let Ok(false) = r {
             if self.tasks.retire(&task) == Outcome::TaskAborted {
-                let _ = self
-                    .respond(slot, Self::task_aborted(cmd.tag), Vec::new(), None)
-                    .await;
+                let _ = self.respond(Self::task_aborted(cmd.tag), None).await;
             } else {
                 // Aborted: no response; the credit goes back with the next one.
-                let _ = self.repost(slot);
                 self.pending_credits.fetch_add(1, Ordering::AcqRel);
             }
         }
@@ -648,20 +480,15 @@ impl Channel {
                 } else if n > MAX_EXT_DESCRIPTORS {
                     return Ok(Err(bad));
                 } else {
-                    let region = Arc::new(Region::zeroed(table.len as usize));
-                    let mr = self.pd.reg_mr(region.clone(), Access::LOCAL_WRITE)?;
-                    let wr = SendWr::new(
-                        self.next_wr_id(),
-                        SendOp::RdmaRead {
-                            remote_addr: table.va,
-                            rkey: table.key,
-                        },
-                        vec![mr.sge(0, table.len)],
-                    );
-                    let rx = self.post(wr, None).await?;
-                    Self::wait_all(vec![rx]).await?;
-                    drop(mr);
-                    match DirectBuf::parse_table(&region.to_vec()) {
+                    let mut buf = self.pool.get(table.len as usize).await;
+                    buf.set_len(table.len as usize);
+                    let from = Remote {
+                        addr: table.va,
+                        rkey: table.key,
+                        len: table.len,
+                    };
+                    let buf = self.link.rdma_read(buf, 0, &[from]).await?;
+                    match DirectBuf::parse_table(buf.as_slice()) {
                         Ok(l) => (l, *total_len),
                         Err(_) => return Ok(Err(bad)),
                     }
@@ -687,41 +514,16 @@ impl Channel {
     async fn read_data_out(&self, list: &[DirectBuf], len: u32) -> Result<IoBuf, Failed> {
         let mut buf = self.pool.get(len as usize).await;
         buf.set_len(len as usize);
-        let lent = Lent::new(buf);
-        let mr = self.pd.reg_mr(lent.region().clone(), Access::LOCAL_WRITE)?;
-        let mut rxs = Vec::with_capacity(list.len());
-        let mut off = 0usize;
-        for d in list {
-            let wr = SendWr::new(
-                self.next_wr_id(),
-                SendOp::RdmaRead {
-                    remote_addr: d.va,
-                    rkey: d.key,
-                },
-                vec![mr.sge(off, d.len)],
-            );
-            rxs.push(self.post(wr, None).await?);
-            off += d.len as usize;
-        }
-        let r = Self::wait_all(rxs).await;
-        drop(mr);
-        r?;
-        lent.into_buf().ok_or(Failed)
+        Ok(self.link.rdma_read(buf, 0, &remotes(list)).await?)
     }
 
     /// Runs one SRP_CMD; `Ok(false)` when it was aborted (no response sent).
-    async fn exec_cmd(
-        &self,
-        slot: u32,
-        iu: &[u8],
-        cmd: &Cmd,
-        task: &Arc<Task>,
-    ) -> Result<bool, Failed> {
+    async fn exec_cmd(&self, iu: &[u8], cmd: &Cmd, task: &Arc<Task>) -> Result<bool, Failed> {
         let out_len = cmd.data_out.len();
         let in_len = cmd.data_in.len();
         let bad = Sense::new(key::ILLEGAL_REQUEST, INVALID_FIELD_IN_IU);
         if out_len > MAX_TRANSFER_BYTES || in_len > MAX_TRANSFER_BYTES {
-            self.respond_check(slot, cmd.tag, &bad, Some(task)).await;
+            self.respond_check(cmd.tag, &bad, Some(task)).await;
             return Ok(true);
         }
         let data_out = match &cmd.data_out {
@@ -740,14 +542,14 @@ impl Channel {
                     }
                     Some(_) => None,
                     None => {
-                        self.respond_check(slot, cmd.tag, &bad, Some(task)).await;
+                        self.respond_check(cmd.tag, &bad, Some(task)).await;
                         return Ok(true);
                     }
                 }
             }
             d => match self.descriptors(d).await? {
                 Err(sense) => {
-                    self.respond_check(slot, cmd.tag, &sense, Some(task)).await;
+                    self.respond_check(cmd.tag, &sense, Some(task)).await;
                     return Ok(true);
                 }
                 Ok(list) if out_len > 0 => {
@@ -759,7 +561,7 @@ impl Channel {
         };
         let in_list = match self.descriptors(&cmd.data_in).await? {
             Err(sense) => {
-                self.respond_check(slot, cmd.tag, &sense, Some(task)).await;
+                self.respond_check(cmd.tag, &sense, Some(task)).await;
                 return Ok(true);
             }
             Ok(l) => l,
@@ -808,35 +610,11 @@ impl Channel {
             }
             rsp.data_out_res_cnt = r;
         }
-        let mut rxs = Vec::new();
         let mut sent = 0u32;
         if let Some(mut d) = resp.data_in {
             d.truncate(in_len as usize);
-            sent = d.len() as u32;
-            if sent > 0 {
-                let region = region_owning(d);
-                let mr = self.pd.reg_mr(region, Access::LOCAL_WRITE)?;
-                let mut off = 0u32;
-                let mut mr = Some(mr);
-                for b in &in_list {
-                    let n = b.len.min(sent - off);
-                    if n == 0 {
-                        break;
-                    }
-                    let sge = mr.as_ref().map(|m| m.sge(off as usize, n)).expect("held");
-                    off += n;
-                    // The last WRITE keeps the memory region until it completes.
-                    let keep = if off == sent { mr.take() } else { None };
-                    let wr = SendWr::new(
-                        self.next_wr_id(),
-                        SendOp::RdmaWrite {
-                            remote_addr: b.va,
-                            rkey: b.key,
-                        },
-                        vec![sge],
-                    );
-                    rxs.push(self.post(wr, keep).await?);
-                }
+            if !d.is_empty() {
+                sent = self.link.rdma_write(d, &remotes(&in_list)).await?;
                 self.stats
                     .bytes_out
                     .fetch_add(u64::from(sent), Ordering::Relaxed);
@@ -856,13 +634,13 @@ impl Channel {
             }
             rsp.data_in_res_cnt = r;
         }
-        self.respond(slot, rsp, rxs, Some(task)).await?;
+        self.respond(rsp, Some(task)).await?;
         Ok(true)
     }
 
-    async fn run_tmf(self: Arc<Self>, slot: u32, t: TskMgmt) {
+    async fn run_tmf(self: Arc<Self>, t: TskMgmt) {
         let status = self.exec_tmf(&t).await;
-        self.respond_tmf(slot, t.tag, status).await;
+        self.respond_tmf(t.tag, status).await;
     }
 
     async fn exec_tmf(self: &Arc<Self>, t: &TskMgmt) -> u8 {
@@ -887,4 +665,15 @@ impl Channel {
             TmResponse::Rejected => tmf_status::NOT_SUPPORTED,
         }
     }
+}
+
+/// The initiator's buffers of a descriptor list.
+fn remotes(list: &[DirectBuf]) -> Vec<Remote> {
+    list.iter()
+        .map(|d| Remote {
+            addr: d.va,
+            rkey: d.key,
+            len: d.len,
+        })
+        .collect()
 }

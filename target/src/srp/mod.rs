@@ -12,7 +12,6 @@ pub mod channel;
 pub mod initiator;
 pub mod iu;
 pub mod login;
-mod mem;
 pub mod port;
 pub mod service;
 

@@ -419,14 +419,14 @@ async fn connection(cr: ConnectRequest, ports: Vec<Arc<SrpPort>>, hca: Arc<Hca>)
     };
     // The QP goes to INIT and the receive ring is posted before the REP: the initiator may
     // send as soon as it has sent its RTU.
-    let built = hca.device().alloc_pd().and_then(|pd| {
-        let (cq, qp) = Channel::create_qp(&pd, &login.params)?;
-        Ok((pd, cq, qp))
-    });
-    let started = built.map_err(|e| e.to_string()).and_then(|(pd, cq, qp)| {
-        rtgt_transport::cm::prepare_qp(&qp).map_err(|e| e.to_string())?;
-        let qp = Arc::new(qp);
-        let ch = Channel::start(pd, cq, qp.clone(), login, &port).map_err(|e| e.to_string())?;
+    let built = hca
+        .device()
+        .alloc_pd()
+        .and_then(|pd| Channel::endpoint(&pd, &login.params));
+    let started = built.map_err(|e| e.to_string()).and_then(|ep| {
+        rtgt_transport::cm::prepare_qp(&ep.qp).map_err(|e| e.to_string())?;
+        let qp = ep.qp.clone();
+        let ch = Channel::start(ep, login, &port, peer).map_err(|e| e.to_string())?;
         Ok((qp, ch))
     });
     let (qp, ch) = match started {

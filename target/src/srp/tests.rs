@@ -235,16 +235,17 @@ fn to_rtr_rts(qp: &Qp, remote: IpAddr, dest_qpn: u32, sq_psn: u32, rq_psn: u32) 
 pub(crate) fn connect(r: &Rig, req: &LoginReq) -> (Arc<Channel>, Arc<Initiator>) {
     let login = r.port.login(req).expect("login accepted");
     let rsp = login.rsp;
-    let (tcq, tqp) = Channel::create_qp(&r.target.pd, &login.params).unwrap();
+    let ep = Channel::endpoint(&r.target.pd, &login.params).unwrap();
     let icq = r.init.dev.create_cq(4096).unwrap();
     let mut init = QpInitAttr::new(QpType::Rc, &icq, &icq);
     init.cap.max_send_wr = 512;
     init.cap.max_recv_wr = 256;
     init.cap.max_inline_data = 256;
     let iqp = r.init.pd.create_qp(init).unwrap();
-    to_init(&tqp);
+    to_init(&ep.qp);
     to_init(&iqp);
-    let ch = Channel::start(r.target.pd.clone(), tcq, Arc::new(tqp), login, &r.port).unwrap();
+    let peer = std::net::SocketAddr::new(ip(2), 0);
+    let ch = Channel::start(ep, login, &r.port, peer).unwrap();
     let ini = Initiator::start(
         r.init.pd.clone(),
         icq,
