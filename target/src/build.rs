@@ -425,12 +425,16 @@ fn params(p: &config::IscsiParams) -> core::IscsiParams {
     }
 }
 
+/// Name of the configuration file in the state directory when rtgtd runs without
+/// `--config`.
+pub const STATE_CONFIG: &str = "rtgtd.yaml";
+
 /// Where API changes are saved: the configuration file, or `rtgtd.yaml` in the state
 /// directory when rtgtd serves the embedded default.
 pub fn config_file(opts: &Options) -> PathBuf {
     opts.config
         .clone()
-        .unwrap_or_else(|| opts.state_dir.join(crate::control::STATE_CONFIG))
+        .unwrap_or_else(|| opts.state_dir.join(STATE_CONFIG))
 }
 
 /// Loads the configuration named by `opts`, or the one saved in the state directory, or

@@ -25,6 +25,7 @@ use tokio::task::JoinHandle;
 use tracing::{error, info, warn};
 
 use crate::build::{build_target, error_chain, open_device, DaemonError};
+pub use crate::build::STATE_CONFIG;
 use crate::core::Registry;
 use crate::iscsi::{IscsiServer, SessionType};
 use crate::iser::IserServer;
@@ -836,9 +837,6 @@ fn srp_sessions(port: &crate::srp::SrpPort) -> Vec<SessionView> {
         .collect()
 }
 
-/// Name of the configuration file in the state directory when rtgtd runs without
-/// `--config`.
-pub const STATE_CONFIG: &str = "rtgtd.yaml";
 /// Name of the API's unix socket (in `$RUNTIME_DIRECTORY` or the state directory).
 pub const API_SOCKET: &str = "rtgtd.sock";
 /// Default name of the admin token file in the state directory.
