@@ -5,7 +5,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
 
 use bytes::BytesMut;
-use rtgt_target::core::{Auth, ChapCredentials, IscsiParams, PortalGroup, Registry, Target};
+use rtgt_scsi::core::{Auth, ChapCredentials, IscsiParams, PortalGroup, Registry, Target};
+use rtgt_scsi::LunMap;
 use rtgt_target::iscsi::chap;
 use rtgt_target::iscsi::conn_tcp::PduReader;
 use rtgt_target::iscsi::login::{Login, LoginContext, LoginStep, LOGIN_MAX_DATA};
@@ -14,7 +15,6 @@ use rtgt_target::iscsi::params::{
 };
 use rtgt_target::iscsi::pdu::{Ahs, Bhs, BhsRepr, BHS_LEN};
 use rtgt_target::iscsi::text::TextPairs;
-use rtgt_target::scsi::LunMap;
 
 /// The targets of [`iscsi_login`]'s registry.
 const OPEN_TARGET: &str = "iqn.2025-01.io.rtgt:open";

@@ -14,8 +14,8 @@ use rtgt_backstore::{Backstore, BufPool, FileBackstore, FileOptions, NullBacksto
 use rtgt_transport::hca::{Hca, HcaConfig};
 use tracing::{info, warn};
 
-use crate::core::{self, Registry};
-use crate::scsi::{Device, DeviceConfig, DeviceRegistry, LunMap};
+use rtgt_scsi::core::{self, Registry};
+use rtgt_scsi::{Device, DeviceConfig, DeviceRegistry, LunMap};
 
 /// Memory for data buffers in flight, shared by every session (back-pressure beyond it).
 const BUFFER_BUDGET: usize = 256 << 20;
@@ -265,7 +265,7 @@ pub(crate) async fn open_device(
         removable: b.removable,
         sanitize_rate: b
             .sanitize_rate
-            .map_or(crate::scsi::DEFAULT_SANITIZE_RATE, |r| r.0),
+            .map_or(rtgt_scsi::DEFAULT_SANITIZE_RATE, |r| r.0),
         pr_file: Some(pr_dir.join(format!("{}.pr", b.name))),
         registry: Some(device_registry.clone()),
         ..DeviceConfig::default()

@@ -24,13 +24,13 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tracing::{error, info, warn};
 
-use crate::build::{build_target, error_chain, open_device, DaemonError};
 pub use crate::build::STATE_CONFIG;
-use crate::core::Registry;
+use crate::build::{build_target, error_chain, open_device, DaemonError};
 use crate::iscsi::{IscsiServer, SessionType};
 use crate::iser::IserServer;
-use crate::scsi::{Device, DeviceRegistry};
 use crate::srp::service::{PortChange, SrpService};
+use rtgt_scsi::core::Registry;
+use rtgt_scsi::{Device, DeviceRegistry};
 use rtgt_transport::hca::Hca;
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {

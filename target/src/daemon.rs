@@ -177,7 +177,7 @@ pub async fn run(opts: Options) -> Result<(), DaemonError> {
     ));
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let metrics = rtgt_api::metrics::Metrics::new();
-    running.registry.set_metrics(metrics.clone());
+    running.registry.set_metrics(Arc::new(metrics.clone()));
     let explicit_api = config.api != config::ApiConfig::default();
     let api_config = config.api.clone();
     let control = crate::control::DaemonControl::new(crate::control::ControlParts {
@@ -243,4 +243,98 @@ pub async fn run(opts: Options) -> Result<(), DaemonError> {
     control.flush_all().await;
     info!("stopped");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    //! The command statistics of the target core reach the daemon's metric registry.
+
+    use std::sync::Arc;
+
+    use rtgt_scsi::core::{LiveLuns, Registry};
+    use rtgt_scsi::{Command, LunMap, Status};
+
+    fn device(
+        name: &str,
+        pool: &Arc<rtgt_backstore::BufPool>,
+        size: u64,
+    ) -> Arc<rtgt_scsi::Device> {
+        rtgt_scsi::Device::new(
+            Arc::new(rtgt_backstore::RamBackstore::new(size, 512)),
+            pool.clone(),
+            rtgt_scsi::DeviceConfig {
+                name: name.into(),
+                ..Default::default()
+            },
+        )
+        .unwrap()
+    }
+
+    fn cmd(cdb: &[u8], in_len: u32) -> Command {
+        Command {
+            cdb: cdb.to_vec(),
+            data_out: None,
+            expected_in_len: in_len,
+            attr: Default::default(),
+            tag: 1,
+        }
+    }
+
+    #[tokio::test]
+    async fn replace_map_and_count_commands() {
+        let pool = rtgt_backstore::BufPool::new(8 << 20);
+        let registry = Registry::new();
+        let metrics = rtgt_api::metrics::Metrics::new();
+        registry.set_metrics(Arc::new(metrics.clone()));
+        let d0 = device("d0", &pool, 1 << 20);
+        let d1 = device("d1", &pool, 2 << 20);
+        let mut map = LunMap::default();
+        map.luns.insert(0, d0.clone());
+        let live = LiveLuns::new(
+            map.clone(),
+            Some(registry.clone()),
+            Some(vec![("session", "s1".into())]),
+        );
+        let nexus = crate::iscsi::session::make_nexus("iqn.2025-01.io.rtgt:i", &[0; 6], "t", 1);
+        let tur = [0u8; 6];
+        // The first command of a nexus reports POWER ON; the second succeeds.
+        let r = live.execute(&nexus, 0, cmd(&tur, 0)).await;
+        assert_eq!(r.status, Status::CheckCondition);
+        assert_eq!(
+            live.execute(&nexus, 0, cmd(&tur, 0)).await.status,
+            Status::Good
+        );
+        assert!(!live.current().contains(1));
+        let unmapped = live.execute(&nexus, 1, cmd(&tur, 0)).await;
+        assert_eq!(unmapped.status, Status::CheckCondition);
+
+        map.luns.insert(1, d1.clone());
+        let old = live.replace(map);
+        assert!(!old.contains(1));
+        assert!(live.current().contains(1));
+        let rc10 = [0x25u8, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+        let mut r = live.execute(&nexus, 1, cmd(&rc10, 8)).await;
+        if r.status == Status::CheckCondition {
+            r = live.execute(&nexus, 1, cmd(&rc10, 8)).await;
+        }
+        assert_eq!(r.status, Status::Good);
+        let d = r.data_in.unwrap();
+        assert_eq!(
+            u32::from_be_bytes(d[0..4].try_into().unwrap()),
+            (2 << 20) / 512 - 1
+        );
+
+        let text = metrics.render();
+        assert!(
+            text.contains("rtgt_lun_commands_total{backstore=\"d0\",class=\"other\"} 2"),
+            "{text}"
+        );
+        assert!(
+            text.contains("rtgt_lun_errors_total{backstore=\"d0\",sense_key=\"unit_attention\"} 1")
+        );
+        assert!(text
+            .contains("rtgt_session_errors_total{session=\"s1\",sense_key=\"illegal_request\"} 1"));
+        assert!(text.contains("rtgt_lun_read_bytes_total{backstore=\"d1\"} 8"));
+        assert!(text.contains("rtgt_lun_latency_seconds_count{backstore=\"d1\",class=\"other\"}"));
+    }
 }

@@ -1,15 +1,14 @@
 //! rtgt's SCSI target.
 //!
-//! Dependency direction: [`scsi`] (no fabric knowledge) ← [`core`] (targets, portal groups,
-//! LUN maps, ACLs, sessions) ← fabrics ([`iscsi`], [`iser`], [`srp`]) ← the `rtgtd` daemon.
+//! Dependency direction: `rtgt_scsi` (the SCSI engine, with no fabric knowledge, and its
+//! target core: targets, portal groups, LUN maps, ACLs) ← fabrics ([`iscsi`], [`iser`],
+//! [`srp`]) ← the `rtgtd` daemon.
 
 pub mod build;
 pub mod control;
-pub mod core;
 pub mod daemon;
 pub mod iscsi;
 pub mod iser;
-pub mod scsi;
 pub mod sdnotify;
 pub mod srp;
 

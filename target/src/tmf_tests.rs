@@ -13,16 +13,16 @@ use std::time::Duration;
 
 use rtgt_backstore::BufPool;
 
-use crate::core::{Auth, IscsiParams};
 use crate::iscsi::initiator::Session;
 use crate::iscsi::pdu::tmf as itmf;
 use crate::iscsi::server::ServerShared;
-use crate::scsi::task::Tracked;
-use crate::scsi::{Device, DeviceConfig};
 use crate::srp::channel::Channel;
 use crate::srp::initiator::{DescMode, Initiator, InitiatorError};
 use crate::srp::iu::{tmf as stmf, tmf_status};
 use crate::srp::tests::GatedStore;
+use rtgt_scsi::core::{Auth, IscsiParams};
+use rtgt_scsi::task::Tracked;
+use rtgt_scsi::{Device, DeviceConfig};
 
 const BLOCK: u32 = 512;
 const BLOCKS: u64 = 65536;

@@ -183,8 +183,8 @@ impl TargetChap {
         resp: Option<&str>,
         peer_id: Option<&str>,
         peer_challenge: Option<&str>,
-        expected: &crate::core::ChapCredentials,
-        mutual: Option<&crate::core::ChapCredentials>,
+        expected: &rtgt_scsi::core::ChapCredentials,
+        mutual: Option<&rtgt_scsi::core::ChapCredentials>,
     ) -> Result<Vec<(String, String)>, ChapError> {
         let (Some(name), Some(resp)) = (name, resp) else {
             return Err(ChapError::Malformed);
@@ -223,7 +223,7 @@ impl TargetChap {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::core::ChapCredentials;
+    use rtgt_scsi::core::ChapCredentials;
 
     #[test]
     fn md5_vectors() {

@@ -17,9 +17,9 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use rtgt_backstore::IoBuf;
 
-use crate::scsi::sense;
-use crate::scsi::task::{Outcome, Refused, Stage, Turn};
-use crate::scsi::{Command, FileRange, Status, TaskAttr};
+use rtgt_scsi::sense;
+use rtgt_scsi::task::{Outcome, Refused, Stage, Turn};
+use rtgt_scsi::{Command, FileRange, Status, TaskAttr};
 
 pub use super::pdu::RxPdu;
 use super::pdu::{
@@ -568,7 +568,7 @@ impl Conn {
                 return Ok(Flow::Continue);
             }
         }
-        let lun = crate::scsi::lun_from_bytes(&c.lun);
+        let lun = rtgt_scsi::lun_from_bytes(&c.lun);
         let device = s.luns.current().map.luns.get(&lun).cloned();
         let header = TaskHeader {
             itt: c.itt,

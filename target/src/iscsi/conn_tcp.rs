@@ -40,7 +40,7 @@ use super::pdu::{
 use super::session::{R2tState, Session, Task};
 use super::shared::ServerShared;
 use super::IscsiError;
-use crate::scsi::FileRange;
+use rtgt_scsi::FileRange;
 
 /// Outgoing PDUs queued per connection before senders wait.
 pub const TX_QUEUE: usize = 256;
@@ -652,7 +652,7 @@ impl TcpDriver {
     ) -> Result<(), IscsiError> {
         let mut data_sn = 0u32;
         let bidi = task.read && task.write;
-        let good = done.status == crate::scsi::Status::Good as u8 && done.sense.is_none() && !bidi;
+        let good = done.status == rtgt_scsi::Status::Good as u8 && done.sense.is_none() && !bidi;
         if len > 0 {
             let max = (self.max_xmit.load(Ordering::Relaxed) as usize).max(512);
             let mut off = 0usize;

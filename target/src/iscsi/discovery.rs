@@ -3,7 +3,7 @@
 
 use std::net::{IpAddr, SocketAddr};
 
-use crate::core::{PortalGroup, Registry, Target};
+use rtgt_scsi::core::{PortalGroup, Registry, Target};
 
 use super::params::TransportKind;
 use super::text::TextPairs;
@@ -131,8 +131,8 @@ pub fn send_targets_over(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::core::{Auth, IscsiParams};
-    use crate::scsi::LunMap;
+    use rtgt_scsi::core::{Auth, IscsiParams};
+    use rtgt_scsi::LunMap;
     use std::collections::HashMap;
 
     fn pg(tag: u16, portals: &[&str], any: bool) -> PortalGroup {

@@ -9,8 +9,8 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use crate::core::{Auth, PortalGroup, Registry, Target};
-use crate::scsi::LunMap;
+use rtgt_scsi::core::{Auth, PortalGroup, Registry, Target};
+use rtgt_scsi::LunMap;
 
 use super::chap::{ChapError, TargetChap};
 use super::params::{SessionParams, SessionType, TargetNegotiator, TransportKind};
@@ -429,7 +429,7 @@ impl Login {
         let params = match self.session_type {
             SessionType::Discovery => {
                 self.auth = self.ctx.registry.discovery_auth();
-                crate::core::IscsiParams::default()
+                rtgt_scsi::core::IscsiParams::default()
             }
             SessionType::Normal => {
                 let Some(name) = keys.get("TargetName").filter(|n| !n.is_empty()) else {
@@ -742,8 +742,8 @@ pub fn choose_portal_group(target: &Target, local: SocketAddr) -> Option<PortalG
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::core::{Acl, ChapCredentials, IscsiParams};
     use crate::iscsi::chap;
+    use rtgt_scsi::core::{Acl, ChapCredentials, IscsiParams};
     use std::collections::HashMap;
 
     const TARGET: &str = "iqn.2025-01.io.rtgt:t1";

@@ -8,7 +8,7 @@
 
 use std::collections::HashSet;
 
-use crate::core::IscsiParams;
+use rtgt_scsi::core::IscsiParams;
 
 /// How a key's result is reached (RFC 7143 §6.2.2 - §6.2.4).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

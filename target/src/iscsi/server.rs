@@ -12,7 +12,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
-use crate::core::Registry;
+use rtgt_scsi::core::Registry;
 
 use super::conn::Conn;
 use super::params::SessionType;

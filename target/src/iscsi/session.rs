@@ -13,11 +13,11 @@ use bytes::Bytes;
 use rtgt_backstore::{BufPool, IoBuf};
 use tokio::sync::{watch, Notify};
 
-use crate::core::{LiveLuns, Registry};
-use crate::scsi::task::{
+use rtgt_scsi::core::{LiveLuns, Registry};
+use rtgt_scsi::task::{
     self, Function, Outcome, Refused, Task as CoreTask, TaskSet, TmResponse, Tracked, Turn,
 };
-use crate::scsi::{Device, LunMap, Nexus, TaskAttr};
+use rtgt_scsi::{Device, LunMap, Nexus, TaskAttr};
 
 use super::params::{SessionParams, SessionType, TransportKind};
 use super::pdu::tmf;
@@ -218,7 +218,7 @@ pub struct TaskHeader {
 impl Task {
     /// A task of `h` on `device` (what the session's LUN map holds at its LUN).
     pub fn new(h: TaskHeader, device: Option<Arc<Device>>, cdb: Vec<u8>) -> Task {
-        let lun = crate::scsi::lun_from_bytes(&h.lun_bytes);
+        let lun = rtgt_scsi::lun_from_bytes(&h.lun_bytes);
         Task {
             core: CoreTask::new(u64::from(h.itt), lun, h.attr, device),
             itt: h.itt,
@@ -348,8 +348,8 @@ pub struct SessionSetup {
     /// Seconds between NOP-In pings and how long to wait for the answer (0 = off).
     pub nopin_interval: u32,
     pub nopin_timeout: u32,
-    /// [`crate::core::IscsiParams::busy_poll_micros`] and
-    /// [`crate::core::IscsiParams::zero_copy_reads`] of the portal group.
+    /// [`rtgt_scsi::core::IscsiParams::busy_poll_micros`] and
+    /// [`rtgt_scsi::core::IscsiParams::zero_copy_reads`] of the portal group.
     pub busy_poll_micros: u32,
     pub zero_copy_reads: bool,
 }
@@ -642,7 +642,7 @@ impl Session {
     /// response code once every affected task has finished. After TARGET COLD RESET the
     /// caller closes the target's sessions once the response is out.
     pub async fn task_management(&self, req: &super::pdu::TaskMgmtRequest) -> u8 {
-        let lun = crate::scsi::lun_from_bytes(&req.lun);
+        let lun = rtgt_scsi::lun_from_bytes(&req.lun);
         let f = match req.function {
             tmf::ABORT_TASK => Function::AbortTask(u64::from(req.ref_task_tag)),
             tmf::ABORT_TASK_SET => Function::AbortTaskSet,

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use rtgt_backstore::BufPool;
 
-use crate::core::{IscsiParams, Registry};
+use rtgt_scsi::core::{IscsiParams, Registry};
 
 use super::conn::Conn;
 use super::login::{status, LoginContext, LoginOutcome};

@@ -9,8 +9,8 @@ use bytes::Bytes;
 use rtgt_backstore::{BufPool, RamBackstore};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use crate::core::{Acl, Auth, ChapCredentials, IscsiParams, PortalGroup, Registry, Target};
-use crate::scsi::{Device, DeviceConfig, LunMap};
+use rtgt_scsi::core::{Acl, Auth, ChapCredentials, IscsiParams, PortalGroup, Registry, Target};
+use rtgt_scsi::{Device, DeviceConfig, LunMap};
 
 use super::initiator::{discover, LoginConfig, Session, SubmitOptions};
 use super::pdu::{self, tmf, Bhs, BhsRepr, NopOut, ScsiCommand, RESERVED_TAG};

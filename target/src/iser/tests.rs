@@ -15,14 +15,14 @@ use rtgt_transport::verbs::{
     Access, Device as Hca, DeviceConfig as HcaConfig, Pd, Qp, QpAttr, QpAttrMask, QpState, RcPath,
 };
 
-use crate::core::{Auth, ChapCredentials, IscsiParams, PortalGroup, Registry, Target};
 use crate::iscsi::initiator::{LoginConfig, Session, SubmitOptions};
 use crate::iscsi::login::status;
 use crate::iscsi::pdu::{tmf, BhsRepr, LoginRequest};
 use crate::iscsi::shared::ServerShared;
 use crate::iscsi::text::TextPairs;
 use crate::iscsi::{IscsiError, IscsiServer};
-use crate::scsi::{Device, DeviceConfig, LunMap};
+use rtgt_scsi::core::{Auth, ChapCredentials, IscsiParams, PortalGroup, Registry, Target};
+use rtgt_scsi::{Device, DeviceConfig, LunMap};
 
 use super::header::Repr;
 use super::initiator::IserTransport;

@@ -30,9 +30,9 @@ use super::iu::{
 use super::login::ChannelParams;
 use super::mem::{region_owning, Lent};
 use super::port::{Login, Session, SessionRef, SrpPort};
-use crate::scsi::sense::{asc, key, Sense};
-use crate::scsi::task::{self, Function, Outcome, Refused, Stage, Task, TaskSet, TmResponse, Turn};
-use crate::scsi::{lun_from_bytes, Command, Status, TaskAttr, MAX_TRANSFER_BYTES};
+use rtgt_scsi::sense::{asc, key, Sense};
+use rtgt_scsi::task::{self, Function, Outcome, Refused, Stage, Task, TaskSet, TmResponse, Turn};
+use rtgt_scsi::{lun_from_bytes, Command, Status, TaskAttr, MAX_TRANSFER_BYTES};
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())

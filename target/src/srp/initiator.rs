@@ -18,7 +18,7 @@ use super::iu::{
     buf_fmt, opcode, req_flags, rsp_flags, Cmd, DataDesc, DirectBuf, LoginRej, LoginReq, LoginRsp,
     Rsp, ShortIu, TargetIu, TskMgmt, IMM_DATA_OFFSET,
 };
-use crate::scsi::lun_to_bytes;
+use rtgt_scsi::lun_to_bytes;
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())

@@ -14,8 +14,8 @@ use rtgt_backstore::BufPool;
 use super::channel::{Channel, CloseReason};
 use super::iu::{rej_reason, LoginRej, LoginReq, LoginRsp};
 use super::login::{self, ChannelParams, Limits};
-use crate::core::{srp_port_name, LiveLuns, Registry, SrpTargetPort};
-use crate::scsi::Nexus;
+use rtgt_scsi::core::{srp_port_name, LiveLuns, Registry, SrpTargetPort};
+use rtgt_scsi::Nexus;
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())

@@ -22,8 +22,8 @@ use super::channel::{Channel, CloseReason};
 use super::iu::{buf_fmt, rej_reason, LoginRej, LoginReq};
 use super::login::Limits;
 use super::port::SrpPort;
-use crate::core::{Acl, Registry, SrpTargetPort};
-use crate::scsi::{Device, LunMap};
+use rtgt_scsi::core::{Acl, Registry, SrpTargetPort};
+use rtgt_scsi::{Device, LunMap};
 
 /// RDMA READs a channel keeps in flight towards the initiator (bounded by what its REQ
 /// offers as responder resources).

@@ -20,8 +20,8 @@ use super::initiator::{DescMode, Initiator, InitiatorError};
 use super::iu::{self, rej_reason, req_flags, tmf, tmf_status, LoginReq, IMM_DATA_OFFSET};
 use super::login::Limits;
 use super::port::SrpPort;
-use crate::core::SrpTargetPort;
-use crate::scsi::{Device as ScsiDevice, DeviceConfig as ScsiConfig, LunMap};
+use rtgt_scsi::core::SrpTargetPort;
+use rtgt_scsi::{Device as ScsiDevice, DeviceConfig as ScsiConfig, LunMap};
 
 pub(crate) const BS: u32 = 512;
 const BLOCKS: u64 = 65536;
@@ -169,10 +169,10 @@ fn rig_with(faults: Option<FaultConfig>, allow_any: bool, acl: Option<[u8; 16]>)
     luns.luns.insert(0, dev);
     let mut acls = HashMap::new();
     if let Some(id) = acl {
-        let name = crate::core::srp_port_name(&id);
+        let name = rtgt_scsi::core::srp_port_name(&id);
         acls.insert(
             name.clone(),
-            crate::core::Acl {
+            rtgt_scsi::core::Acl {
                 initiator: name,
                 auth: Default::default(),
                 luns: luns.clone(),
@@ -680,7 +680,7 @@ async fn login_through_the_connection_manager() {
 
     let r = rig();
     // Reuse the rig's target port configuration in a registry for the service.
-    let registry = crate::core::Registry::new();
+    let registry = rtgt_scsi::core::Registry::new();
     registry.set_srp_port(SrpTargetPort {
         listen: vec![std::net::SocketAddr::new(ip(11), 5555)],
         ..(*r.port.config()).clone()
@@ -799,7 +799,7 @@ async fn connection_manager_and_data_under_one_percent_faults() {
     use rtgt_transport::hca::Hca;
 
     let r = rig();
-    let registry = crate::core::Registry::new();
+    let registry = rtgt_scsi::core::Registry::new();
     registry.set_srp_port(SrpTargetPort {
         listen: vec![std::net::SocketAddr::new(ip(21), 5555)],
         ..(*r.port.config()).clone()
@@ -857,7 +857,7 @@ async fn service_follows_live_changes() {
     use rtgt_transport::hca::Hca;
 
     let r = rig();
-    let registry = crate::core::Registry::new();
+    let registry = rtgt_scsi::core::Registry::new();
     let (la, lb) = loopback::pair(1 << 14);
     let dt = Device::new(DeviceConfig::new("t", vec![ip(31)])).unwrap();
     let di = Device::new(DeviceConfig::new("i", vec![ip(32)])).unwrap();
@@ -870,10 +870,10 @@ async fn service_follows_live_changes() {
     let (ini_a, ini_b) = ([0x41u8; 16], [0x42u8; 16]);
     let base = (*r.port.config()).clone();
     let acl = |id: &[u8; 16], luns: &LunMap| {
-        let name = crate::core::srp_port_name(id);
+        let name = rtgt_scsi::core::srp_port_name(id);
         (
             name.clone(),
-            crate::core::Acl {
+            rtgt_scsi::core::Acl {
                 initiator: name,
                 auth: Default::default(),
                 luns: luns.clone(),
@@ -942,7 +942,7 @@ async fn service_follows_live_changes() {
     let sessions = ports[0].sessions();
     let id = sessions
         .iter()
-        .find(|s| s.nexus.initiator_port == crate::core::srp_port_name(&ini_a))
+        .find(|s| s.nexus.initiator_port == rtgt_scsi::core::srp_port_name(&ini_a))
         .unwrap()
         .id();
     assert!(svc.logout_session(&id));

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use clap::{Parser, Subcommand, ValueEnum};
 use rand::Rng;
-use rtgt_target::core::ChapCredentials;
+use rtgt_scsi::core::ChapCredentials;
 use rtgt_target::iscsi::initiator::{self, IscsiUrl, LoginConfig, Session};
 use rtgt_target::iscsi::IscsiError;
 use rtgt_transport::hca::{Hca, HcaConfig};

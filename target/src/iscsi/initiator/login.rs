@@ -1,13 +1,13 @@
 //! The initiator's side of login (RFC 7143 §6.3, §12.1.3), without I/O: it produces Login
 //! Requests and consumes Login Responses, so any connection driver can carry it.
 
-use crate::core::ChapCredentials;
 use crate::iscsi::chap;
 use crate::iscsi::login::{STAGE_FULL_FEATURE, STAGE_OPERATIONAL, STAGE_SECURITY, VERSION};
 use crate::iscsi::params::{self, SessionParams, SessionType, TransportKind};
 use crate::iscsi::pdu::{LoginRequest, LoginResponse};
 use crate::iscsi::text::{TextAssembler, TextPairs};
 use crate::iscsi::IscsiError;
+use rtgt_scsi::core::ChapCredentials;
 
 /// What the initiator offers and how it authenticates.
 #[derive(Debug, Clone)]
@@ -408,9 +408,9 @@ impl InitiatorLogin {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::core::{Auth as CoreAuth, IscsiParams, PortalGroup, Registry, Target};
     use crate::iscsi::login::{Login, LoginContext, LoginStep};
-    use crate::scsi::LunMap;
+    use rtgt_scsi::core::{Auth as CoreAuth, IscsiParams, PortalGroup, Registry, Target};
+    use rtgt_scsi::LunMap;
     use std::collections::HashMap;
     use std::sync::Arc;
 

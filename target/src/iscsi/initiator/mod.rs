@@ -519,7 +519,7 @@ impl Session {
         opts: SubmitOptions,
     ) -> Result<PendingCommand, IscsiError> {
         let p = &self.inner.params;
-        let lun_b = crate::scsi::lun_to_bytes(lun);
+        let lun_b = rtgt_scsi::lun_to_bytes(lun);
         let (tx, rx) = oneshot::channel();
         let out_len = data_out.as_ref().map(|d| d.len() as u32).unwrap_or(0);
         let max_xmit = p.max_xmit_data_segment_length.max(512) as usize;
@@ -707,7 +707,7 @@ impl Session {
         ref_itt: u32,
         ref_cmd_sn: u32,
     ) -> Result<u8, IscsiError> {
-        let lun_b = crate::scsi::lun_to_bytes(lun);
+        let lun_b = rtgt_scsi::lun_to_bytes(lun);
         let (r, _) = self
             .request(
                 true,

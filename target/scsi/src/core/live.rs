@@ -9,12 +9,12 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, RwLock};
 use std::time::Instant;
 
-use rtgt_api::metrics::IoStats;
+use crate::stats::IoStats;
 
-use crate::scsi::sense::Sense;
-use crate::scsi::{Command, LunMap, Nexus, Response, Status, UnitAttention};
+use crate::sense::Sense;
+use crate::{Command, LunMap, Nexus, Response, Status, UnitAttention};
 
-/// Index in [`rtgt_api::metrics::CLASSES`]: read, write or other.
+/// Index in [`crate::stats::CLASSES`]: read, write or other.
 fn class_of(opcode: u8) -> usize {
     match opcode {
         // READ(6/10/12/16).
@@ -26,7 +26,7 @@ fn class_of(opcode: u8) -> usize {
     }
 }
 
-/// Index in [`rtgt_api::metrics::ERROR_LABELS`] of a response's error: its sense key, or
+/// Index in [`crate::stats::ERROR_LABELS`] of a response's error: its sense key, or
 /// `none` for a non-GOOD status without sense data.
 fn error_of(resp: &Response) -> Option<usize> {
     match resp.status {
@@ -146,7 +146,7 @@ impl LiveLuns {
     }
 
     /// Like [`LiveLuns::execute`]; with `range_ok` a READ may answer with a file range
-    /// ([`crate::scsi::Device::execute_ranged`]).
+    /// ([`crate::Device::execute_ranged`]).
     pub async fn execute_ranged(
         &self,
         nexus: &Nexus,
@@ -187,7 +187,7 @@ mod tests {
 
     #[test]
     fn classes() {
-        use rtgt_api::metrics::{CLASSES, ERROR_LABELS};
+        use crate::stats::{CLASSES, ERROR_LABELS};
         assert_eq!(CLASSES[class_of(0x28)], "read");
         assert_eq!(CLASSES[class_of(0x8a)], "write");
         assert_eq!(CLASSES[class_of(0x12)], "other");
@@ -196,88 +196,5 @@ mod tests {
             error_of(&check).map(|e| ERROR_LABELS[e]),
             Some("illegal_request")
         );
-    }
-
-    fn device(
-        name: &str,
-        pool: &Arc<rtgt_backstore::BufPool>,
-        size: u64,
-    ) -> Arc<crate::scsi::Device> {
-        crate::scsi::Device::new(
-            Arc::new(rtgt_backstore::RamBackstore::new(size, 512)),
-            pool.clone(),
-            crate::scsi::DeviceConfig {
-                name: name.into(),
-                ..Default::default()
-            },
-        )
-        .unwrap()
-    }
-
-    fn cmd(cdb: &[u8], in_len: u32) -> Command {
-        Command {
-            cdb: cdb.to_vec(),
-            data_out: None,
-            expected_in_len: in_len,
-            attr: Default::default(),
-            tag: 1,
-        }
-    }
-
-    #[tokio::test]
-    async fn replace_map_and_count_commands() {
-        let pool = rtgt_backstore::BufPool::new(8 << 20);
-        let registry = super::super::Registry::new();
-        registry.set_metrics(rtgt_api::metrics::Metrics::new());
-        let d0 = device("d0", &pool, 1 << 20);
-        let d1 = device("d1", &pool, 2 << 20);
-        let mut map = LunMap::default();
-        map.luns.insert(0, d0.clone());
-        let live = LiveLuns::new(
-            map.clone(),
-            Some(registry.clone()),
-            Some(vec![("session", "s1".into())]),
-        );
-        let nexus = crate::iscsi::session::make_nexus("iqn.2025-01.io.rtgt:i", &[0; 6], "t", 1);
-        let tur = [0u8; 6];
-        // The first command of a nexus reports POWER ON; the second succeeds.
-        let r = live.execute(&nexus, 0, cmd(&tur, 0)).await;
-        assert_eq!(r.status, Status::CheckCondition);
-        assert_eq!(
-            live.execute(&nexus, 0, cmd(&tur, 0)).await.status,
-            Status::Good
-        );
-        assert!(!live.current().contains(1));
-        let unmapped = live.execute(&nexus, 1, cmd(&tur, 0)).await;
-        assert_eq!(unmapped.status, Status::CheckCondition);
-
-        map.luns.insert(1, d1.clone());
-        let old = live.replace(map);
-        assert!(!old.contains(1));
-        assert!(live.current().contains(1));
-        let rc10 = [0x25u8, 0, 0, 0, 0, 0, 0, 0, 0, 0];
-        let mut r = live.execute(&nexus, 1, cmd(&rc10, 8)).await;
-        if r.status == Status::CheckCondition {
-            r = live.execute(&nexus, 1, cmd(&rc10, 8)).await;
-        }
-        assert_eq!(r.status, Status::Good);
-        let d = r.data_in.unwrap();
-        assert_eq!(
-            u32::from_be_bytes(d[0..4].try_into().unwrap()),
-            (2 << 20) / 512 - 1
-        );
-
-        let text = registry.metrics().unwrap().render();
-        assert!(
-            text.contains("rtgt_lun_commands_total{backstore=\"d0\",class=\"other\"} 2"),
-            "{text}"
-        );
-        assert!(
-            text.contains("rtgt_lun_errors_total{backstore=\"d0\",sense_key=\"unit_attention\"} 1")
-        );
-        assert!(text
-            .contains("rtgt_session_errors_total{session=\"s1\",sense_key=\"illegal_request\"} 1"));
-        assert!(text.contains("rtgt_lun_read_bytes_total{backstore=\"d1\"} 8"));
-        assert!(text.contains("rtgt_lun_latency_seconds_count{backstore=\"d1\",class=\"other\"}"));
     }
 }

@@ -7,7 +7,8 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, OnceLock, RwLock};
 
-use crate::scsi::LunMap;
+use crate::stats::StatsSink;
+use crate::LunMap;
 
 pub mod live;
 
@@ -198,8 +199,8 @@ pub struct Registry {
     discovery_auth: RwLock<Auth>,
     /// SRP target ports by name.
     srp_ports: RwLock<HashMap<String, Arc<SrpTargetPort>>>,
-    /// The daemon's metric registry, when it exports metrics.
-    metrics: OnceLock<rtgt_api::metrics::Metrics>,
+    /// Where command statistics are exported, when the daemon exports metrics.
+    metrics: OnceLock<Arc<dyn StatsSink>>,
     /// Per logical unit metrics, by backstore name.
     lun_metrics: RwLock<HashMap<String, Arc<IoMetrics>>>,
 }
@@ -251,11 +252,11 @@ impl Registry {
     }
 
     /// Records command metrics of every session created from now on in `metrics`.
-    pub fn set_metrics(&self, metrics: rtgt_api::metrics::Metrics) {
+    pub fn set_metrics(&self, metrics: Arc<dyn StatsSink>) {
         let _ = self.metrics.set(metrics);
     }
 
-    pub fn metrics(&self) -> Option<rtgt_api::metrics::Metrics> {
+    pub fn metrics(&self) -> Option<Arc<dyn StatsSink>> {
         self.metrics.get().cloned()
     }
 

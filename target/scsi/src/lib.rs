@@ -10,8 +10,14 @@
 //!
 //! Every protocol error becomes a SCSI status and sense data; no CDB or parameter list can
 //! panic the engine.
+//!
+//! Above the engine, [`core`] is the target core the fabrics share (targets, portal groups,
+//! LUN maps, ACLs, SRP target ports, live LUN maps of sessions) and [`stats`] the
+//! per-command statistics it records. This crate depends on no fabric, transport or
+//! admin API crate.
 
 pub mod cdb;
+pub mod core;
 mod lun_map;
 mod mode;
 mod pr;
@@ -19,6 +25,7 @@ mod range_lock;
 mod sbc;
 pub mod sense;
 mod spc;
+pub mod stats;
 mod table;
 pub mod task;
 mod ua;

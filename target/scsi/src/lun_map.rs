@@ -177,7 +177,7 @@ fn unmapped(any: Option<&Device>, cmd: &Command) -> Response {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::scsi::sense::key;
+    use crate::sense::key;
 
     #[test]
     fn emit_luns() {
