@@ -19,7 +19,7 @@ use common::{free_port, in_ci, prerequisite};
 use rtgt_api::client::{segment, Client, ClientError};
 use rtgt_api::config::Config;
 use rtgt_api::{ChangeReport, SessionView};
-use rtgt_target::iscsi::initiator::{LoginConfig, ScsiResult, Session};
+use rtgt_tools::iscsi::{LoginConfig, ScsiResult, Session};
 
 const TARGET: &str = "iqn.2025-01.io.rtgt:api";
 const INI_A: &str = "iqn.2025-01.io.rtgt:host-a";
@@ -905,13 +905,13 @@ fn srp_name(id: &[u8; 16]) -> String {
 /// An SRP command with its unit attentions taken as an initiator does; returns the
 /// answer and the (ASC, ASCQ) of the unit attentions seen.
 async fn srp_run(
-    ini: &rtgt_target::srp::initiator::Initiator,
+    ini: &rtgt_tools::srp::Initiator,
     lun: u64,
     cdb: &[u8],
     len: u32,
     uas: &mut Vec<(u8, u8)>,
-) -> rtgt_target::srp::initiator::Reply {
-    use rtgt_target::srp::initiator::DescMode;
+) -> rtgt_tools::srp::Reply {
+    use rtgt_tools::srp::DescMode;
     for _ in 0..8 {
         let r = ini
             .command(lun, cdb, None, len, DescMode::Direct)
@@ -949,7 +949,7 @@ fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
 /// changes; per-session metrics with their transport.
 #[test]
 fn rdma_transports_live() {
-    use rtgt_target::srp::initiator::{ConnectOptions, Initiator, InitiatorError};
+    use rtgt_tools::srp::{ConnectOptions, Initiator, InitiatorError};
     use rtgt_transport::hca::{Hca, HcaConfig};
 
     let tcp = free_port();
@@ -1151,7 +1151,7 @@ fn rdma_transports_live() {
     assert!(a_view.id.starts_with("srp-"));
     assert_eq!(
         a_view.queue_depth,
-        rtgt_target::srp::Limits::default().req_lim,
+        rtgt_srp::Limits::default().req_lim,
         "the request limit granted"
     );
     assert!(a_view.commands >= 3, "{a_view:?}");
