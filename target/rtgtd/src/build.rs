@@ -316,7 +316,7 @@ pub async fn build(
         registry.set_target(build_target(t, &devices));
     }
     registry.set_discovery_auth(auth(&config.discovery.auth));
-    rtgt_srp::service::register_ports(config, &devices, &registry);
+    register_srp_ports(config, &devices, &registry);
     let rdma = start_rdma(&config.rdma);
     Ok(Running {
         registry,
@@ -428,6 +428,70 @@ fn params(p: &config::IscsiParams) -> core::IscsiParams {
 /// Name of the configuration file in the state directory when rtgtd runs without
 /// `--config`.
 pub const STATE_CONFIG: &str = "rtgtd.yaml";
+
+/// The target port of `p` with the LUNs and ACLs resolved against `devices`.
+pub fn srp_target_port(
+    p: &config::SrpPort,
+    devices: &BTreeMap<String, Arc<Device>>,
+) -> core::SrpTargetPort {
+    let mut luns = LunMap::default();
+    for l in &p.luns {
+        luns.luns.insert(l.lun, devices[&l.backstore].clone());
+    }
+    let mut acls = HashMap::new();
+    for a in &p.acls {
+        let mapped = if a.mapped_luns.is_empty() {
+            luns.clone()
+        } else {
+            let mut m = LunMap::default();
+            for ml in &a.mapped_luns {
+                m.luns.insert(ml.lun, luns.luns[&ml.tpg_lun].clone());
+            }
+            m
+        };
+        let name = a.initiator.to_ascii_lowercase();
+        acls.insert(
+            name.clone(),
+            core::Acl {
+                initiator: name,
+                auth: Default::default(),
+                luns: mapped,
+            },
+        );
+    }
+    core::SrpTargetPort {
+        name: p.name.clone(),
+        id_ext: p
+            .id_ext
+            .as_deref()
+            .and_then(config::parse_hex64)
+            .unwrap_or_else(|| rtgt_srp::service::derived_id(&p.name, "id_ext")),
+        ioc_guid: p
+            .ioc_guid
+            .as_deref()
+            .and_then(config::parse_hex64)
+            .unwrap_or_else(|| rtgt_srp::service::derived_id(&p.name, "ioc_guid")),
+        listen: p.listen.clone(),
+        acls,
+        allow_any_initiator: p.allow_any_initiator,
+        luns,
+    }
+}
+
+/// Registers every SRP target port of `config`.
+pub fn register_srp_ports(
+    config: &Config,
+    devices: &BTreeMap<String, Arc<Device>>,
+    registry: &Registry,
+) {
+    for p in &config.srp {
+        let port = srp_target_port(p, devices);
+        if port.allow_any_initiator {
+            warn!(port = %port.name, "SRP target port admits any initiator");
+        }
+        registry.set_srp_port(port);
+    }
+}
 
 /// Where API changes are saved: the configuration file, or `rtgtd.yaml` in the state
 /// directory when rtgtd serves the embedded default.
@@ -553,6 +617,38 @@ mod tests {
         assert_eq!(
             pbs("{name: a, type: null, size: 1M, block_size: 4096}"),
             4096
+        );
+    }
+
+    #[test]
+    fn identifiers_and_add_target() {
+        let c = Config::from_yaml(
+            "srp:\n  - {name: a, id_ext: '0x0002c90300001111', ioc_guid: 0002c90300002222, listen: ['0.0.0.0:5555', '192.0.2.9:5556']}\n  - {name: b}\n",
+            Path::new("t.yaml"),
+        )
+        .unwrap();
+        let a = srp_target_port(&c.srp[0], &BTreeMap::new());
+        let b = srp_target_port(&c.srp[1], &BTreeMap::new());
+        assert_eq!(a.id_ext, 0x0002_c903_0000_1111);
+        assert_ne!(b.id_ext, b.ioc_guid);
+        assert_eq!(
+            b.id_ext,
+            rtgt_srp::service::derived_id("b", "id_ext"),
+            "stable across calls"
+        );
+        assert_ne!(b.id_ext, rtgt_srp::service::derived_id("c", "id_ext"));
+        let local: Vec<std::net::IpAddr> = vec![
+            "127.0.0.1".parse().unwrap(),
+            "10.1.2.3".parse().unwrap(),
+            "fe80::1".parse().unwrap(),
+        ];
+        assert_eq!(
+            rtgt_srp::service::add_target_strings(&a, &local),
+            vec![
+                "id_ext=0002c90300001111,ioc_guid=0002c90300002222,dest=10.1.2.3:5555",
+                "id_ext=0002c90300001111,ioc_guid=0002c90300002222,dest=127.0.0.1:5555",
+                "id_ext=0002c90300001111,ioc_guid=0002c90300002222,dest=192.0.2.9:5556",
+            ]
         );
     }
 }

@@ -616,7 +616,7 @@ impl DaemonControl {
                 continue;
             }
             self.registry
-                .set_srp_port(rtgt_srp::service::target_port(p, &objects.devices));
+                .set_srp_port(crate::build::srp_target_port(p, &objects.devices));
             match before {
                 None => report.push("added", "srp_port", p.name.clone()),
                 Some(o) => rtgt_api::diff::srp_diff(&mut report, o, p),
