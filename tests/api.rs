@@ -1498,7 +1498,7 @@ fn schemathesis_finds_no_server_error() {
     let config = base_config(free_port(), &api)
         .replace("rdma: {enabled: false}", "rdma: {addresses: [127.0.0.43]}");
     let d = Daemon::start("schemathesis", &config);
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/api/schemathesis.sh");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/api/schemathesis.sh");
     let out = Command::new("bash")
         .arg(&script)
         .arg(format!("http://127.0.0.1:{port}"))
@@ -1817,7 +1817,7 @@ fn probe_as_nobody(
     std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     let script = dir.path().join("probe.py");
     std::fs::copy(
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/api/probe.py"),
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/api/probe.py"),
         &script,
     )
     .unwrap();
