@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 command -v cargo-deb >/dev/null || cargo install cargo-deb --locked --quiet
 # The package carries binaries of several crates: build them all, then package.
 cargo build --release --workspace --bins --quiet
-deb=$(cargo deb -p rtgt-target --no-build --strip 2>/dev/null | tail -n1)
+deb=$(cargo deb -p rtgtd --no-build --strip 2>/dev/null | tail -n1)
 [[ -f $deb ]] || { echo "package: cargo deb produced no file" >&2; exit 1; }
 echo "package: built $deb ($(du -h "$deb" | cut -f1))"
 

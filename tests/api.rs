@@ -19,7 +19,7 @@ use common::{free_port, prerequisite, skip_or_fail};
 use rtgt_api::client::{segment, Client, ClientError};
 use rtgt_api::config::Config;
 use rtgt_api::{ChangeReport, SessionView};
-use rtgt_target::iscsi::initiator::{LoginConfig, ScsiResult, Session};
+use rtgt_tools::iscsi::{LoginConfig, ScsiResult, Session};
 
 const TARGET: &str = "iqn.2025-01.io.rtgt:api";
 const INI_A: &str = "iqn.2025-01.io.rtgt:host-a";
@@ -905,13 +905,13 @@ fn srp_name(id: &[u8; 16]) -> String {
 /// An SRP command with its unit attentions taken as an initiator does; returns the
 /// answer and the (ASC, ASCQ) of the unit attentions seen.
 async fn srp_run(
-    ini: &rtgt_target::srp::initiator::Initiator,
+    ini: &rtgt_tools::srp::Initiator,
     lun: u64,
     cdb: &[u8],
     len: u32,
     uas: &mut Vec<(u8, u8)>,
-) -> rtgt_target::srp::initiator::Reply {
-    use rtgt_target::srp::initiator::DescMode;
+) -> rtgt_tools::srp::Reply {
+    use rtgt_tools::srp::DescMode;
     for _ in 0..8 {
         let r = ini
             .command(lun, cdb, None, len, DescMode::Direct)
@@ -949,7 +949,7 @@ fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
 /// changes; per-session metrics with their transport.
 #[test]
 fn rdma_transports_live() {
-    use rtgt_target::srp::initiator::{ConnectOptions, Initiator, InitiatorError};
+    use rtgt_tools::srp::{ConnectOptions, Initiator, InitiatorError};
     use rtgt_transport::hca::{Hca, HcaConfig};
 
     let tcp = free_port();
@@ -1152,7 +1152,7 @@ fn rdma_transports_live() {
     assert!(a_view.id.starts_with("srp-"));
     assert_eq!(
         a_view.queue_depth,
-        rtgt_target::srp::Limits::default().req_lim,
+        rtgt_srp::Limits::default().req_lim,
         "the request limit granted"
     );
     assert!(a_view.commands >= 3, "{a_view:?}");
@@ -1499,7 +1499,7 @@ fn schemathesis_finds_no_server_error() {
     let config = base_config(free_port(), &api)
         .replace("rdma: {enabled: false}", "rdma: {addresses: [127.0.0.43]}");
     let d = Daemon::start("schemathesis", &config);
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/api/schemathesis.sh");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/api/schemathesis.sh");
     let out = Command::new("bash")
         .arg(&script)
         .arg(format!("http://127.0.0.1:{port}"))
@@ -1817,7 +1817,7 @@ fn probe_as_nobody(
     std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     let script = dir.path().join("probe.py");
     std::fs::copy(
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/api/probe.py"),
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/api/probe.py"),
         &script,
     )
     .unwrap();

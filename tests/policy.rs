@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use common::{free_port, prerequisite, skip_or_fail, Rtgtd, TEST_IQN};
 use rtgt_api::client::{Client, ClientError};
-use rtgt_target::iscsi::initiator::{LoginConfig, Session};
+use rtgt_tools::iscsi::{LoginConfig, Session};
 
 fn config(port: u16, roots: &[&Path]) -> String {
     let roots: Vec<String> = roots.iter().map(|r| format!("'{}'", r.display())).collect();

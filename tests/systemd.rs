@@ -164,7 +164,7 @@ fn unit_file_verifies() {
     if !prerequisite("systemd-analyze", &["systemd-analyze", "--version"]) {
         return;
     }
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let unit = std::fs::read_to_string(root.join("deploy/rtgtd.service")).unwrap();
     assert!(
         unit.contains("\nType=notify\n"),

@@ -2,155 +2,74 @@
 //! targets in one process keep separate counters) and its text exposition.
 //!
 //! Gauges and occasional counters go through the `metrics` facade and
-//! `metrics-exporter-prometheus`. The per-command statistics ([`IoStats`]) are plain atomic
-//! counters and fixed-bucket histograms that the registry holds weakly: recording a command
-//! is a few relaxed atomic additions with no lookup, no lock and no allocation, memory stays
-//! bounded whether or not anyone scrapes, and the series of a session disappear with it.
+//! `metrics-exporter-prometheus`. The per-command statistics ([`IoStats`], defined with the
+//! target core in `rtgt_scsi::stats`) are plain atomic counters and fixed-bucket histograms
+//! that the registry holds weakly: recording a command is a few relaxed atomic additions
+//! with no lookup, no lock and no allocation, memory stays bounded whether or not anyone
+//! scrapes, and the series of a session disappear with it.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
 use metrics::{Counter, Gauge, Key, Label, Metadata, Recorder};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle, PrometheusRecorder};
 
-/// Latency histogram buckets, in seconds: 10 µs to 10 s.
-pub const LATENCY_BUCKETS: [f64; 13] = [
-    0.000_01, 0.000_025, 0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.01, 0.05, 0.25,
-    1.0, 10.0,
-];
+pub use rtgt_scsi::stats::{IoStats, StatsSink, CLASSES, ERROR_LABELS, LATENCY_BUCKETS};
 
-/// Command classes of [`IoStats`].
-pub const CLASSES: [&str; 3] = ["read", "write", "other"];
-
-/// Error labels of [`IoStats::record`]: the 16 SPC-4 sense keys (Table 49), then `none` for
-/// a non-GOOD status without sense data (RESERVATION CONFLICT, BUSY, TASK SET FULL).
-pub const ERROR_LABELS: [&str; 17] = [
-    "no_sense",
-    "recovered_error",
-    "not_ready",
-    "medium_error",
-    "hardware_error",
-    "illegal_request",
-    "unit_attention",
-    "data_protect",
-    "blank_check",
-    "vendor_specific",
-    "copy_aborted",
-    "aborted_command",
-    "reserved",
-    "volume_overflow",
-    "miscompare",
-    "completed",
-    "none",
-];
-
-/// A latency histogram over [`LATENCY_BUCKETS`]; the last bucket counts what is above them.
-#[derive(Default)]
-struct Histogram {
-    buckets: [AtomicU64; LATENCY_BUCKETS.len() + 1],
-    sum_ns: AtomicU64,
-}
-
-impl Histogram {
-    fn record(&self, seconds: f64) {
-        let i = LATENCY_BUCKETS
-            .iter()
-            .position(|b| seconds <= *b)
-            .unwrap_or(LATENCY_BUCKETS.len());
-        self.buckets[i].fetch_add(1, Ordering::Relaxed);
-        self.sum_ns
-            .fetch_add((seconds * 1e9) as u64, Ordering::Relaxed);
-    }
-}
-
-/// Command statistics of one logical unit or one session: commands and latency by class,
-/// bytes each way, errors by sense key.
-pub struct IoStats {
-    prefix: &'static str,
-    labels: String,
-    latency: [Histogram; 3],
-    read_bytes: AtomicU64,
-    written_bytes: AtomicU64,
-    errors: [AtomicU64; ERROR_LABELS.len()],
-}
-
-impl IoStats {
-    /// Records one command: its class (index in [`CLASSES`]), latency, bytes moved and
-    /// error (index in [`ERROR_LABELS`]).
-    pub fn record(
-        &self,
-        class: usize,
-        seconds: f64,
-        written: u64,
-        read: u64,
-        error: Option<usize>,
-    ) {
-        self.latency[class % CLASSES.len()].record(seconds);
-        if written > 0 {
-            self.written_bytes.fetch_add(written, Ordering::Relaxed);
-        }
-        if read > 0 {
-            self.read_bytes.fetch_add(read, Ordering::Relaxed);
-        }
-        if let Some(e) = error {
-            self.errors[e % ERROR_LABELS.len()].fetch_add(1, Ordering::Relaxed);
-        }
-    }
-
-    fn collect(&self, out: &mut Families) {
-        let p = self.prefix;
-        let l = &self.labels;
-        for (c, h) in CLASSES.iter().zip(self.latency.iter()) {
-            let mut cumulative = 0;
-            let mut lines = Vec::new();
-            for (i, n) in h.buckets.iter().enumerate() {
-                cumulative += n.load(Ordering::Relaxed);
-                let le = LATENCY_BUCKETS
-                    .get(i)
-                    .map_or("+Inf".to_string(), |b| b.to_string());
-                lines.push(format!(
-                    "{p}_latency_seconds_bucket{{{l}class=\"{c}\",le=\"{le}\"}} {cumulative}"
-                ));
-            }
-            let sum = h.sum_ns.load(Ordering::Relaxed) as f64 / 1e9;
-            lines.push(format!("{p}_latency_seconds_sum{{{l}class=\"{c}\"}} {sum}"));
+/// Appends the series of `stats` to `out`.
+fn collect(stats: &IoStats, out: &mut Families) {
+    let p = stats.prefix();
+    let l: String = stats
+        .labels()
+        .iter()
+        .map(|(k, v)| format!("{k}=\"{}\",", escape(v)))
+        .collect();
+    let snap = stats.snapshot();
+    for (c, h) in CLASSES.iter().zip(snap.latency.iter()) {
+        let mut cumulative = 0;
+        let mut lines = Vec::new();
+        for (i, n) in h.buckets.iter().enumerate() {
+            cumulative += n;
+            let le = LATENCY_BUCKETS
+                .get(i)
+                .map_or("+Inf".to_string(), |b| b.to_string());
             lines.push(format!(
-                "{p}_latency_seconds_count{{{l}class=\"{c}\"}} {cumulative}"
+                "{p}_latency_seconds_bucket{{{l}class=\"{c}\",le=\"{le}\"}} {cumulative}"
             ));
-            out.add(format!("{p}_latency_seconds"), "histogram", lines);
-            out.add(
-                format!("{p}_commands_total"),
-                "counter",
-                vec![format!(
-                    "{p}_commands_total{{{l}class=\"{c}\"}} {cumulative}"
-                )],
-            );
         }
-        let bare = l.trim_end_matches(',');
-        for (name, v) in [
-            ("read_bytes_total", &self.read_bytes),
-            ("written_bytes_total", &self.written_bytes),
-        ] {
-            out.add(
-                format!("{p}_{name}"),
-                "counter",
-                vec![format!(
-                    "{p}_{name}{{{bare}}} {}",
-                    v.load(Ordering::Relaxed)
-                )],
-            );
-        }
-        let errors: Vec<String> = ERROR_LABELS
-            .iter()
-            .zip(self.errors.iter())
-            .map(|(k, v)| (k, v.load(Ordering::Relaxed)))
-            .filter(|(_, v)| *v > 0)
-            .map(|(k, v)| format!("{p}_errors_total{{{l}sense_key=\"{k}\"}} {v}"))
-            .collect();
-        out.add(format!("{p}_errors_total"), "counter", errors);
+        let sum = h.sum_ns as f64 / 1e9;
+        lines.push(format!("{p}_latency_seconds_sum{{{l}class=\"{c}\"}} {sum}"));
+        lines.push(format!(
+            "{p}_latency_seconds_count{{{l}class=\"{c}\"}} {cumulative}"
+        ));
+        out.add(format!("{p}_latency_seconds"), "histogram", lines);
+        out.add(
+            format!("{p}_commands_total"),
+            "counter",
+            vec![format!(
+                "{p}_commands_total{{{l}class=\"{c}\"}} {cumulative}"
+            )],
+        );
     }
+    let bare = l.trim_end_matches(',');
+    for (name, v) in [
+        ("read_bytes_total", snap.read_bytes),
+        ("written_bytes_total", snap.written_bytes),
+    ] {
+        out.add(
+            format!("{p}_{name}"),
+            "counter",
+            vec![format!("{p}_{name}{{{bare}}} {v}")],
+        );
+    }
+    let errors: Vec<String> = ERROR_LABELS
+        .iter()
+        .zip(snap.errors.iter())
+        .filter(|(_, v)| **v > 0)
+        .map(|(k, v)| format!("{p}_errors_total{{{l}sense_key=\"{k}\"}} {v}"))
+        .collect();
+    out.add(format!("{p}_errors_total"), "counter", errors);
 }
 
 /// Samples grouped by metric family, for one `# TYPE` line per family.
@@ -228,18 +147,7 @@ impl Metrics {
         prefix: &'static str,
         labels: &[(&'static str, String)],
     ) -> Arc<IoStats> {
-        let labels: String = labels
-            .iter()
-            .map(|(k, v)| format!("{k}=\"{}\",", escape(v)))
-            .collect();
-        let stats = Arc::new(IoStats {
-            prefix,
-            labels,
-            latency: Default::default(),
-            read_bytes: AtomicU64::new(0),
-            written_bytes: AtomicU64::new(0),
-            errors: Default::default(),
-        });
+        let stats = Arc::new(IoStats::new(prefix, labels));
         let mut io = self.io.lock().unwrap_or_else(|e| e.into_inner());
         io.retain(|w| w.strong_count() > 0);
         io.push(Arc::downgrade(&stats));
@@ -255,7 +163,7 @@ impl Metrics {
             let mut io = self.io.lock().unwrap_or_else(|e| e.into_inner());
             io.retain(|w| match w.upgrade() {
                 Some(s) => {
-                    s.collect(&mut families);
+                    collect(&s, &mut families);
                     true
                 }
                 None => false,
@@ -273,6 +181,12 @@ impl Metrics {
             out.push('\n');
         }
         out
+    }
+}
+
+impl StatsSink for Metrics {
+    fn io_stats(&self, prefix: &'static str, labels: &[(&'static str, String)]) -> Arc<IoStats> {
+        Metrics::io_stats(self, prefix, labels)
     }
 }
 

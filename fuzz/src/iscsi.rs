@@ -1,20 +1,20 @@
-//! iSCSI (`rtgt-target::iscsi`): PDU headers and framing, the login state machine, text
+//! iSCSI (`rtgt-iscsi`): PDU headers and framing, the login state machine, text
 //! segments and key negotiation.
 
 use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
 
 use bytes::BytesMut;
-use rtgt_target::core::{Auth, ChapCredentials, IscsiParams, PortalGroup, Registry, Target};
-use rtgt_target::iscsi::chap;
-use rtgt_target::iscsi::conn_tcp::PduReader;
-use rtgt_target::iscsi::login::{Login, LoginContext, LoginStep, LOGIN_MAX_DATA};
-use rtgt_target::iscsi::params::{
+use rtgt_iscsi::chap;
+use rtgt_iscsi::conn_tcp::PduReader;
+use rtgt_iscsi::login::{Login, LoginContext, LoginStep, LOGIN_MAX_DATA};
+use rtgt_iscsi::params::{
     accept, resolve, SessionType, TargetNegotiator, TransportKind, KEYS, REJECT,
 };
-use rtgt_target::iscsi::pdu::{Ahs, Bhs, BhsRepr, BHS_LEN};
-use rtgt_target::iscsi::text::TextPairs;
-use rtgt_target::scsi::LunMap;
+use rtgt_iscsi::pdu::{Ahs, Bhs, BhsRepr, BHS_LEN};
+use rtgt_iscsi::text::TextPairs;
+use rtgt_scsi::core::{Auth, ChapCredentials, IscsiParams, PortalGroup, Registry, Target};
+use rtgt_scsi::LunMap;
 
 /// The targets of [`iscsi_login`]'s registry.
 const OPEN_TARGET: &str = "iqn.2025-01.io.rtgt:open";

@@ -1,9 +1,9 @@
-//! iSER (`rtgt-target::iser`): the iSER header, Hello messages, the CM private-data header and
+//! iSER (`rtgt_iscsi::iser`): the iSER header, Hello messages, the CM private-data header and
 //! the split of a received SEND into iSER header and iSCSI PDU.
 
-use rtgt_target::iscsi::pdu::{Bhs, BHS_LEN};
-use rtgt_target::iser::conn::{split, Received};
-use rtgt_target::iser::header::{CmHeader, Packet, Repr, HEADER_LEN};
+use rtgt_iscsi::iser::conn::{split, Received};
+use rtgt_iscsi::iser::header::{CmHeader, Packet, Repr, HEADER_LEN};
+use rtgt_iscsi::pdu::{Bhs, BHS_LEN};
 
 /// Arbitrary bytes as one received iSER message: nothing panics, a header that parses
 /// re-emits to an equal `Repr`, a split PDU has exactly the lengths its BHS declares, and the

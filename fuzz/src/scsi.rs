@@ -1,4 +1,4 @@
-//! The SCSI engine (`rtgt-target::scsi`): CDBs and parameter lists through a [`Device`] on a
+//! The SCSI engine (`rtgt-scsi`): CDBs and parameter lists through a [`Device`] on a
 //! RAM backstore.
 //!
 //! Every input gets fresh logical units, so a failure reproduces from its input alone; an
@@ -9,11 +9,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rtgt_backstore::{BufPool, IoBuf, RamBackstore};
-use rtgt_target::iscsi::session::transport_id;
-use rtgt_target::scsi::sense::Sense;
-use rtgt_target::scsi::{
-    Command, Device, DeviceConfig, DeviceRegistry, Nexus, Response, Status, TaskAttr,
-};
+use rtgt_iscsi::session::transport_id;
+use rtgt_scsi::sense::Sense;
+use rtgt_scsi::{Command, Device, DeviceConfig, DeviceRegistry, Nexus, Response, Status, TaskAttr};
 
 /// Commands an input may carry; the rest of a longer input is ignored.
 const MAX_COMMANDS: usize = 8;

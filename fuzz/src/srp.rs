@@ -1,10 +1,10 @@
-//! SRP (`rtgt-target::srp`): information unit codecs and login validation.
+//! SRP (`rtgt-srp`): information unit codecs and login validation.
 
-use rtgt_target::srp::iu::{
+use rtgt_srp::iu::{
     opcode, AerReq, Cmd, InitiatorIu, LoginRej, LoginReq, LoginRsp, Rsp, ShortIu, TargetIu,
     TskMgmt, IMM_DATA_OFFSET,
 };
-use rtgt_target::srp::login::{validate, Limits};
+use rtgt_srp::login::{validate, Limits};
 
 /// Arbitrary bytes through every SRP IU parser: nothing panics, and every IU that parses
 /// emits bytes that parse to the same IU (SRP_RSP: emitting is idempotent, since RSPVALID and

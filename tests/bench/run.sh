@@ -218,7 +218,7 @@ start_rtgtd() {
     port=$(free_port)
     rtgt_config "$1" "$port" "${2:-}" "${3:-}" >"$work/rtgt-$1.yaml"
     # srp: the SRP login string is logged at info level.
-    RUST_LOG=warn,rtgt_target::srp::service=info "${on_target[@]}" "$bin/rtgtd" --config "$work/rtgt-$1.yaml" \
+    RUST_LOG=warn,rtgt_srp::service=info "${on_target[@]}" "$bin/rtgtd" --config "$work/rtgt-$1.yaml" \
         --state-dir "$work/state-$1" >"$log" 2>&1 &
     rtgt_pid=$!
     pids+=("$rtgt_pid")

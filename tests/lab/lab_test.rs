@@ -64,6 +64,7 @@ fn lab_script() -> PathBuf {
         manifest.join("lab/run.sh"),
         manifest.join("tests/lab/run.sh"),
         manifest.join("../tests/lab/run.sh"),
+        manifest.join("../../tests/lab/run.sh"),
     ];
     match candidates.iter().find(|p| p.is_file()) {
         Some(path) => path.clone(),

@@ -1,0 +1,971 @@
+//! The SCSI engine (SPC-4 / SBC-4). It knows nothing of fabrics: a fabric hands it a
+//! [`Command`] for an I_T nexus and a LUN and gets a [`Response`] back.
+//!
+//! Layout: [`cdb`] (CDB views), [`sense`] (sense data), `table` (the command table that
+//! drives dispatch, CDB validation, REPORT SUPPORTED OPERATION CODES and reservation
+//! checks), `spc` (INQUIRY, VPD, mode pages, REQUEST SENSE, REPORT SUPPORTED OPERATION
+//! CODES, reservations glue), `sbc` (block commands), `pr` (SPC-2 and persistent
+//! reservations), `ua` (unit attentions), `xcopy` (EXTENDED COPY), `lun_map` (REPORT LUNS and
+//! unmapped LUNs), `range_lock` (COMPARE AND WRITE / atomic write exclusion).
+//!
+//! Every protocol error becomes a SCSI status and sense data; no CDB or parameter list can
+//! panic the engine.
+//!
+//! Above the engine, [`core`] is the target core the fabrics share (targets, portal groups,
+//! LUN maps, ACLs, SRP target ports, live LUN maps of sessions) and [`stats`] the
+//! per-command statistics it records. This crate depends on no fabric, transport or
+//! admin API crate.
+
+pub mod cdb;
+pub mod core;
+mod lun_map;
+mod mode;
+mod pr;
+mod range_lock;
+mod sbc;
+pub mod sense;
+mod spc;
+pub mod stats;
+mod table;
+pub mod task;
+mod ua;
+mod xcopy;
+
+#[cfg(test)]
+mod tests;
+
+use std::collections::{BTreeMap, HashMap};
+use std::os::fd::RawFd;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+
+use rtgt_backstore::{Backstore, BackstoreError, BufPool, IoBuf};
+
+pub use lun_map::{lun_from_bytes, lun_to_bytes};
+pub use ua::UnitAttention;
+pub use xcopy::DeviceRegistry;
+
+use cdb::MAX_CDB_LEN;
+use mode::ModeState;
+use sense::{asc, key, Sense};
+use table::{CmdDesc, Lookup, Op, Support};
+use ua::UaQueue;
+
+/// SCSI status codes (SAM-5 5.3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Status {
+    Good = 0x00,
+    CheckCondition = 0x02,
+    ConditionMet = 0x04,
+    Busy = 0x08,
+    ReservationConflict = 0x18,
+    TaskSetFull = 0x28,
+    AcaActive = 0x30,
+    TaskAborted = 0x40,
+}
+
+/// Task attribute from the fabric (SAM-5 8.9).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum TaskAttr {
+    #[default]
+    Simple,
+    Ordered,
+    HeadOfQueue,
+    Aca,
+}
+
+/// One I_T nexus as the SCSI engine sees it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Nexus {
+    /// Unique for the lifetime of the process.
+    pub id: u64,
+    /// Initiator port name, e.g. `iqn.1994-05.com.redhat:host,i,0x23d000000001` for iSCSI.
+    pub initiator_port: String,
+    /// SPC-4 TransportID of the initiator port (7.6.4), used by persistent reservations.
+    pub transport_id: Vec<u8>,
+    /// Target port name, e.g. `iqn.2025-01.io.rtgt:disk,t,0x0001`.
+    pub target_port: String,
+    /// Relative target port identifier (VPD 0x83).
+    pub relative_port: u16,
+    /// Target port group (VPD 0x83, REPORT TARGET PORT GROUPS).
+    pub port_group: u16,
+}
+
+/// A SCSI command as delivered by a fabric.
+#[derive(Debug)]
+pub struct Command {
+    pub cdb: Vec<u8>,
+    /// Data-out received for the command (length = what the fabric received, at most EDTL).
+    /// Commands that move blocks process the whole blocks received (an initiator whose
+    /// expected length is shorter than the CDB's gets only those written, as iSCSI
+    /// overflow semantics require); COMPARE AND WRITE and WRITE SAME need the exact length.
+    pub data_out: Option<IoBuf>,
+    /// Expected data transfer length the initiator announced, for the data-in direction.
+    pub expected_in_len: u32,
+    pub attr: TaskAttr,
+    /// Fabric task tag, for tracing only.
+    pub tag: u64,
+}
+
+/// The engine's answer.
+#[derive(Debug)]
+pub struct Response {
+    pub status: Status,
+    /// Sense data when status is CHECK CONDITION: fixed format (SPC-4 4.5.3), or descriptor
+    /// format (4.5.2) when the control mode page has D_SENSE set.
+    pub sense: Option<Vec<u8>>,
+    /// Data-in, at most `expected_in_len` bytes.
+    pub data_in: Option<IoBuf>,
+    /// Data-in as a range of the backstore's file instead of `data_in` (only when the
+    /// fabric asked for it with [`Device::execute_ranged`]), at most `expected_in_len` bytes.
+    pub data_range: Option<FileRange>,
+    /// Bytes the command wanted to transfer according to its CDB (for data-in commands, the
+    /// parameter data length limited by the allocation length); the fabric derives overflow /
+    /// underflow residuals from this and the expected length.
+    pub transfer_len: u32,
+}
+
+/// Data-in that a fabric sends straight from the backstore's file (`sendfile(2)`, `splice(2)`)
+/// instead of a buffer. The blocks stay locked against COMPARE AND WRITE, ORWRITE, WRITE
+/// ATOMIC and their kind until this is dropped, so a fabric drops it only once the kernel has
+/// taken every byte (after the last `sendfile` returned). Sending fewer bytes than
+/// [`FileRange::len`] must end the connection, never a GOOD status.
+pub struct FileRange {
+    /// Keeps the descriptor open.
+    _backstore: Arc<dyn Backstore>,
+    fd: RawFd,
+    offset: u64,
+    len: u64,
+    _guard: range_lock::OwnedRangeGuard,
+}
+
+impl FileRange {
+    /// The readable descriptor ([`Backstore::file_range`]).
+    pub fn fd(&self) -> RawFd {
+        self.fd
+    }
+
+    /// File offset of the first byte.
+    pub fn offset(&self) -> u64 {
+        self.offset
+    }
+
+    /// Bytes of data-in.
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    fn truncate(&mut self, len: u64) {
+        self.len = self.len.min(len);
+    }
+}
+
+impl std::fmt::Debug for FileRange {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FileRange")
+            .field("fd", &self.fd)
+            .field("offset", &self.offset)
+            .field("len", &self.len)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Response {
+    /// Bytes of data-in, from the buffer or the file range.
+    pub fn data_in_len(&self) -> u64 {
+        self.data_in.as_ref().map_or(0, |d| d.len() as u64)
+            + self.data_range.as_ref().map_or(0, |r| r.len)
+    }
+
+    /// CHECK CONDITION with fixed-format sense.
+    pub fn check(sense: &Sense) -> Response {
+        Response {
+            status: Status::CheckCondition,
+            sense: Some(sense.emit(false)),
+            data_in: None,
+            data_range: None,
+            transfer_len: 0,
+        }
+    }
+}
+
+/// Errors creating a [`Device`].
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ScsiError {
+    #[error("invalid device configuration: {0}")]
+    InvalidConfig(String),
+    #[error("unsupported logical block size {0}")]
+    BlockSize(u32),
+    #[error("reading persistent reservation state from {path}")]
+    PrLoad {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("persistent reservation state in {path} is corrupt: {reason}")]
+    PrCorrupt { path: PathBuf, reason: String },
+}
+
+/// Identity and behaviour of a logical unit.
+#[derive(Debug, Clone)]
+pub struct DeviceConfig {
+    /// Name for logs.
+    pub name: String,
+    /// T10 vendor identification, at most 8 printable ASCII characters.
+    pub vendor: String,
+    /// Product identification, at most 16 printable ASCII characters.
+    pub product: String,
+    /// Product revision level, at most 4 printable ASCII characters.
+    pub revision: String,
+    /// Unit serial number (VPD 0x80), at most 240 printable ASCII characters.
+    pub serial: String,
+    /// The 16-byte NAA IEEE Registered Extended designator (VPD 0x83), big-endian: the top
+    /// nibble must be 6, followed by the 24-bit IEEE OUI and 100 bits of vendor-specific
+    /// identifier. EXTENDED COPY finds logical units by it.
+    pub wwn: u128,
+    /// Initial WCE (caching mode page); with WCE=0 every write is forced to stable media.
+    pub write_cache: bool,
+    pub read_only: bool,
+    /// Logical block provisioning management: UNMAP, WRITE SAME with UNMAP, GET LBA STATUS
+    /// deallocated ranges, SANITIZE BLOCK ERASE.
+    pub thin: bool,
+    /// Physical block size in bytes: a power of two, at least the logical block size and at
+    /// most 2^15 logical blocks. READ CAPACITY(16) reports it as LOGICAL BLOCKS PER PHYSICAL
+    /// BLOCK EXPONENT (lowest aligned LBA 0); the Block Limits VPD granularities follow it.
+    /// `None`: the logical block size.
+    pub physical_block_size: Option<u32>,
+    /// Removable medium (SBC-4 4.4): RMB in INQUIRY, START STOP UNIT with LOEJ ejects and
+    /// loads, PREVENT ALLOW MEDIUM REMOVAL keeps the medium in.
+    pub removable: bool,
+    /// Bytes per second a SANITIZE overwrite or zero-fill may write (0: unlimited), so a
+    /// sanitize in the background leaves the backing storage to the other logical units.
+    pub sanitize_rate: u64,
+    /// Persistent reservation state (saved while APTPL is set), restored by [`Device::new`].
+    pub pr_file: Option<PathBuf>,
+    /// Registry through which EXTENDED COPY resolves copy targets; the device registers
+    /// itself in [`Device::new`].
+    pub registry: Option<Arc<DeviceRegistry>>,
+}
+
+impl Default for DeviceConfig {
+    fn default() -> Self {
+        DeviceConfig {
+            name: String::new(),
+            vendor: "RTGT".into(),
+            product: "VIRTUAL-DISK".into(),
+            revision: "0001".into(),
+            serial: String::new(),
+            wwn: 0x6000_0000_0000_0000_0000_0000_0000_0000,
+            write_cache: true,
+            read_only: false,
+            thin: false,
+            physical_block_size: None,
+            removable: false,
+            sanitize_rate: DEFAULT_SANITIZE_RATE,
+            pr_file: None,
+            registry: None,
+        }
+    }
+}
+
+/// Largest data transfer of one command (Block Limits VPD MAXIMUM TRANSFER LENGTH).
+pub const MAX_TRANSFER_BYTES: u32 = 8 << 20;
+
+/// Default [`DeviceConfig::sanitize_rate`]: 32 MiB/s.
+pub const DEFAULT_SANITIZE_RATE: u64 = 32 << 20;
+
+/// State of one I_T nexus on a logical unit.
+#[derive(Debug)]
+struct NexusState {
+    ua: UaQueue,
+    initiator_port: String,
+    relative_port: u16,
+    /// PREVENT ALLOW MEDIUM REMOVAL state of this nexus.
+    prevent: bool,
+}
+
+/// Mutable logical unit state, behind one mutex that is never held across an await.
+#[derive(Debug)]
+struct DevState {
+    nexuses: HashMap<u64, NexusState>,
+    mode: ModeState,
+    /// The mode parameters at power on (the configuration's; MODE SENSE's default values).
+    defaults: ModeState,
+    /// SPC-2 reservation holder (nexus id).
+    spc2: Option<u64>,
+    pr: pr::PrState,
+    stopped: bool,
+    /// A removable medium is loaded (always true for a fixed medium).
+    loaded: bool,
+    sanitize: sbc::SanitizeState,
+    copies: xcopy::HeldResults,
+}
+
+impl DevState {
+    /// Why the logical unit cannot process `desc` now: a sanitize operation in progress
+    /// refuses every command but those allowed during it (SBC-4 4.11); a failed sanitize,
+    /// a missing removable medium and the stopped power condition refuse medium access and
+    /// TEST UNIT READY.
+    fn not_ready(&self, desc: &CmdDesc) -> Option<Sense> {
+        if self.sanitize.running() && !desc.op.allowed_during_sanitize() {
+            return Some(self.sanitize.in_progress_sense());
+        }
+        if !desc.media && desc.op != Op::TestUnitReady {
+            return None;
+        }
+        if self.sanitize.failed() && desc.op != Op::Sanitize {
+            // A new sanitize is the way out of the failure (SBC-4 4.11.2).
+            return Some(sbc::sanitize_failed());
+        }
+        self.medium_state()
+    }
+
+    /// Readiness of the medium as REQUEST SENSE reports it (SPC-4 6.39).
+    fn readiness(&self) -> Option<Sense> {
+        if self.sanitize.running() {
+            return Some(self.sanitize.in_progress_sense());
+        }
+        if self.sanitize.failed() {
+            return Some(sbc::sanitize_failed());
+        }
+        self.medium_state()
+    }
+
+    fn medium_state(&self) -> Option<Sense> {
+        if !self.loaded {
+            Some(Sense::new(key::NOT_READY, asc::MEDIUM_NOT_PRESENT))
+        } else if self.stopped {
+            Some(Sense::new(key::NOT_READY, asc::NOT_READY_INIT_REQUIRED))
+        } else {
+            None
+        }
+    }
+
+    /// Some I_T nexus prevents medium removal (SBC-4 5.13).
+    fn removal_prevented(&self) -> bool {
+        self.nexuses.values().any(|n| n.prevent)
+    }
+
+    fn post_all(&mut self, ua: UnitAttention, except: Option<u64>) {
+        for (id, n) in self.nexuses.iter_mut() {
+            if Some(*id) != except {
+                n.ua.push(ua);
+            }
+        }
+    }
+
+    /// Establishes unit attentions for the nexuses a registration covers.
+    fn post_reg(&mut self, targets: &[pr::UaTarget], except: u64) {
+        for t in targets {
+            for (id, n) in self.nexuses.iter_mut() {
+                if *id != except && t.reg.matches(&n.initiator_port, n.relative_port) {
+                    n.ua.push(t.ua);
+                }
+            }
+        }
+    }
+}
+
+/// A logical unit: a backstore plus SCSI state (mode pages, reservations, unit attentions).
+pub struct Device {
+    /// This device, for background operations that outlive the command starting them.
+    me: Weak<Device>,
+    backstore: Arc<dyn Backstore>,
+    pool: Arc<BufPool>,
+    config: DeviceConfig,
+    naa: [u8; 16],
+    block_size: u32,
+    /// LOGICAL BLOCKS PER PHYSICAL BLOCK EXPONENT.
+    lbppb_exp: u8,
+    num_blocks: AtomicU64,
+    hw_read_only: bool,
+    state: Mutex<DevState>,
+    range_lock: Arc<range_lock::RangeLock>,
+    /// Ordering of the logical unit's task set ([`task`]).
+    order: task::Order,
+}
+
+impl std::fmt::Debug for Device {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Device")
+            .field("name", &self.config.name)
+            .field("block_size", &self.block_size)
+            .field("num_blocks", &self.num_blocks())
+            .finish_non_exhaustive()
+    }
+}
+
+/// A successful command.
+#[derive(Debug)]
+pub(crate) struct Done {
+    status: Status,
+    data: Option<IoBuf>,
+    transfer_len: u32,
+}
+
+impl Done {
+    fn good() -> Done {
+        Done {
+            status: Status::Good,
+            data: None,
+            transfer_len: 0,
+        }
+    }
+
+    /// Parameter data limited by the allocation length (SPC-4 4.2.5.6).
+    fn data(bytes: &[u8], alloc: u32) -> Done {
+        let n = bytes.len().min(alloc as usize);
+        Done {
+            status: Status::Good,
+            data: if n > 0 {
+                Some(IoBuf::from_slice(&bytes[..n]))
+            } else {
+                None
+            },
+            transfer_len: n as u32,
+        }
+    }
+}
+
+/// A failed command.
+#[derive(Debug)]
+pub(crate) enum Fail {
+    Check(Sense),
+    Conflict,
+}
+
+impl From<Sense> for Fail {
+    fn from(s: Sense) -> Fail {
+        Fail::Check(s)
+    }
+}
+
+pub(crate) type CmdResult = Result<Done, Fail>;
+
+/// Everything a handler needs about one command.
+pub(crate) struct Ctx<'a> {
+    dev: &'a Device,
+    nexus: &'a Nexus,
+    cdb: [u8; MAX_CDB_LEN],
+    desc: &'static CmdDesc,
+    data_out: Option<IoBuf>,
+    edtl_in: u32,
+    /// The fabric's task tag ([`Device::abort_task`]).
+    tag: u64,
+    /// The fabric takes data-in as a file range ([`Device::execute_ranged`]).
+    range_ok: bool,
+    /// Data-in a handler left as a file range.
+    data_range: Option<FileRange>,
+    /// An ORDERED task: earlier reads may still be on their way out of the file's pages.
+    ordered: bool,
+}
+
+impl Ctx<'_> {
+    fn cdb(&self) -> cdb::Cdb<&[u8]> {
+        cdb::Cdb::new_unchecked(&self.cdb[..])
+    }
+
+    fn data_out_len(&self) -> usize {
+        self.data_out.as_ref().map_or(0, |b| b.len())
+    }
+
+    fn data_out(&self) -> &[u8] {
+        self.data_out.as_ref().map_or(&[], |b| b.as_slice())
+    }
+}
+
+fn ascii_ok(s: &str, max: usize) -> bool {
+    s.len() <= max && s.bytes().all(|c| (0x20..=0x7e).contains(&c))
+}
+
+impl Device {
+    /// Creates a logical unit over `backstore`; restores persistent reservations from
+    /// `config.pr_file` and registers with `config.registry`.
+    pub fn new(
+        backstore: Arc<dyn Backstore>,
+        pool: Arc<BufPool>,
+        config: DeviceConfig,
+    ) -> Result<Arc<Device>, ScsiError> {
+        if !ascii_ok(&config.vendor, 8)
+            || !ascii_ok(&config.product, 16)
+            || !ascii_ok(&config.revision, 4)
+            || !ascii_ok(&config.serial, 240)
+        {
+            return Err(ScsiError::InvalidConfig(
+                "vendor/product/revision/serial must be short printable ASCII".into(),
+            ));
+        }
+        if config.wwn >> 124 != 6 {
+            return Err(ScsiError::InvalidConfig(
+                "wwn must be an NAA 6 (IEEE Registered Extended) designator".into(),
+            ));
+        }
+        let info = backstore.info();
+        let bs = info.block_size;
+        if !bs.is_power_of_two() || !(512..=65536).contains(&bs) {
+            return Err(ScsiError::BlockSize(bs));
+        }
+        let pbs = config.physical_block_size.unwrap_or(bs);
+        if !pbs.is_power_of_two() || pbs < bs || pbs / bs > 1 << 15 {
+            return Err(ScsiError::InvalidConfig(format!(
+                "physical block size {pbs} must be a power of two of 1 to 2^15 logical blocks of {bs} bytes"
+            )));
+        }
+        let lbppb_exp = (pbs / bs).trailing_zeros() as u8;
+        let pr = match &config.pr_file {
+            Some(p) => pr::load(p)?,
+            None => pr::PrState::default(),
+        };
+        let defaults = ModeState {
+            wce: config.write_cache,
+            d_sense: false,
+            swp: false,
+            tas: false,
+        };
+        let dev = Arc::new_cyclic(|me| Device {
+            me: me.clone(),
+            naa: config.wwn.to_be_bytes(),
+            block_size: bs,
+            lbppb_exp,
+            num_blocks: AtomicU64::new(info.num_blocks),
+            hw_read_only: info.read_only || config.read_only,
+            state: Mutex::new(DevState {
+                nexuses: HashMap::new(),
+                mode: defaults,
+                defaults,
+                spc2: None,
+                pr,
+                stopped: false,
+                loaded: true,
+                sanitize: sbc::SanitizeState::default(),
+                copies: xcopy::HeldResults::default(),
+            }),
+            range_lock: Arc::new(range_lock::RangeLock::with_exclusive_align(
+                (rtgt_backstore::PAGE / u64::from(bs)).max(1),
+            )),
+            order: task::Order::default(),
+            backstore,
+            pool,
+            config,
+        });
+        if let Some(reg) = &dev.config.registry {
+            reg.register(&dev);
+        }
+        Ok(dev)
+    }
+
+    pub fn config(&self) -> &DeviceConfig {
+        &self.config
+    }
+
+    /// The NAA designator bytes (VPD 0x83).
+    pub fn naa(&self) -> &[u8; 16] {
+        &self.naa
+    }
+
+    pub fn block_size(&self) -> u32 {
+        self.block_size
+    }
+
+    /// Logical blocks per physical block.
+    pub fn lbppb(&self) -> u32 {
+        1 << self.lbppb_exp
+    }
+
+    pub fn num_blocks(&self) -> u64 {
+        self.num_blocks.load(Ordering::Relaxed)
+    }
+
+    fn thin(&self) -> bool {
+        self.config.thin
+    }
+
+    fn lock(&self) -> MutexGuard<'_, DevState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn supports(&self, c: &CmdDesc) -> bool {
+        match c.support {
+            Support::Always => true,
+            Support::Thin => self.thin(),
+        }
+    }
+
+    fn max_transfer_blocks(&self) -> u32 {
+        MAX_TRANSFER_BYTES / self.block_size
+    }
+
+    fn write_protected(&self, st: &DevState) -> bool {
+        self.hw_read_only || st.mode.swp
+    }
+
+    /// DATA PROTECT sense if writes are refused (SBC-4 4.11).
+    fn check_writable(&self) -> Result<(), Sense> {
+        let st = self.lock();
+        if self.hw_read_only {
+            Err(Sense::write_protected())
+        } else if st.mode.swp {
+            Err(Sense::new(key::DATA_PROTECT, asc::SOFTWARE_WRITE_PROTECTED))
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Whether a write must reach stable media before completion: FUA, or WCE=0.
+    fn write_fua(&self, fua: bool) -> bool {
+        fua || !self.lock().mode.wce
+    }
+
+    /// SAM-5 7.7 LOGICAL UNIT RESET: releases the SPC-2 reservation, clears PREVENT
+    /// state and held copy results, and establishes BUS DEVICE RESET FUNCTION OCCURRED
+    /// for every I_T nexus. Persistent reservations, a loaded or ejected medium and a
+    /// sanitize operation in progress (SBC-4 4.11) survive.
+    pub fn lun_reset(&self, nexus: &Nexus) {
+        let mut st = self.lock();
+        st.spc2 = None;
+        st.copies.clear();
+        for n in st.nexuses.values_mut() {
+            n.prevent = false;
+        }
+        st.post_all(UnitAttention::LunReset, None);
+        tracing::info!(device = %self.config.name, nexus = nexus.id, "logical unit reset");
+    }
+
+    /// I_T nexus loss (session ended): releases its SPC-2 reservation and forgets its state
+    /// (its PREVENT too); a new session gets POWER ON, RESET OR BUS DEVICE RESET OCCURRED. A
+    /// sanitize operation in progress continues.
+    pub fn nexus_loss(&self, nexus: &Nexus) {
+        let mut st = self.lock();
+        if st.spc2 == Some(nexus.id) {
+            st.spc2 = None;
+        }
+        st.nexuses.remove(&nexus.id);
+        st.copies.forget_nexus(nexus.id);
+    }
+
+    /// I_T NEXUS RESET (SAM-5 7.8): like an I_T nexus loss, but the nexus stays and its
+    /// next command reports I_T NEXUS LOSS OCCURRED.
+    pub fn it_nexus_reset(&self, nexus: &Nexus) {
+        self.nexus_loss(nexus);
+        let mut ua = UaQueue::default();
+        ua.push(UnitAttention::ItNexusLoss);
+        self.lock().nexuses.insert(
+            nexus.id,
+            NexusState {
+                ua,
+                initiator_port: nexus.initiator_port.clone(),
+                relative_port: nexus.relative_port,
+                prevent: false,
+            },
+        );
+    }
+
+    /// The unit attention the next command of `nexus` would report (QUERY ASYNCHRONOUS
+    /// EVENT, SAM-5 7.10): a nexus that has not used the logical unit yet has POWER ON.
+    pub fn pending_unit_attention(&self, nexus: &Nexus) -> Option<UnitAttention> {
+        match self.lock().nexuses.get(&nexus.id) {
+            Some(n) => n.ua.peek(),
+            None => Some(UnitAttention::PowerOn),
+        }
+    }
+
+    /// TAS in the control mode page: tasks aborted by another I_T nexus end in TASK ABORTED
+    /// status instead of silently.
+    pub fn tas(&self) -> bool {
+        self.lock().mode.tas
+    }
+
+    /// Re-reads the capacity from the backstore and establishes CAPACITY DATA HAS CHANGED.
+    pub fn capacity_changed(&self) {
+        self.num_blocks
+            .store(self.backstore.info().num_blocks, Ordering::Relaxed);
+        self.lock().post_all(UnitAttention::CapacityChanged, None);
+    }
+
+    /// Switches the volatile write cache (WCE) as a live reconfiguration does: the current
+    /// and default caching page say `on`, every I_T nexus gets MODE PARAMETERS CHANGED when
+    /// the current value changed, and when it goes off this returns once every write
+    /// completed before is durable (later ones are durable on completion).
+    pub async fn set_write_cache(&self, on: bool) -> Result<(), BackstoreError> {
+        {
+            let mut st = self.lock();
+            st.defaults.wce = on;
+            if st.mode.wce != on {
+                st.mode.wce = on;
+                st.post_all(UnitAttention::ModeParametersChanged, None);
+            }
+        }
+        self.backstore.set_write_cache(on).await?;
+        tracing::info!(device = %self.config.name, write_cache = on, "write cache switched");
+        Ok(())
+    }
+
+    /// Switches transfers past the page cache (`true`) or through it; returns whether they
+    /// now bypass it (see [`Backstore::set_direct`]).
+    pub fn set_direct(&self, direct: bool) -> bool {
+        let now = self.backstore.set_direct(direct);
+        tracing::info!(device = %self.config.name, direct = now, "cache mode switched");
+        now
+    }
+
+    /// Whether transfers bypass the page cache now.
+    pub fn is_direct(&self) -> bool {
+        self.backstore.is_direct()
+    }
+
+    /// The current WCE: whether writes without FUA may stay volatile until SYNCHRONIZE CACHE.
+    pub fn write_cache(&self) -> bool {
+        self.lock().mode.wce
+    }
+
+    /// Establishes REPORTED LUNS DATA HAS CHANGED for every I_T nexus.
+    pub fn reported_luns_changed(&self) {
+        self.lock()
+            .post_all(UnitAttention::ReportedLunsChanged, None);
+    }
+
+    /// Establishes `ua` for one I_T nexus that has used this logical unit (live
+    /// reconfiguration of that nexus's LUN map). A nexus that has not used it yet gets
+    /// POWER ON OCCURRED on its first command anyway.
+    pub fn unit_attention(&self, nexus: &Nexus, ua: UnitAttention) {
+        if let Some(n) = self.lock().nexuses.get_mut(&nexus.id) {
+            n.ua.push(ua);
+        }
+    }
+
+    /// Like [`Device::unit_attention`] for the nexus with id `id`.
+    pub fn unit_attention_id(&self, id: u64, ua: UnitAttention) {
+        if let Some(n) = self.lock().nexuses.get_mut(&id) {
+            n.ua.push(ua);
+        }
+    }
+
+    /// Clears a pending REPORTED LUNS DATA HAS CHANGED (REPORT LUNS, SPC-4 6.33).
+    fn clear_reported_luns_ua(&self, nexus: &Nexus) {
+        if let Some(n) = self.lock().nexuses.get_mut(&nexus.id) {
+            n.ua.remove(UnitAttention::ReportedLunsChanged);
+        }
+    }
+
+    /// A fabric aborted the command with task tag `tag` of `nexus` (ABORT TASK). Call it
+    /// before waiting for the command to finish: a command that only waits for a background
+    /// operation (SANITIZE with IMMED=0) then returns at once, while the operation itself
+    /// continues (SBC-4 4.11). Other commands finish as usual.
+    pub fn abort_task(&self, nexus: &Nexus, tag: u64) {
+        self.lock()
+            .sanitize
+            .abort_waiters(|n, t| n == nexus.id && t == tag);
+    }
+
+    /// Like [`Device::abort_task`] for every command of `nexus` (ABORT TASK SET, I_T nexus
+    /// loss), or of every I_T nexus when `None` (CLEAR TASK SET, LOGICAL UNIT RESET, target
+    /// reset).
+    pub fn abort_task_set(&self, nexus: Option<&Nexus>) {
+        let id = nexus.map(|n| n.id);
+        self.lock()
+            .sanitize
+            .abort_waiters(|n, _| id.is_none_or(|id| id == n));
+    }
+
+    /// Executes one command for `nexus`.
+    pub async fn execute(&self, nexus: &Nexus, cmd: Command) -> Response {
+        self.execute_ranged(nexus, cmd, false).await
+    }
+
+    /// Like [`Device::execute`]; with `range_ok` a READ on a backstore with a
+    /// [`Backstore::file_range`] answers with [`Response::data_range`] instead of a buffer.
+    pub async fn execute_ranged(&self, nexus: &Nexus, cmd: Command, range_ok: bool) -> Response {
+        let edtl = cmd.expected_in_len;
+        let (result, d_sense, range) = self.run(nexus, cmd, range_ok).await;
+        let mut resp = match result {
+            Ok(done) => Response {
+                status: done.status,
+                sense: None,
+                data_in: done.data,
+                data_range: range,
+                transfer_len: done.transfer_len,
+            },
+            Err(Fail::Check(s)) => Response {
+                status: Status::CheckCondition,
+                sense: Some(s.emit(d_sense)),
+                data_in: None,
+                data_range: None,
+                transfer_len: 0,
+            },
+            Err(Fail::Conflict) => Response {
+                status: Status::ReservationConflict,
+                sense: None,
+                data_in: None,
+                data_range: None,
+                transfer_len: 0,
+            },
+        };
+        if let Some(d) = &mut resp.data_in {
+            if d.len() > edtl as usize {
+                d.truncate(edtl as usize);
+            }
+            if d.is_empty() {
+                resp.data_in = None;
+            }
+        }
+        if let Some(r) = &mut resp.data_range {
+            r.truncate(u64::from(edtl));
+            if r.is_empty() {
+                resp.data_range = None;
+            }
+        }
+        resp
+    }
+
+    /// Admission (UA, lookup, reservations, CDB validation, readiness) then the handler.
+    async fn run(
+        &self,
+        nexus: &Nexus,
+        cmd: Command,
+        range_ok: bool,
+    ) -> (CmdResult, bool, Option<FileRange>) {
+        let opcode = cmd.cdb.first().copied().unwrap_or(0xff);
+        let desc = {
+            let mut st = self.lock();
+            let d_sense = st.mode.d_sense;
+            let ns = st.nexuses.entry(nexus.id).or_insert_with(|| {
+                let mut ua = UaQueue::default();
+                ua.push(UnitAttention::PowerOn);
+                NexusState {
+                    ua,
+                    initiator_port: nexus.initiator_port.clone(),
+                    relative_port: nexus.relative_port,
+                    prevent: false,
+                }
+            });
+            // INQUIRY, REPORT LUNS and REQUEST SENSE neither report nor clear unit
+            // attentions (SAM-5 5.14); REQUEST SENSE returns them as parameter data.
+            if !matches!(opcode, 0x12 | 0xa0 | 0x03) {
+                if let Some(ua) = ns.ua.pop() {
+                    return (Err(ua.sense().into()), d_sense, None);
+                }
+            }
+            let desc = match table::lookup(&cmd.cdb, |c| self.supports(c)) {
+                Lookup::Found(d) => d,
+                Lookup::UnknownOpcode => {
+                    return (Err(Sense::invalid_opcode().into()), d_sense, None)
+                }
+                Lookup::UnknownServiceAction => {
+                    return (Err(Sense::invalid_cdb(1, Some(4)).into()), d_sense, None)
+                }
+            };
+            if cmd.cdb.len() < desc.cdb_len() {
+                return (Err(Sense::invalid_cdb(0, None).into()), d_sense, None);
+            }
+            let cdb = &cmd.cdb[..desc.cdb_len()];
+            if let Some(holder) = st.spc2 {
+                if holder != nexus.id && !desc.spc2_ok {
+                    return (Err(Fail::Conflict), d_sense, None);
+                }
+            }
+            if st.pr.conflicts(nexus, desc.pr, cdb) {
+                return (Err(Fail::Conflict), d_sense, None);
+            }
+            if let Err(s) = table::check_usage(desc, cdb) {
+                return (Err(s.into()), d_sense, None);
+            }
+            if let Some(s) = st.not_ready(desc) {
+                return (Err(s.into()), d_sense, None);
+            }
+            desc
+        };
+        let mut padded = [0u8; MAX_CDB_LEN];
+        padded[..desc.cdb_len()].copy_from_slice(&cmd.cdb[..desc.cdb_len()]);
+        let mut ctx = Ctx {
+            dev: self,
+            nexus,
+            cdb: padded,
+            desc,
+            data_out: if desc.dir == table::Dir::Out {
+                cmd.data_out
+            } else {
+                None
+            },
+            edtl_in: cmd.expected_in_len,
+            tag: cmd.tag,
+            range_ok,
+            data_range: None,
+            ordered: cmd.attr == TaskAttr::Ordered,
+        };
+        tracing::trace!(device = %self.config.name, op = desc.name, tag = cmd.tag, "execute");
+        let mut r = self.dispatch(&mut ctx).await;
+        if let (Ok(done), Some(len)) = (&mut r, table::param_list_len(desc, &ctx.cdb)) {
+            done.transfer_len = len;
+        }
+        let d_sense = self.lock().mode.d_sense;
+        let range = if r.is_ok() {
+            ctx.data_range.take()
+        } else {
+            None
+        };
+        (r, d_sense, range)
+    }
+
+    async fn dispatch(&self, ctx: &mut Ctx<'_>) -> CmdResult {
+        match ctx.desc.op {
+            Op::TestUnitReady => Ok(Done::good()),
+            Op::RequestSense => spc::request_sense(ctx),
+            Op::Inquiry => spc::inquiry(ctx),
+            Op::ModeSense => spc::mode_sense(ctx),
+            Op::ModeSelect => spc::mode_select(ctx),
+            Op::Reserve => spc::reserve(ctx),
+            Op::Release => spc::release(ctx),
+            Op::StartStopUnit => spc::start_stop_unit(ctx).await,
+            Op::PreventAllow => spc::prevent_allow(ctx),
+            Op::PrIn => spc::pr_in(ctx),
+            Op::PrOut => spc::pr_out(ctx),
+            Op::ReportSupportedOpcodes => spc::report_supported_opcodes(ctx),
+            Op::ReportSupportedTmf => spc::report_supported_tmf(ctx),
+            Op::ReportLuns => Ok(lun_map::report_luns_single(ctx)),
+            Op::ReadCapacity10 => sbc::read_capacity10(ctx),
+            Op::ReadCapacity16 => sbc::read_capacity16(ctx),
+            Op::Read => sbc::read(ctx).await,
+            Op::Write => sbc::write(ctx).await,
+            Op::WriteAndVerify => sbc::write_and_verify(ctx).await,
+            Op::Verify => sbc::verify(ctx).await,
+            Op::PreFetch => sbc::pre_fetch(ctx),
+            Op::SynchronizeCache => sbc::synchronize_cache(ctx).await,
+            Op::ReadDefectData => sbc::read_defect_data(ctx),
+            Op::WriteSame => sbc::write_same(ctx).await,
+            Op::Unmap => sbc::unmap(ctx).await,
+            Op::OrWrite => sbc::or_write(ctx).await,
+            Op::CompareAndWrite => sbc::compare_and_write(ctx).await,
+            Op::WriteAtomic => sbc::write_atomic(ctx).await,
+            Op::GetLbaStatus => sbc::get_lba_status(ctx).await,
+            Op::Sanitize => sbc::sanitize(ctx).await,
+            Op::ExtendedCopy => xcopy::extended_copy(ctx).await,
+            Op::ReceiveCopyResults => xcopy::receive_copy_results(ctx),
+        }
+    }
+}
+
+/// The LUNs one nexus can see, with REPORT LUNS and answers for unmapped LUNs.
+#[derive(Default, Clone)]
+pub struct LunMap {
+    pub luns: BTreeMap<u64, Arc<Device>>,
+}
+
+impl LunMap {
+    /// The logical units of the map, each once.
+    pub fn devices(&self) -> Vec<Arc<Device>> {
+        let mut out: Vec<Arc<Device>> = Vec::new();
+        for d in self.luns.values() {
+            if !out.iter().any(|o| Arc::ptr_eq(o, d)) {
+                out.push(d.clone());
+            }
+        }
+        out
+    }
+}

@@ -1,0 +1,294 @@
+//! The initiator's end of an iSER connection, for the in-repo initiator
+//! ([`crate::iscsi::Session::connect_iser`]): control PDUs as SENDs with their iSER
+//! header, received PDUs from the receive ring, and memory registration of command buffers
+//! (read buffers the target RDMA-writes, write buffers it RDMA-reads).
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::Arc;
+
+use rtgt_transport::cm::{prepare_qp, Cm, CmConn, CmError, ConnParams, Reason};
+use rtgt_transport::verbs::{Access, FastReg, Mr, Pd, Region, SendOp, WcStatus};
+
+use rtgt_iscsi::conn::RxPdu;
+use rtgt_iscsi::iser::conn::{
+    next_event, poll_send, Endpoint, Hold, IserLink, Link, Received, Receiver, RxEvent, Stags,
+};
+use rtgt_iscsi::iser::header::{CmHeader, Repr, HEADER_LEN};
+use rtgt_iscsi::iser::Sizing;
+use rtgt_iscsi::pdu::BHS_LEN;
+use rtgt_iscsi::IscsiError;
+
+/// One iSER connection as the initiator drives it.
+pub struct IserTransport {
+    link: Arc<Link>,
+    pd: Pd,
+    variant: AtomicU8,
+    rx: tokio::sync::Mutex<(Receiver, Vec<RxEvent>)>,
+    poller: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
+    /// The CM connection, when the CM made it; dropped (disconnected) with the transport.
+    cm: std::sync::Mutex<Option<Arc<CmConn>>>,
+}
+
+impl IserTransport {
+    /// Starts on a connected endpoint (its receive ring posted, the QP in RTS).
+    pub fn start(ep: Endpoint, peer: SocketAddr) -> Result<Arc<IserTransport>, IscsiError> {
+        let link = Arc::new(Link::new(&ep, peer, None).map_err(|e| {
+            tracing::debug!(error = %e, "iSER initiator link");
+            IscsiError::Protocol("iSER link setup")
+        })?);
+        let poller = tokio::spawn(poll_send(link.clone(), ep.send_cq().clone()));
+        Ok(Arc::new(IserTransport {
+            link,
+            pd: ep.pd.clone(),
+            variant: AtomicU8::new(1),
+            rx: tokio::sync::Mutex::new((Receiver::new(ep), Vec::new())),
+            poller: std::sync::Mutex::new(Some(poller)),
+            cm: std::sync::Mutex::new(None),
+        }))
+    }
+
+    /// Keeps the CM connection with the transport: a DREQ or a vanished peer closes it.
+    pub fn attach(&self, conn: CmConn) {
+        let conn = Arc::new(conn);
+        let c = conn.clone();
+        let link = self.link.clone();
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = c.disconnected() => link.close(),
+                _ = link.closed() => {}
+            }
+        });
+        *self.cm.lock().unwrap_or_else(|e| e.into_inner()) = Some(conn);
+    }
+
+    /// Sends one PDU behind `iser` (a control header with the command's STags, or a plain one).
+    pub async fn send(
+        &self,
+        iser: &[u8; HEADER_LEN],
+        bhs: &[u8; BHS_LEN],
+        ahs: &[u8],
+        data: &[u8],
+    ) -> Result<(), IscsiError> {
+        let slot = self.link.reserve().await?;
+        self.link.post_message(slot, iser, bhs, ahs, data, None)
+    }
+
+    /// Sends `bytes` as one message, as given (tests of malformed input).
+    pub async fn send_raw(&self, bytes: &[u8]) -> Result<(), IscsiError> {
+        Ok(self.link.send(&[bytes], None).await?)
+    }
+
+    /// The next PDU from the target, with the STags of its iSER header.
+    pub async fn recv(&self) -> Result<(Stags, RxPdu), IscsiError> {
+        let mut g = self.rx.lock().await;
+        let (rx, queue) = &mut *g;
+        match next_event(&self.link, rx, queue).await? {
+            RxEvent::Msg(Received::Pdu(s, p)) => Ok((s, p)),
+            RxEvent::Msg(Received::Hello) => {
+                Err(IscsiError::Protocol("iSER Hello from the target"))
+            }
+            RxEvent::Msg(Received::Bad(why)) => Err(IscsiError::Protocol(why)),
+            RxEvent::Failed(_) => Err(IscsiError::Closed),
+        }
+    }
+
+    /// Registers `region` for the target's RDMA access.
+    pub fn register(&self, region: Arc<Region>, access: Access) -> Result<Mr, IscsiError> {
+        self.pd
+            .reg_mr(region, access | Access::LOCAL_WRITE)
+            .map_err(|_| IscsiError::Protocol("memory registration"))
+    }
+
+    /// Fast-registers `region` (IB_WR_REG_MR, as ib_iser does) and returns the MR with the
+    /// key it now answers to.
+    pub async fn fast_register(
+        &self,
+        region: Arc<Region>,
+        access: Access,
+    ) -> Result<(Mr, u32), IscsiError> {
+        let len = region.len().max(1);
+        let mr = self
+            .pd
+            .alloc_mr(len)
+            .map_err(|_| IscsiError::Protocol("memory registration"))?;
+        let variant = self.variant.fetch_add(1, Ordering::Relaxed);
+        let key = mr.key_with_variant(variant);
+        self.link.sq_credit().await?;
+        let rx = self.link.post_op(
+            SendOp::FastReg(FastReg {
+                key,
+                iova: region.addr(),
+                region,
+                offset: 0,
+                length: len,
+                access: access | Access::LOCAL_WRITE,
+            }),
+            Vec::new(),
+            Hold::None,
+            true,
+        )?;
+        let status = match rx {
+            Some(rx) => rx.await.ok(),
+            None => None,
+        };
+        match status {
+            Some(WcStatus::Success) => Ok((mr, key)),
+            _ => Err(IscsiError::Protocol("fast registration failed")),
+        }
+    }
+
+    pub fn is_closed(&self) -> bool {
+        self.link.is_closing()
+    }
+
+    /// Moves the QP to error; what is in flight is flushed.
+    pub fn close(&self) {
+        self.link.close();
+    }
+
+    /// Closes and waits until every posted operation has completed.
+    pub async fn shutdown(&self) {
+        self.close();
+        let cm = self.cm.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(c) = cm {
+            c.disconnect();
+        }
+        let p = self.poller.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(p) = p {
+            let _ = p.await;
+        }
+    }
+}
+
+impl Drop for IserTransport {
+    fn drop(&mut self) {
+        self.link.close();
+    }
+}
+
+/// Connects to an iSER portal through the CM as ib_iser does (REQ private data 0x80: no
+/// zero-based addressing, send with invalidate welcome; one RDMA READ of our own in
+/// flight, up to 16 served). Returns the endpoint, its receive ring posted, and the
+/// connection.
+pub async fn connect(
+    cm: &Cm,
+    pd: &Pd,
+    dst: SocketAddr,
+    sizing: Sizing,
+) -> Result<(Endpoint, CmConn), IscsiError> {
+    let hdr = CmHeader {
+        zbva_not_supported: true,
+        send_w_inv_not_supported: false,
+    };
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let ep = Endpoint::new(pd, sizing).map_err(|_| IscsiError::Protocol("iSER endpoint"))?;
+        prepare_qp(&ep.qp).map_err(|_| IscsiError::Protocol("iSER QP"))?;
+        ep.post_receives()
+            .map_err(|_| IscsiError::Protocol("iSER receives"))?;
+        let params = ConnParams {
+            private_data: hdr.to_bytes().to_vec(),
+            responder_resources: 16,
+            initiator_depth: 1,
+            retry_count: 7,
+            rnr_retry_count: 6,
+            ..ConnParams::default()
+        };
+        match cm.connect(&ep.qp, dst, params).await {
+            Ok(c) => return Ok((ep, c)),
+            // The target still holds a connection of an earlier process with the same IDs in
+            // its timewait: try again once that has passed.
+            Err(CmError::Rejected {
+                reason: Reason::StaleConn,
+                ..
+            }) if attempt < 4 => {
+                tracing::debug!(%dst, attempt, "iSER connect: stale connection, retrying");
+                tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+            }
+            Err(CmError::Rejected { reason, .. }) => {
+                tracing::debug!(?reason, %dst, "iSER connect rejected");
+                return Err(IscsiError::Closed);
+            }
+            Err(CmError::Timeout) => return Err(IscsiError::Timeout),
+            Err(e) => {
+                tracing::debug!(error = %e, %dst, "iSER connect failed");
+                return Err(IscsiError::Closed);
+            }
+        }
+    }
+}
+
+/// The memory of one SCSI command on an iSER initiator: the registered read and write
+/// buffers and the iSER header that advertises them.
+pub struct CommandMemory {
+    pub header: [u8; HEADER_LEN],
+    pub read: Option<(Arc<Region>, Mr)>,
+    pub write: Option<Mr>,
+}
+
+impl CommandMemory {
+    /// Registers `in_len` bytes to receive read data and `data_out` for the target to read
+    /// from offset `unsolicited` on (the Write VA points there, as ib_iser sends it). Both
+    /// are fast-registered MRs, so a SCSI Response may invalidate them remotely.
+    /// `corrupt_stag` advertises wrong keys (tests of the target's error handling).
+    pub async fn new(
+        t: &IserTransport,
+        in_len: u32,
+        data_out: Option<&[u8]>,
+        unsolicited: usize,
+        corrupt_stag: bool,
+    ) -> Result<CommandMemory, IscsiError> {
+        let garble = |k: u32| if corrupt_stag { k ^ 0x00a5_5a00 } else { k };
+        let mut read = None;
+        let mut read_stag = None;
+        if in_len > 0 {
+            let region = Arc::new(Region::zeroed(in_len as usize));
+            let (mr, key) = t
+                .fast_register(region.clone(), Access::REMOTE_WRITE)
+                .await?;
+            read_stag = Some(rtgt_iscsi::iser::header::Stag {
+                stag: garble(key),
+                va: region.addr(),
+            });
+            read = Some((region, mr));
+        }
+        let mut write = None;
+        let mut write_stag = None;
+        if let Some(d) = data_out {
+            if d.len() > unsolicited {
+                let region = Arc::new(Region::from_vec(d.to_vec()));
+                let (mr, key) = t.fast_register(region.clone(), Access::REMOTE_READ).await?;
+                write_stag = Some(rtgt_iscsi::iser::header::Stag {
+                    stag: garble(key),
+                    va: region.addr() + unsolicited as u64,
+                });
+                write = Some(mr);
+            }
+        }
+        let header = Repr::Control {
+            write: write_stag,
+            read: read_stag,
+        }
+        .to_bytes();
+        Ok(CommandMemory {
+            header,
+            read,
+            write,
+        })
+    }
+
+    /// The first `len` bytes the target wrote into the read buffer.
+    pub fn read_data(&self, len: usize) -> Vec<u8> {
+        match &self.read {
+            Some((region, _)) => {
+                let n = len.min(region.len());
+                let mut v = vec![0u8; n];
+                region.read(0, &mut v);
+                v
+            }
+            None => Vec::new(),
+        }
+    }
+}
