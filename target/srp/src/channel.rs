@@ -22,20 +22,20 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use bytes::Bytes;
 use rtgt_backstore::{BufPool, IoBuf};
-use rtgt_transport::verbs::{Pd, Qp, VerbsError};
-use tokio::sync::watch;
-
-use super::iu::{
-    logout_reason, opcode, tmf, tmf_status, Cmd, DataDesc, DirectBuf, InitiatorIu, Rsp, ShortIu,
-    TskMgmt,
-};
-use super::login::ChannelParams;
-use super::port::{Login, Session, SessionRef, SrpPort};
 use rtgt_rdma_channel::mem::PoolMrs;
 use rtgt_rdma_channel::{self as rdma, Endpoint, Link, LinkError, Receiver, Remote, Rings};
 use rtgt_scsi::sense::{asc, key, Sense};
 use rtgt_scsi::task::{self, Function, Outcome, Refused, Stage, Task, TaskSet, TmResponse, Turn};
 use rtgt_scsi::{lun_from_bytes, Command, Status, TaskAttr, MAX_TRANSFER_BYTES};
+use rtgt_transport::verbs::{Pd, Qp, VerbsError};
+use tokio::sync::watch;
+
+use super::iu::{
+    logout_reason, opcode, tmf, tmf_status, Cmd, DataDesc, DirectBuf, InitiatorIu, LoginRsp, Rsp,
+    ShortIu, TskMgmt,
+};
+use super::login::ChannelParams;
+use super::nexus::SessionNexus;
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
@@ -106,9 +106,10 @@ static CHANNEL_ID: AtomicU64 = AtomicU64::new(1);
 pub struct Channel {
     pub id: u64,
     pub params: ChannelParams,
-    login_rsp: super::iu::LoginRsp,
-    pub session: Arc<Session>,
-    session_ref: Mutex<Option<SessionRef>>,
+    login_rsp: LoginRsp,
+    pub session: Arc<SessionNexus>,
+    /// Keeps the session registered with its port while the channel lives.
+    session_ref: Mutex<Option<Box<dyn Send + Sync>>>,
     pub stats: ChannelStats,
     /// The initiator's address and the one it connected to, once connected.
     addrs: std::sync::OnceLock<(std::net::SocketAddr, std::net::SocketAddr)>,
@@ -159,25 +160,27 @@ impl Channel {
     /// Builds the channel of an accepted login on `ep` (made by [`Channel::endpoint`], its
     /// QP now INIT or later): posts the receive ring and starts the receiver and the send
     /// completion poller. An IU that arrives before the ring is posted is held back by RNR
-    /// NAKs.
+    /// NAKs. `keep` is held until the channel is torn down (the session's registration).
+    #[allow(clippy::too_many_arguments)]
     pub fn start(
         ep: Endpoint,
-        login: Login,
-        port: &SrpPort,
+        params: ChannelParams,
+        login_rsp: LoginRsp,
+        session: Arc<SessionNexus>,
+        keep: Box<dyn Send + Sync>,
+        pool: Arc<BufPool>,
         peer: SocketAddr,
     ) -> Result<Arc<Channel>, VerbsError> {
-        let params = login.params;
-        let pool_mrs = PoolMrs::register(&ep.pd, &port.pool)?;
+        let pool_mrs = PoolMrs::register(&ep.pd, &pool)?;
         let link = Arc::new(Link::new(&ep, peer, Some(Arc::new(pool_mrs)))?);
         ep.post_receives()?;
-        let session = login.session.session.clone();
         let tasks = TaskSet::new(session.nexus.id);
         let ch = Arc::new(Channel {
             id: CHANNEL_ID.fetch_add(1, Ordering::Relaxed),
             params,
-            login_rsp: login.rsp,
+            login_rsp,
             session,
-            session_ref: Mutex::new(Some(login.session)),
+            session_ref: Mutex::new(Some(keep)),
             stats: ChannelStats::default(),
             addrs: std::sync::OnceLock::new(),
             link: link.clone(),
@@ -185,9 +188,8 @@ impl Channel {
             pending_credits: AtomicU32::new(0),
             close_tx: watch::channel(None).0,
             finished: watch::channel(false).0,
-            pool: port.pool.clone(),
+            pool,
         });
-        port.add_channel(&ch.session, &ch);
         tokio::spawn(rdma::poll_send(link, ep.send_cq().clone()));
         tokio::spawn(ch.clone().receiver(Receiver::new(ep)));
         Ok(ch)
@@ -208,7 +210,7 @@ impl Channel {
     }
 
     /// The LOGIN_RSP of the login that made this channel.
-    pub fn login_rsp(&self) -> super::iu::LoginRsp {
+    pub fn login_rsp(&self) -> LoginRsp {
         self.login_rsp
     }
 

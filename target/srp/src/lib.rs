@@ -12,6 +12,7 @@
 pub mod channel;
 pub mod iu;
 pub mod login;
+pub mod nexus;
 pub mod port;
 pub mod service;
 

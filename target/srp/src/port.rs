@@ -5,17 +5,21 @@
 //! last channel closes, the nexus is lost for every logical unit (SAM-5 I_T nexus loss).
 
 use std::collections::HashMap;
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock, Weak};
 use std::time::Instant;
 
 use rtgt_backstore::BufPool;
+use rtgt_rdma_channel::Endpoint;
+use rtgt_scsi::core::{srp_port_name, LiveLuns, Registry, SrpTargetPort};
+use rtgt_scsi::Nexus;
+use rtgt_transport::verbs::VerbsError;
 
 use super::channel::{Channel, CloseReason};
 use super::iu::{rej_reason, LoginRej, LoginReq, LoginRsp};
 use super::login::{self, ChannelParams, Limits};
-use rtgt_scsi::core::{srp_port_name, LiveLuns, Registry, SrpTargetPort};
-use rtgt_scsi::Nexus;
+use super::nexus::SessionNexus;
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
@@ -46,12 +50,17 @@ pub fn make_nexus(initiator: &[u8; 16], target: &[u8; 16], relative_port: u16) -
 
 /// One initiator port logged in to the target port: the I_T nexus, its LUNs, its channels.
 pub struct Session {
-    pub nexus: Nexus,
-    /// The LUN map, replaced live when the port's LUNs or the initiator's ACL change.
-    pub luns: LiveLuns,
-    pub initiator_port_id: [u8; 16],
-    pub created: Instant,
+    /// The nexus and LUN map the channels run their commands against.
+    pub shared: Arc<SessionNexus>,
     channels: Mutex<Vec<Weak<Channel>>>,
+}
+
+impl std::ops::Deref for Session {
+    type Target = SessionNexus;
+
+    fn deref(&self) -> &SessionNexus {
+        &self.shared
+    }
 }
 
 impl Session {
@@ -212,10 +221,12 @@ impl SrpPort {
                 ];
                 Entry {
                     session: Arc::new(Session {
-                        luns: LiveLuns::new(luns, self.registry.clone(), Some(labels)),
-                        nexus,
-                        initiator_port_id: req.initiator_port_id,
-                        created: Instant::now(),
+                        shared: Arc::new(SessionNexus {
+                            luns: LiveLuns::new(luns, self.registry.clone(), Some(labels)),
+                            nexus,
+                            initiator_port_id: req.initiator_port_id,
+                            created: Instant::now(),
+                        }),
                         channels: Mutex::new(Vec::new()),
                     }),
                     refs: 0,
@@ -239,10 +250,28 @@ impl SrpPort {
         })
     }
 
-    pub(crate) fn add_channel(&self, session: &Session, ch: &Arc<Channel>) {
+    /// Builds the channel of an accepted login on `ep` (made by [`Channel::endpoint`], its
+    /// QP now INIT or later) and adds it to its session.
+    pub fn start_channel(
+        &self,
+        ep: Endpoint,
+        login: Login,
+        peer: SocketAddr,
+    ) -> Result<Arc<Channel>, VerbsError> {
+        let session = login.session.session.clone();
+        let ch = Channel::start(
+            ep,
+            login.params,
+            login.rsp,
+            session.shared.clone(),
+            Box::new(login.session),
+            self.pool.clone(),
+            peer,
+        )?;
         let mut v = lock(&session.channels);
         v.retain(|w| w.strong_count() > 0);
-        v.push(Arc::downgrade(ch));
+        v.push(Arc::downgrade(&ch));
+        Ok(ch)
     }
 
     fn session(&self, initiator: &[u8; 16]) -> Option<Arc<Session>> {

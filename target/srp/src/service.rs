@@ -362,7 +362,9 @@ async fn connection(cr: ConnectRequest, ports: Vec<Arc<SrpPort>>, hca: Arc<Hca>)
     let started = built.map_err(|e| e.to_string()).and_then(|ep| {
         rtgt_transport::cm::prepare_qp(&ep.qp).map_err(|e| e.to_string())?;
         let qp = ep.qp.clone();
-        let ch = Channel::start(ep, login, &port, peer).map_err(|e| e.to_string())?;
+        let ch = port
+            .start_channel(ep, login, peer)
+            .map_err(|e| e.to_string())?;
         Ok((qp, ch))
     });
     let (qp, ch) = match started {

@@ -245,7 +245,7 @@ pub(crate) fn connect(r: &Rig, req: &LoginReq) -> (Arc<Channel>, Arc<Initiator>)
     to_init(&ep.qp);
     to_init(&iqp);
     let peer = std::net::SocketAddr::new(ip(2), 0);
-    let ch = Channel::start(ep, login, &r.port, peer).unwrap();
+    let ch = r.port.start_channel(ep, login, peer).unwrap();
     let ini = Initiator::start(
         r.init.pd.clone(),
         icq,
