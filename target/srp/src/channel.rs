@@ -190,6 +190,12 @@ impl Channel {
             finished: watch::channel(false).0,
             pool,
         });
+        // A failed queue pair fails every outstanding task into the task set at once; the
+        // teardown then waits for them.
+        let tasks = ch.tasks.clone();
+        link.on_close(move || {
+            tasks.abort_all();
+        });
         tokio::spawn(rdma::poll_send(link, ep.send_cq().clone()));
         tokio::spawn(ch.clone().receiver(Receiver::new(ep)));
         Ok(ch)

@@ -638,6 +638,12 @@ async fn full_feature(
         send_inv: peer.send_with_invalidate,
         session: session.clone(),
     });
+    // A failed queue pair fails every outstanding task of the session (ErrorRecoveryLevel 0:
+    // the connection is the session) into its task set at once.
+    let s = session.clone();
+    link.on_close(move || {
+        s.tasks().abort_all();
+    });
     let conn = Conn::new(cid, session.clone(), driver.clone());
     let conn_id = shared.register_conn(conn.clone());
     let interval = Duration::from_secs(session.nopin_interval as u64);
