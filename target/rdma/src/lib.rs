@@ -687,25 +687,4 @@ impl Receiver {
     pub async fn wait(&self) {
         self.ep.recv_cq.wait_nonempty().await
     }
-
-    /// The next receive event, or [`LinkError::Closed`] once `link` closes.
-    pub async fn next(
-        &mut self,
-        link: &Link,
-        queue: &mut Vec<RxEvent>,
-    ) -> Result<RxEvent, LinkError> {
-        loop {
-            if !queue.is_empty() {
-                return Ok(queue.remove(0));
-            }
-            self.take(queue);
-            if !queue.is_empty() {
-                continue;
-            }
-            tokio::select! {
-                _ = self.wait() => {}
-                _ = link.closed() => return Err(LinkError::Closed),
-            }
-        }
-    }
 }
