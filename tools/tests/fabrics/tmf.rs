@@ -40,7 +40,7 @@ const LUN: u64 = 0;
 const NO_LUN: u64 = 9;
 /// A tag no command carries.
 const UNKNOWN_TAG: u64 = 0x7777;
-/// The held READ: 8 blocks at LBA 0.
+/// The held READ: 8 blocks at LBA 0 (the READ with its data-in held: at [`WRITE_LBA`]).
 const READ_BLOCKS: u32 = 8;
 /// The stalled WRITE: [`WRITE_BLOCKS`] at [`WRITE_LBA`]. Larger than iSCSI's first burst, so
 /// that over TCP part of it waits for an R2T.
