@@ -10,6 +10,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use rtgt_backstore::{BufPool, RamBackstore};
 use rtgt_transport::netdev::fault::{FaultConfig, FaultInjector};
+use rtgt_transport::netdev::gate::{Gate, Gated};
 use rtgt_transport::netdev::{self, loopback};
 use rtgt_transport::verbs::{
     Access, Device as Hca, DeviceConfig as HcaConfig, Pd, Qp, QpAttr, QpAttrMask, QpState, RcPath,
@@ -41,6 +42,8 @@ pub(crate) struct Fab {
     target_pd: Pd,
     init_pd: Pd,
     pub(crate) shared: Arc<ServerShared>,
+    /// Holds chosen packets of both ends (open unless a test closes it).
+    pub(crate) gate: Gate,
     pool_mrs: Arc<PoolMrs>,
     stats: Arc<IserStats>,
     runners: Vec<tokio::task::JoinHandle<std::io::Result<()>>>,
@@ -82,14 +85,15 @@ pub(crate) async fn fab_on(drop_ppm: u32, auth: Auth, pool: Arc<BufPool>, dev: A
         drop_ppm,
         ..FaultConfig::default()
     };
+    let gate = Gate::new();
     let runners = vec![
         tokio::spawn(netdev::run(
             target_hca.clone(),
-            FaultInjector::new(la, faults, 7),
+            Gated::new(FaultInjector::new(la, faults, 7), gate.clone()),
         )),
         tokio::spawn(netdev::run(
             init_hca.clone(),
-            FaultInjector::new(lb, faults, 11),
+            Gated::new(FaultInjector::new(lb, faults, 11), gate.clone()),
         )),
     ];
     let mut luns = BTreeMap::new();
@@ -117,6 +121,7 @@ pub(crate) async fn fab_on(drop_ppm: u32, auth: Auth, pool: Arc<BufPool>, dev: A
         target_hca,
         target_pd,
         shared: server.shared(),
+        gate,
         pool_mrs,
         stats: Arc::new(IserStats::default()),
         runners,

@@ -12,6 +12,7 @@ use rtgt_backstore::{
     Backstore, BackstoreError, BufPool, BufResult, DeviceInfo, IoBuf, RamBackstore,
 };
 use rtgt_transport::netdev::fault::{FaultConfig, FaultInjector};
+use rtgt_transport::netdev::gate::{Gate, Gated};
 use rtgt_transport::netdev::{self, loopback};
 use rtgt_transport::verbs::*;
 
@@ -113,6 +114,8 @@ struct Host {
 pub(crate) struct Rig {
     port: Arc<SrpPort>,
     pub(crate) store: Arc<GatedStore>,
+    /// Holds chosen packets of both ends (open unless a test closes it).
+    pub(crate) gate: Gate,
     target: Host,
     init: Host,
     runners: Vec<tokio::task::JoinHandle<std::io::Result<()>>>,
@@ -136,20 +139,24 @@ fn rig_with(faults: Option<FaultConfig>, allow_any: bool, acl: Option<[u8; 16]>)
     let target = host("t", ip(1));
     let init = host("i", ip(2));
     let (la, lb) = loopback::pair(1 << 16);
+    let gate = Gate::new();
     let runners = match faults {
         Some(cfg) => vec![
             tokio::spawn(netdev::run(
                 target.dev.clone(),
-                FaultInjector::new(la, cfg, 7),
+                Gated::new(FaultInjector::new(la, cfg, 7), gate.clone()),
             )),
             tokio::spawn(netdev::run(
                 init.dev.clone(),
-                FaultInjector::new(lb, cfg, 1234),
+                Gated::new(FaultInjector::new(lb, cfg, 1234), gate.clone()),
             )),
         ],
         None => vec![
-            tokio::spawn(netdev::run(target.dev.clone(), la)),
-            tokio::spawn(netdev::run(init.dev.clone(), lb)),
+            tokio::spawn(netdev::run(
+                target.dev.clone(),
+                Gated::new(la, gate.clone()),
+            )),
+            tokio::spawn(netdev::run(init.dev.clone(), Gated::new(lb, gate.clone()))),
         ],
     };
     let pool = BufPool::new(64 << 20);
@@ -192,6 +199,7 @@ fn rig_with(faults: Option<FaultConfig>, allow_any: bool, acl: Option<[u8; 16]>)
     Rig {
         port,
         store,
+        gate,
         target,
         init,
         runners,

@@ -6,22 +6,31 @@
 //! A command is kept in flight by a backstore whose reads wait at a closed gate
 //! ([`GatedStore`]); the target's own task set tells when the function has marked it aborted,
 //! and only then is the gate opened.
+//!
+//! On the RDMA fabrics a command is also kept in its data transfer: a gate on the soft-RoCE
+//! link ([`Gate`]) holds the RDMA READ responses that carry a WRITE's data-out, or the RDMA
+//! WRITEs that carry a READ's data-in, while every other packet (the function, its response,
+//! ACKs) passes. iSCSI over TCP has no RDMA stage; its WRITE stalls in data-out when the
+//! initiator answers no R2T, and its data-in cannot be held (those cases do not apply to it).
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use bytes::Bytes;
 use rtgt_backstore::BufPool;
+use rtgt_transport::netdev::gate::{self, Gate};
 
 use crate::srp::GatedStore;
 use rtgt_iscsi::pdu::tmf as itmf;
 use rtgt_iscsi::server::ServerShared;
 use rtgt_scsi::core::{Auth, IscsiParams};
-use rtgt_scsi::task::Tracked;
+use rtgt_scsi::task::{Stage, Tracked};
 use rtgt_scsi::{Device, DeviceConfig};
 use rtgt_srp::channel::Channel;
 use rtgt_srp::iu::{tmf as stmf, tmf_status};
-use rtgt_tools::iscsi::Session;
+use rtgt_tools::iscsi::{Session, SubmitOptions};
 use rtgt_tools::srp::{DescMode, Initiator, InitiatorError};
 
 const BLOCK: u32 = 512;
@@ -31,8 +40,12 @@ const LUN: u64 = 0;
 const NO_LUN: u64 = 9;
 /// A tag no command carries.
 const UNKNOWN_TAG: u64 = 0x7777;
-/// The held READ: 8 blocks at LBA 0.
+/// The held READ: 8 blocks at LBA 0 (the READ with its data-in held: at [`WRITE_LBA`]).
 const READ_BLOCKS: u32 = 8;
+/// The stalled WRITE: [`WRITE_BLOCKS`] at [`WRITE_LBA`]. Larger than iSCSI's first burst, so
+/// that over TCP part of it waits for an R2T.
+const WRITE_LBA: u64 = 4096;
+const WRITE_BLOCKS: u32 = 256;
 /// How long a polled state may take to appear.
 const PATIENCE: Duration = Duration::from_secs(10);
 
@@ -146,10 +159,41 @@ fn fixed_sense(sense: &[u8]) -> Option<(u8, u8, u8)> {
     (sense.len() >= 14).then(|| (sense[2] & 0xf, sense[12], sense[13]))
 }
 
+/// A command's response: its status and the data it read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Answer {
+    status: Status,
+    data: Vec<u8>,
+}
+
 /// A command in flight: its tag and what its response turned into.
 struct Held {
     tagged: Tagged,
-    answer: tokio::task::JoinHandle<Result<Status, String>>,
+    answer: tokio::task::JoinHandle<Result<Answer, String>>,
+}
+
+/// Waits for a command's response.
+async fn answer_of(h: Held, what: &str) -> Result<Result<Answer, String>, String> {
+    tokio::time::timeout(PATIENCE, h.answer)
+        .await
+        .map_err(|_| format!("{what} was never answered"))?
+        .map_err(|e| format!("{what}: {e}"))
+}
+
+fn status_of(r: &Result<Answer, String>) -> Result<Status, String> {
+    r.as_ref().map(|a| a.status.clone()).map_err(Clone::clone)
+}
+
+fn pattern(len: usize, seed: u32) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            x as u8
+        })
+        .collect()
 }
 
 /// What a fabric offers the table.
@@ -157,16 +201,28 @@ trait Fabric {
     const NAME: &'static str;
     /// What ABORT TASK of a task that is not in the task set answers.
     const NO_SUCH_TASK: Resp;
+    /// Whether data moves by RDMA (and can be held at the link's gate).
+    const RDMA: bool;
     /// The backstore of [`LUN`].
     fn store(&self) -> &GatedStore;
-    /// Sends a READ of [`READ_BLOCKS`] blocks at LBA 0 of [`LUN`].
-    async fn start_read(&self) -> Held;
+    /// The gate on the fabric's RDMA packets; `None` without RDMA.
+    fn gate(&self) -> Option<&Gate>;
+    /// Sends a READ of `blocks` blocks at `lba` of [`LUN`].
+    async fn start_read(&self, lba: u64, blocks: u32) -> Held;
+    /// Sends a WRITE of `data` at `lba` of [`LUN`]; with `withhold`, an iSCSI initiator
+    /// answers no R2T (the RDMA fabrics stall at the gate instead and ignore it).
+    async fn start_write(&self, lba: u64, data: Vec<u8>, withhold: bool) -> Held;
     /// Sends `f` for `lun`; `held` is the task a [`Ref::Held`] refers to.
     async fn tmf(&self, f: Tmf, lun: u64, held: Option<Tagged>) -> Resp;
     /// A command without data: its status.
     async fn command(&self, lun: u64, cdb: &[u8]) -> Status;
     /// The target's view of this nexus: tasks in its set, and how many are marked aborted.
     fn target_tasks(&self) -> (usize, usize);
+    /// The target's only task waits for its data-out: RDMA READ responses are held at the
+    /// gate, or (TCP) it is in its data-out stage.
+    fn data_out_stalled(&self) -> bool;
+    /// Task management functions the target has received on this nexus.
+    fn functions_seen(&self) -> u64;
 }
 
 fn resolve(r: Ref, held: Option<Tagged>) -> Tagged {
@@ -179,12 +235,20 @@ fn resolve(r: Ref, held: Option<Tagged>) -> Tagged {
     }
 }
 
-fn read16(lba: u64, blocks: u32) -> [u8; 16] {
+fn rw16(op: u8, lba: u64, blocks: u32) -> [u8; 16] {
     let mut c = [0u8; 16];
-    c[0] = 0x88;
+    c[0] = op;
     c[2..10].copy_from_slice(&lba.to_be_bytes());
     c[10..14].copy_from_slice(&blocks.to_be_bytes());
     c
+}
+
+fn read16(lba: u64, blocks: u32) -> [u8; 16] {
+    rw16(0x88, lba, blocks)
+}
+
+fn write16(lba: u64, blocks: u32) -> [u8; 16] {
+    rw16(0x8a, lba, blocks)
 }
 
 const TUR: [u8; 6] = [0; 6];
@@ -201,6 +265,7 @@ struct Iscsi {
     s: Session,
     shared: Arc<ServerShared>,
     store: Arc<GatedStore>,
+    gate: Option<Gate>,
     _keep: Keep,
 }
 
@@ -232,6 +297,7 @@ impl Tcp {
             s,
             shared: lab.server.shared(),
             store,
+            gate: None,
             _keep: Keep::Tcp(lab),
         })
     }
@@ -248,16 +314,32 @@ impl Iser {
             s,
             shared: fab.shared.clone(),
             store,
+            gate: Some(fab.gate.clone()),
             _keep: Keep::Iser(fab),
         })
     }
 }
 
 impl Iscsi {
-    async fn start_read(&self) -> Held {
+    async fn start_read(&self, lba: u64, blocks: u32) -> Held {
+        self.start(&read16(lba, blocks), None, blocks * BLOCK, false)
+            .await
+    }
+
+    async fn start_write(&self, lba: u64, data: Vec<u8>, withhold: bool) -> Held {
+        let blocks = (data.len() / BLOCK as usize) as u32;
+        self.start(&write16(lba, blocks), Some(Bytes::from(data)), 0, withhold)
+            .await
+    }
+
+    async fn start(&self, cdb: &[u8], out: Option<Bytes>, in_len: u32, withhold: bool) -> Held {
+        let opts = SubmitOptions {
+            withhold_data: withhold,
+            ..SubmitOptions::default()
+        };
         let p = self
             .s
-            .submit(LUN, &read16(0, READ_BLOCKS), None, READ_BLOCKS * BLOCK)
+            .submit_with(LUN, cdb, out, in_len, opts)
             .await
             .unwrap();
         let tagged = Tagged {
@@ -266,9 +348,12 @@ impl Iscsi {
         };
         let answer = tokio::spawn(async move {
             match p.wait().await {
-                Ok(r) => Ok(Status {
-                    status: r.status,
-                    sense: r.sense_key(),
+                Ok(r) => Ok(Answer {
+                    status: Status {
+                        status: r.status,
+                        sense: r.sense_key(),
+                    },
+                    data: r.data,
                 }),
                 Err(e) => Err(e.to_string()),
             }
@@ -305,25 +390,54 @@ impl Iscsi {
         }
     }
 
-    fn target_tasks(&self) -> (usize, usize) {
+    fn session(&self) -> Arc<rtgt_iscsi::session::Session> {
         let sessions = self.shared.sessions.all();
         assert_eq!(sessions.len(), 1, "{}: one session", self.name);
-        let tasks = sessions[0].tasks().all();
+        sessions[0].clone()
+    }
+
+    fn target_tasks(&self) -> (usize, usize) {
+        let tasks = self.session().tasks().all();
         let aborted = tasks.iter().filter(|t| t.task().is_aborted()).count();
         (tasks.len(), aborted)
+    }
+
+    fn data_out_stalled(&self) -> bool {
+        match &self.gate {
+            Some(g) => g.held() > 0,
+            None => {
+                let tasks = self.session().tasks().all();
+                tasks.len() == 1 && tasks[0].task().stage() == Stage::DataOut
+            }
+        }
+    }
+
+    fn functions_seen(&self) -> u64 {
+        self.session()
+            .tasks()
+            .stats
+            .task_management
+            .load(Ordering::SeqCst)
     }
 }
 
 macro_rules! iscsi_fabric {
-    ($t:ty, $name:literal) => {
+    ($t:ty, $name:literal, $rdma:literal) => {
         impl Fabric for $t {
             const NAME: &'static str = $name;
             const NO_SUCH_TASK: Resp = Resp::NoSuchTask;
+            const RDMA: bool = $rdma;
             fn store(&self) -> &GatedStore {
                 &self.0.store
             }
-            async fn start_read(&self) -> Held {
-                self.0.start_read().await
+            fn gate(&self) -> Option<&Gate> {
+                self.0.gate.as_ref()
+            }
+            async fn start_read(&self, lba: u64, blocks: u32) -> Held {
+                self.0.start_read(lba, blocks).await
+            }
+            async fn start_write(&self, lba: u64, data: Vec<u8>, withhold: bool) -> Held {
+                self.0.start_write(lba, data, withhold).await
             }
             async fn tmf(&self, f: Tmf, lun: u64, held: Option<Tagged>) -> Resp {
                 self.0.tmf(f, lun, held).await
@@ -334,12 +448,18 @@ macro_rules! iscsi_fabric {
             fn target_tasks(&self) -> (usize, usize) {
                 self.0.target_tasks()
             }
+            fn data_out_stalled(&self) -> bool {
+                self.0.data_out_stalled()
+            }
+            fn functions_seen(&self) -> u64 {
+                self.0.functions_seen()
+            }
         }
     };
 }
 
-iscsi_fabric!(Tcp, "iscsi/tcp");
-iscsi_fabric!(Iser, "iser");
+iscsi_fabric!(Tcp, "iscsi/tcp", false);
+iscsi_fabric!(Iser, "iser", true);
 
 /// SRP over soft-RoCE.
 struct Srp {
@@ -358,48 +478,61 @@ impl Srp {
     }
 }
 
-fn srp_status(r: Result<rtgt_tools::srp::Reply, InitiatorError>) -> Result<Status, String> {
+fn srp_answer(r: Result<rtgt_tools::srp::Reply, InitiatorError>) -> Result<Answer, String> {
     match r {
-        Ok(r) => Ok(Status {
-            status: r.rsp.status,
-            sense: if r.rsp.status == 2 {
-                fixed_sense(&r.rsp.sense)
-            } else {
-                None
+        Ok(r) => Ok(Answer {
+            status: Status {
+                status: r.rsp.status,
+                sense: if r.rsp.status == 2 {
+                    fixed_sense(&r.rsp.sense)
+                } else {
+                    None
+                },
             },
+            data: r.data,
         }),
         Err(e) => Err(e.to_string()),
+    }
+}
+
+impl Srp {
+    /// Sends a command; nothing else is sent meanwhile, so it takes the next tag.
+    fn start(&self, cdb: [u8; 16], out: Option<Vec<u8>>, in_len: u32) -> Held {
+        let tag = self.ini.peek_tag();
+        let ini = self.ini.clone();
+        let answer = tokio::spawn(async move {
+            let r = ini
+                .command(LUN, &cdb, out.as_deref(), in_len, DescMode::Direct)
+                .await;
+            srp_answer(r)
+        });
+        Held {
+            tagged: Tagged { tag, cmd_sn: 0 },
+            answer,
+        }
     }
 }
 
 impl Fabric for Srp {
     const NAME: &'static str = "srp";
     const NO_SUCH_TASK: Resp = Resp::Complete;
+    const RDMA: bool = true;
 
     fn store(&self) -> &GatedStore {
         &self.rig.store
     }
 
-    async fn start_read(&self) -> Held {
-        // Nothing else is sent meanwhile, so the read takes the next tag.
-        let tag = self.ini.peek_tag();
-        let ini = self.ini.clone();
-        let answer = tokio::spawn(async move {
-            let r = ini
-                .command(
-                    LUN,
-                    &read16(0, READ_BLOCKS),
-                    None,
-                    READ_BLOCKS * BLOCK,
-                    DescMode::Direct,
-                )
-                .await;
-            srp_status(r)
-        });
-        Held {
-            tagged: Tagged { tag, cmd_sn: 0 },
-            answer,
-        }
+    fn gate(&self) -> Option<&Gate> {
+        Some(&self.rig.gate)
+    }
+
+    async fn start_read(&self, lba: u64, blocks: u32) -> Held {
+        self.start(read16(lba, blocks), None, blocks * BLOCK)
+    }
+
+    async fn start_write(&self, lba: u64, data: Vec<u8>, _withhold: bool) -> Held {
+        let blocks = (data.len() / BLOCK as usize) as u32;
+        self.start(write16(lba, blocks), Some(data), 0)
     }
 
     async fn tmf(&self, f: Tmf, lun: u64, held: Option<Tagged>) -> Resp {
@@ -415,11 +548,21 @@ impl Fabric for Srp {
     }
 
     async fn command(&self, lun: u64, cdb: &[u8]) -> Status {
-        srp_status(self.ini.command(lun, cdb, None, 0, DescMode::Direct).await).unwrap()
+        srp_answer(self.ini.command(lun, cdb, None, 0, DescMode::Direct).await)
+            .unwrap()
+            .status
     }
 
     fn target_tasks(&self) -> (usize, usize) {
         (self.ch.outstanding(), self.ch.aborting())
+    }
+
+    fn data_out_stalled(&self) -> bool {
+        self.rig.gate.held() > 0
+    }
+
+    fn functions_seen(&self) -> u64 {
+        self.ch.stats.task_mgmt.load(Ordering::SeqCst)
     }
 }
 
@@ -431,14 +574,27 @@ enum Setup {
     HeldRead,
     /// A LOGICAL UNIT RESET answered before: its unit attention is pending.
     AfterLunReset,
+    /// A WRITE over a known pattern, stalled in data-out: its RDMA READ responses held at
+    /// the gate (iSCSI over TCP: its R2T unanswered).
+    HeldWrite,
+    /// A READ of a known pattern whose data-in RDMA WRITEs are held at the gate (RDMA only).
+    HeldDataIn,
 }
 
-/// What becomes of the held READ.
+impl Setup {
+    /// Whether the case holds a command in an RDMA data transfer.
+    fn stalls_transfer(self) -> bool {
+        matches!(self, Setup::HeldWrite | Setup::HeldDataIn)
+    }
+}
+
+/// What becomes of the held command.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Fate {
-    /// Aborted: no response, ever; gone from the target's task set.
+    /// Aborted: no response, ever; gone from the target's task set; a WRITE left the
+    /// medium as it was.
     Aborted,
-    /// Untouched: answered GOOD once the backstore lets it go.
+    /// Untouched: answered GOOD (with the right data) once let go.
     Answered,
 }
 
@@ -600,6 +756,41 @@ const CASES: &[Case] = &[
         fate: Some(Fate::Aborted),
         ua: Some((0x29, 0x07)),
     },
+    // The task waits for its data-out (RDMA READ completions, or Data-Out PDUs), which the
+    // abort does not cut short on RDMA: the function answers once the READs are let go and
+    // the task has noticed the abort before executing.
+    Case {
+        name: "ABORT TASK, write with its data-out held",
+        setup: Setup::HeldWrite,
+        function: Tmf::AbortTask(Ref::Held),
+        lun: LUN,
+        expect: Some(Resp::Complete),
+        fate: Some(Fate::Aborted),
+        ua: None,
+    },
+    // iSER and SRP retire a task (out of the task set, status decided) when they post its
+    // data-in RDMA WRITEs and status SEND, without waiting for their completion: the read is
+    // no longer in the task set, so ABORT TASK finds no task (iSCSI: TASK DOES NOT EXIST, its
+    // RefCmdSN being below the CmdSN window, RFC 7143 11.5.1; SRP: FUNCTION COMPLETE, SAM-5
+    // 7.2), and the read ends GOOD with its data once the WRITEs are let go.
+    Case {
+        name: "ABORT TASK, read with its data-in held",
+        setup: Setup::HeldDataIn,
+        function: Tmf::AbortTask(Ref::Held),
+        lun: LUN,
+        expect: None,
+        fate: Some(Fate::Answered),
+        ua: None,
+    },
+    Case {
+        name: "LOGICAL UNIT RESET, write with its data-out held",
+        setup: Setup::HeldWrite,
+        function: Tmf::LunReset,
+        lun: LUN,
+        expect: Some(Resp::Complete),
+        fate: Some(Fate::Aborted),
+        ua: Some((0x29, 0x03)),
+    },
 ];
 
 async fn poll(what: &str, mut cond: impl FnMut() -> bool) -> Result<(), String> {
@@ -623,12 +814,19 @@ macro_rules! check {
 
 /// Runs one case on a fresh fabric; `Err` says what differed.
 async fn run_case<F: Fabric>(f: &F, case: &Case) -> Result<(), String> {
+    if case.setup.stalls_transfer() {
+        let r = run_transfer_case(f, case).await;
+        if let Some(g) = f.gate() {
+            g.open();
+        }
+        return r;
+    }
     let mut held = None;
     match case.setup {
-        Setup::Idle => {}
+        Setup::Idle | Setup::HeldWrite | Setup::HeldDataIn => {}
         Setup::HeldRead => {
             f.store().set(true);
-            let h = f.start_read().await;
+            let h = f.start_read(0, READ_BLOCKS).await;
             poll("the read to reach the backstore", || {
                 f.store().parked() == 1
             })
@@ -687,10 +885,7 @@ async fn run_case<F: Fabric>(f: &F, case: &Case) -> Result<(), String> {
                 .await?;
             }
             Some(Fate::Answered) => {
-                let r = tokio::time::timeout(PATIENCE, h.answer)
-                    .await
-                    .map_err(|_| "the held read was never answered".to_string())?
-                    .unwrap();
+                let r = status_of(&answer_of(h, "the held read").await?);
                 check!(r == Ok(Status::good()), "the held read was answered {r:?}");
                 return after(f, case, None).await;
             }
@@ -713,11 +908,8 @@ async fn after<F: Fabric>(f: &F, case: &Case, aborted: Option<Held>) -> Result<(
     }
     let s = f.command(LUN, &TUR).await;
     check!(s == Status::good(), "TEST UNIT READY afterwards: {s:?}");
-    let h = f.start_read().await;
-    let r = tokio::time::timeout(PATIENCE, h.answer)
-        .await
-        .map_err(|_| "a read afterwards was never answered".to_string())?
-        .unwrap();
+    let h = f.start_read(0, READ_BLOCKS).await;
+    let r = status_of(&answer_of(h, "a read afterwards").await?);
     check!(r == Ok(Status::good()), "a read afterwards: {r:?}");
     if let Some(a) = aborted {
         check!(
@@ -735,6 +927,112 @@ async fn after<F: Fabric>(f: &F, case: &Case, aborted: Option<Held>) -> Result<(
     Ok(())
 }
 
+/// Runs a case that holds a command in its data transfer ([`Setup::stalls_transfer`]).
+///
+/// The gate is opened by a future running alongside the function, once the function is
+/// pending at the target: it has marked the stalled WRITE aborted, or (data-in) it has
+/// reached the target. A function that waits for the task must not be answered before.
+async fn run_transfer_case<F: Fabric>(f: &F, case: &Case) -> Result<(), String> {
+    let bytes = (WRITE_BLOCKS * BLOCK) as usize;
+    let before = pattern(bytes, 1);
+    let w = f.start_write(WRITE_LBA, before.clone(), false).await;
+    let r = status_of(&answer_of(w, "writing the first pattern").await?);
+    check!(r == Ok(Status::good()), "writing the first pattern: {r:?}");
+    let held = match case.setup {
+        Setup::HeldWrite => {
+            if let Some(g) = f.gate() {
+                g.close(gate::rdma_read_responses);
+            }
+            let h = f.start_write(WRITE_LBA, pattern(bytes, 2), true).await;
+            poll("the write to stall in data-out", || {
+                f.data_out_stalled() && f.target_tasks() == (1, 0)
+            })
+            .await?;
+            h
+        }
+        Setup::HeldDataIn => {
+            let g = f.gate().expect("data-in is held on RDMA fabrics only");
+            g.close(gate::rdma_writes);
+            let h = f.start_read(WRITE_LBA, READ_BLOCKS).await;
+            poll(
+                "the read's data-in to be held and the read to leave the task set",
+                || g.held() > 0 && f.target_tasks() == (0, 0),
+            )
+            .await?;
+            h
+        }
+        s => unreachable!("{s:?} holds no transfer"),
+    };
+    let seen = f.functions_seen();
+    let answered = AtomicBool::new(false);
+    let tmf = async {
+        let r = f.tmf(case.function, case.lun, Some(held.tagged)).await;
+        answered.store(true, Ordering::SeqCst);
+        r
+    };
+    let release = async {
+        let pending = poll("the function to be pending at the target", || {
+            answered.load(Ordering::SeqCst)
+                || match case.setup {
+                    Setup::HeldWrite => f.target_tasks().1 == 1,
+                    _ => f.functions_seen() > seen,
+                }
+        })
+        .await;
+        let early = answered.load(Ordering::SeqCst);
+        if let Some(g) = f.gate() {
+            g.open();
+        }
+        pending.map(|()| early)
+    };
+    let (resp, early) = tokio::join!(tmf, release);
+    let early = early?;
+    let expect = case.expect.unwrap_or(F::NO_SUCH_TASK);
+    check!(resp == expect, "response {resp:?}, expected {expect:?}");
+    match case.fate {
+        Some(Fate::Aborted) => {
+            check!(
+                !(early && f.gate().is_some()),
+                "the function was answered while the write's data-out was held"
+            );
+            // The function answers once the aborted task is done, so it has left the set.
+            let t = f.target_tasks();
+            check!(
+                t == (0, 0),
+                "target tasks when the function was answered: {t:?}"
+            );
+            after(f, case, Some(held)).await?;
+            let r = f.start_read(WRITE_LBA, WRITE_BLOCKS).await;
+            let r = answer_of(r, "reading the write's blocks back").await?;
+            check!(
+                r.as_ref().is_ok_and(|a| a.status == Status::good()),
+                "reading the write's blocks back: {:?}",
+                status_of(&r)
+            );
+            check!(
+                r.is_ok_and(|a| a.data == before),
+                "the aborted write changed the medium"
+            );
+            Ok(())
+        }
+        Some(Fate::Answered) => {
+            let r = answer_of(held, "the read with its data-in held").await?;
+            let want = &before[..(READ_BLOCKS * BLOCK) as usize];
+            check!(
+                status_of(&r) == Ok(Status::good()),
+                "the read with its data-in held was answered {:?}",
+                status_of(&r)
+            );
+            check!(
+                r.is_ok_and(|a| a.data == want),
+                "the read with its data-in held returned wrong data"
+            );
+            after(f, case, None).await
+        }
+        None => unreachable!("a held command has a fate"),
+    }
+}
+
 /// Runs every case that applies to the fabric, each on a fresh one made by `make`, and fails
 /// with the list of cases that did not hold.
 async fn run_table<F: Fabric, Fut: std::future::Future<Output = F>>(
@@ -745,6 +1043,10 @@ async fn run_table<F: Fabric, Fut: std::future::Future<Output = F>>(
     let mut ran = 0;
     for case in CASES {
         if srp_only_functions && !case.function.in_srp() {
+            continue;
+        }
+        if case.setup == Setup::HeldDataIn && !F::RDMA {
+            eprintln!("{}: {}: n/a (no RDMA data-in to hold)", F::NAME, case.name);
             continue;
         }
         let f = make().await;

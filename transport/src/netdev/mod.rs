@@ -4,10 +4,14 @@
 //! * [`loopback`]: an in-memory pair of links connecting two devices in one process;
 //! * [`fault`]: a deterministic fault injector (loss, duplication, reordering, corruption,
 //!   delay) wrapped around any netdev, after smoltcp's `FaultInjector`;
+//! * [`gate`] (feature `test-gate`): holds chosen packets (RDMA READ responses, RDMA WRITEs)
+//!   until a test lets them go;
 //! * [`udp`]: a kernel UDP socket on port 4791;
 //! * [`multi`]: several UDP sockets (one per local address) as one netdev.
 
 pub mod fault;
+#[cfg(feature = "test-gate")]
+pub mod gate;
 pub mod loopback;
 pub mod multi;
 pub mod udp;
