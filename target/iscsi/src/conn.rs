@@ -463,16 +463,23 @@ impl Conn {
     }
 
     async fn dispatch(self: &Arc<Self>, pdu: RxPdu, repr: BhsRepr) -> Result<Flow, IscsiError> {
-        if !pdu.data_digest_ok {
-            // RFC 7143 §7.8: Reject and discard; the CmdSN stays consumed.
-            tracing::warn!(opcode = ?pdu.header().opcode(), peer = %self.session.peer, "data digest error");
+        if !pdu.data_digest_ok || pdu.data_short {
+            // RFC 7143 §7.8: Reject and discard; the CmdSN stays consumed. A PDU whose data
+            // segment is missing from its message is discarded the same way, with reason
+            // Protocol Error (§11.17.1).
+            let reason = if pdu.data_digest_ok {
+                tracing::warn!(opcode = ?pdu.header().opcode(), peer = %self.session.peer, "data segment missing from the message");
+                reject_reason::PROTOCOL_ERROR
+            } else {
+                tracing::warn!(opcode = ?pdu.header().opcode(), peer = %self.session.peer, "data digest error");
+                reject_reason::DATA_DIGEST_ERROR
+            };
             if let BhsRepr::ScsiCommand(c) = &repr {
                 if !c.immediate {
                     self.session.window().finish_task();
                 }
             }
-            self.reject(reject_reason::DATA_DIGEST_ERROR, &pdu.bhs)
-                .await?;
+            self.reject(reason, &pdu.bhs).await?;
             return Ok(Flow::Continue);
         }
         let discovery = self.session.session_type == super::params::SessionType::Discovery;
@@ -645,6 +652,8 @@ impl Conn {
             let mut x = task.xfer();
             let err = if !pdu.data_digest_ok {
                 Some("data digest error")
+            } else if pdu.data_short {
+                Some("Data-Out data segment missing from the message")
             } else if !task.write {
                 Some("Data-Out for a command without W")
             } else if d.ttt == RESERVED_TAG {

@@ -201,6 +201,7 @@ impl PduReader {
             ahs: std::mem::take(&mut self.ahs),
             data,
             data_digest_ok: ok,
+            data_short: false,
         })
     }
 

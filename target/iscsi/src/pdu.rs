@@ -1456,6 +1456,10 @@ pub struct RxPdu {
     pub data: Bytes,
     /// False when the data digest did not match (the header digest is fatal).
     pub data_digest_ok: bool,
+    /// The message ended before the data segment its DataSegmentLength announced (an iSER
+    /// SEND without it, RFC 7145 §7.3; docs/WIRE.md §6): `data` is empty and the PDU is
+    /// rejected with reason Protocol Error, as one with a data digest error is discarded.
+    pub data_short: bool,
 }
 
 impl RxPdu {

@@ -105,6 +105,10 @@ pub struct SubmitOptions {
     pub withhold_data: bool,
     /// iSER: advertise STags the target cannot use (tests of remote access errors).
     pub corrupt_stag: bool,
+    /// iSER: announce the immediate data in DataSegmentLength but leave it out of the SEND,
+    /// with the Write STag/VA covering the whole write from its first byte (an initiator
+    /// docs/WIRE.md §6 describes).
+    pub immediate_by_rdma: bool,
 }
 
 enum Pending {
@@ -553,7 +557,11 @@ impl Session {
                     t,
                     in_len,
                     data_out.as_deref(),
-                    imm_len.min(out_len as usize),
+                    if opts.immediate_by_rdma {
+                        0
+                    } else {
+                        imm_len.min(out_len as usize)
+                    },
                     opts.corrupt_stag,
                 )
                 .await?,
@@ -605,7 +613,12 @@ impl Session {
                 };
                 let mut bhs = BhsRepr::ScsiCommand(c).to_bytes();
                 Bhs::new_unchecked(&mut bhs[..]).set_total_ahs_len(ahs.len());
-                let mut pdus = vec![(bhs, ahs.clone(), imm.clone())];
+                let sent = if opts.immediate_by_rdma && iser.is_some() {
+                    Bytes::new()
+                } else {
+                    imm.clone()
+                };
+                let mut pdus = vec![(bhs, ahs.clone(), sent)];
                 let mut off = imm.len();
                 let mut data_sn = 0;
                 while off < unsol_end {
@@ -953,6 +966,11 @@ fn complete_other(inner: &Inner, itt: u32, reply: Reply) {
 fn handle_pdu(inner: &Arc<Inner>, pdu: RxPdu) -> Result<(), IscsiError> {
     if !pdu.data_digest_ok {
         return Err(IscsiError::Protocol("data digest error from target"));
+    }
+    if pdu.data_short {
+        return Err(IscsiError::Protocol(
+            "data segment missing from the target's message",
+        ));
     }
     let repr = BhsRepr::parse(&pdu.header())?;
     match repr {

@@ -17,7 +17,7 @@ use rtgt_transport::verbs::{
 };
 
 use rtgt_iscsi::login::status;
-use rtgt_iscsi::pdu::{tmf, BhsRepr, LoginRequest};
+use rtgt_iscsi::pdu::{reject_reason, tmf, Bhs, BhsRepr, LoginRequest, NopOut, RESERVED_TAG};
 use rtgt_iscsi::shared::ServerShared;
 use rtgt_iscsi::text::TextPairs;
 use rtgt_iscsi::{IscsiError, IscsiServer};
@@ -560,6 +560,75 @@ async fn unknown_iser_opcode_closes_the_connection() {
     s.disconnect().await;
     let s = f.connect(cfg()).await.unwrap();
     write(&s, 0, pattern(4096, 5), false).await;
+    assert_eq!(s.logout().await.unwrap(), 0);
+    f.settled().await;
+}
+
+/// A write whose DataSegmentLength announces immediate data the SEND does not hold, with the
+/// Write STag/VA at the first byte of the write (docs/WIRE.md §6): the target reads it all by
+/// RDMA READ, the connection goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn immediate_data_left_out_of_the_send_is_read_by_rdma() {
+    let mut f = fab(0, Auth::default()).await;
+    let s = f.connect(cfg()).await.unwrap();
+    assert!(
+        s.params().immediate_data,
+        "the test needs ImmediateData=Yes"
+    );
+    let opts = SubmitOptions {
+        immediate_by_rdma: true,
+        ..SubmitOptions::default()
+    };
+    let mut lba = 0u64;
+    for (i, len) in [512usize, 4096, 8192, 65536].into_iter().enumerate() {
+        let data = pattern(len, 40 + i as u8);
+        let c = cdb16(0x8a, lba, (len / BLOCK) as u32, 0);
+        let p = s
+            .submit_with(0, &c, Some(data.clone()), 0, opts)
+            .await
+            .unwrap();
+        let r = p.wait().await.unwrap();
+        assert!(r.is_good(), "write of {len}: {r:?}");
+        assert!(
+            read(&s, lba, len).await == data[..],
+            "{len} bytes read back differ"
+        );
+        lba += (len / BLOCK) as u64 + 1;
+    }
+    assert!(s.rejects().is_empty());
+    assert_eq!(s.logout().await.unwrap(), 0);
+    f.settled().await;
+}
+
+/// A PDU whose data segment is missing from its SEND, with nowhere to fetch it from, is
+/// rejected with reason Protocol Error (RFC 7143 §11.17.1); the connection goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn data_segment_missing_from_the_send_is_rejected() {
+    let mut f = fab(0, Auth::default()).await;
+    let s = f.connect(cfg()).await.unwrap();
+    let (cmd_sn, _, _) = s.window();
+    let mut bhs = BhsRepr::NopOut(NopOut {
+        immediate: true,
+        itt: 0x7777,
+        ttt: RESERVED_TAG,
+        cmd_sn,
+        ..Default::default()
+    })
+    .to_bytes();
+    Bhs::new_unchecked(&mut bhs[..]).set_data_segment_len(100);
+    let mut msg = Repr::control().to_bytes().to_vec();
+    msg.extend_from_slice(&bhs);
+    msg.extend_from_slice(b"only part");
+    s.send_raw(&msg).await.unwrap();
+    for _ in 0..500 {
+        if !s.rejects().is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(s.rejects(), vec![reject_reason::PROTOCOL_ERROR]);
+    write(&s, 0, pattern(8704, 9), false).await;
+    assert!(read(&s, 0, 8704).await == pattern(8704, 9)[..]);
     assert_eq!(s.logout().await.unwrap(), 0);
     f.settled().await;
 }

@@ -295,10 +295,13 @@ impl ConnDriver for IserDriver {
 /// A received SEND, split ([`split`]).
 #[derive(Debug)]
 pub enum Received {
+    /// An iSCSI PDU. When the message ended before the data segment (or AHS) its BHS
+    /// announced, the PDU has [`RxPdu::data_short`] set and no data: the connection rejects it
+    /// and goes on ([`split`]).
     Pdu(Stags, RxPdu),
     /// An iSER Hello (answered with a rejecting HelloReply).
     Hello,
-    /// Not a valid iSER message: the connection ends.
+    /// Not a valid iSER message (no whole BHS, unknown iSER opcode): the connection ends.
     Bad(&'static str),
 }
 
@@ -311,6 +314,16 @@ pub struct Stags {
 
 /// Splits one received message into the iSER header and the iSCSI PDU (header, AHS, data
 /// segment; no padding or digests on iSER).
+///
+/// RFC 7145 §7.3.1 puts a command's immediate data in its SEND. A message whose data segment
+/// is shorter than its DataSegmentLength is taken as follows (docs/WIRE.md §6):
+/// - a SCSI write command whose SEND holds none of its announced immediate data but carries a
+///   Write STag is delivered as a command without immediate data (DataSegmentLength 0): the
+///   target then RDMA-reads the whole write from the Write STag/VA (§7.3.6), which is where
+///   such an initiator left the data;
+/// - any other (some of the data, no Write STag, another opcode, an AHS cut short) is
+///   delivered with [`RxPdu::data_short`] set and no data, and is rejected with reason
+///   Protocol Error (RFC 7143 §11.17.1).
 pub fn split(msg: &[u8]) -> Received {
     split_owned(Bytes::copy_from_slice(msg))
 }
@@ -330,6 +343,7 @@ fn split_owned(msg: Bytes) -> Received {
         Repr::Hello { .. } => return Received::Hello,
         Repr::HelloReply { .. } => return Received::Bad("iSER HelloReply from the initiator"),
     };
+    let stags = Stags { read, write };
     let rest = &msg[HEADER_LEN..];
     if rest.len() < BHS_LEN {
         return Received::Bad("message shorter than the BHS");
@@ -340,18 +354,60 @@ fn split_owned(msg: Bytes) -> Received {
     let ahs_len = h.total_ahs_len();
     let dlen = h.data_segment_len() as usize;
     let body = &rest[BHS_LEN..];
-    if body.len() < ahs_len + dlen {
-        return Received::Bad("data segment longer than the message");
+    if body.len() >= ahs_len + dlen {
+        let ahs = body[..ahs_len].to_vec();
+        let start = HEADERS_LEN + ahs_len;
+        return Received::Pdu(
+            stags,
+            RxPdu {
+                bhs,
+                ahs,
+                data: msg.slice(start..start + dlen),
+                data_digest_ok: true,
+                data_short: false,
+            },
+        );
     }
-    let ahs = body[..ahs_len].to_vec();
-    let start = HEADERS_LEN + ahs_len;
+    // The message ends before the data segment (or the AHS) it announces.
+    let ahs_whole = body.len() >= ahs_len;
+    let immediate_by_rdma = ahs_whole
+        && body.len() == ahs_len
+        && write.is_some()
+        && matches!(
+            BhsRepr::parse(&h),
+            Ok(BhsRepr::ScsiCommand(c)) if c.write && dlen as u64 <= c.edtl as u64
+        );
+    let ahs = if ahs_whole {
+        body[..ahs_len].to_vec()
+    } else {
+        Vec::new()
+    };
+    if immediate_by_rdma {
+        tracing::debug!(
+            itt = h.itt(),
+            announced = dlen,
+            "immediate data not in the SEND: read by RDMA from the Write STag"
+        );
+        Bhs::new_unchecked(&mut bhs[..]).set_data_segment_len(0);
+        return Received::Pdu(
+            stags,
+            RxPdu {
+                bhs,
+                ahs,
+                data: Bytes::new(),
+                data_digest_ok: true,
+                data_short: false,
+            },
+        );
+    }
     Received::Pdu(
-        Stags { read, write },
+        stags,
         RxPdu {
             bhs,
             ahs,
-            data: msg.slice(start..start + dlen),
+            data: Bytes::new(),
             data_digest_ok: true,
+            data_short: true,
         },
     )
 }
@@ -564,6 +620,10 @@ async fn login_phase(
                 refuse_hello(link).await;
                 return Ok(None);
             }
+            RxEvent::Msg(Received::Pdu(_, p)) if p.data_short => {
+                tracing::warn!(peer = %peer.peer, "login PDU without its data segment, closing");
+                return Ok(None);
+            }
             RxEvent::Msg(Received::Pdu(_, p)) => p,
         };
         let h = pdu.header();
@@ -672,7 +732,7 @@ async fn full_feature(
                 }
                 RxEvent::Msg(Received::Pdu(st, p)) => (st, p),
             };
-            if pdu.header().opcode() == Opcode::ScsiCommand {
+            if pdu.header().opcode() == Opcode::ScsiCommand && !pdu.data_short {
                 let itt = pdu.header().itt();
                 let mut m = driver.stags();
                 // Bounded: an ITT is reused only after its command ended.
@@ -794,13 +854,129 @@ mod tests {
         }
     }
 
+    /// A message split into a PDU; panics on anything else.
+    fn pdu_of(m: &[u8]) -> (Stags, RxPdu) {
+        match split(m) {
+            Received::Pdu(st, p) => (st, p),
+            other => panic!("not a PDU: {other:?}"),
+        }
+    }
+
+    fn write_cmd(edtl: u32, dlen: u32, read: bool) -> [u8; BHS_LEN] {
+        let mut bhs = BhsRepr::ScsiCommand(pdu::ScsiCommand {
+            final_: true,
+            write: true,
+            read,
+            attr: 1,
+            itt: 0x11,
+            edtl,
+            cmd_sn: 4,
+            cdb: [0x8a; 16],
+            ..Default::default()
+        })
+        .to_bytes();
+        Bhs::new_unchecked(&mut bhs[..]).set_data_segment_len(dlen);
+        bhs
+    }
+
+    const WRITE_STAG: Stag = Stag {
+        stag: 0x77,
+        va: 0x1000,
+    };
+
+    #[test]
+    fn split_write_without_its_immediate_data_reads_it_by_rdma() {
+        // DataSegmentLength announces 4096 bytes the SEND does not hold, and a Write STag is
+        // there: a command without immediate data, the whole write read from the STag.
+        let iser = Repr::Control {
+            write: Some(WRITE_STAG),
+            read: None,
+        }
+        .to_bytes();
+        for (edtl, dlen) in [(4096, 4096), (65536, 8192)] {
+            let (st, p) = pdu_of(&msg(&iser, &write_cmd(edtl, dlen, false), &[]));
+            assert!(!p.data_short);
+            assert!(p.data.is_empty());
+            assert_eq!(p.header().data_segment_len(), 0);
+            assert_eq!(st.write, Some(WRITE_STAG));
+            let Ok(BhsRepr::ScsiCommand(c)) = BhsRepr::parse(&p.header()) else {
+                panic!("not a SCSI Command");
+            };
+            assert_eq!((c.itt, c.edtl, c.write, c.final_), (0x11, edtl, true, true));
+        }
+        // With the data in the SEND nothing changes.
+        let data = vec![0x5a; 512];
+        let (_, p) = pdu_of(&msg(&iser, &write_cmd(4096, 512, false), &data));
+        assert!(!p.data_short);
+        assert_eq!(&p.data[..], &data[..]);
+        assert_eq!(p.header().data_segment_len(), 512);
+    }
+
+    #[test]
+    fn split_inconsistent_data_is_marked_short() {
+        let with_stag = Repr::Control {
+            write: Some(WRITE_STAG),
+            read: None,
+        }
+        .to_bytes();
+        let plain = Repr::control().to_bytes();
+        let short = |m: Vec<u8>| {
+            let (_, p) = pdu_of(&m);
+            assert!(p.data_short, "not marked short");
+            assert!(p.data.is_empty());
+            p
+        };
+        // No Write STag to read the data from.
+        let p = short(msg(&plain, &write_cmd(4096, 4096, false), &[]));
+        assert_eq!(
+            p.header().data_segment_len(),
+            4096,
+            "BHS kept for the Reject"
+        );
+        assert_eq!(p.header().itt(), 0x11);
+        // Part of the data in the SEND: where the rest starts is unknown.
+        short(msg(&with_stag, &write_cmd(4096, 4096, false), &[1; 100]));
+        // More immediate data than the command transfers.
+        short(msg(&with_stag, &write_cmd(4096, 8192, false), &[]));
+        // A bidirectional command with only its Read STag.
+        let read_only = Repr::Control {
+            write: None,
+            read: Some(WRITE_STAG),
+        }
+        .to_bytes();
+        short(msg(&read_only, &write_cmd(4096, 4096, true), &[]));
+        // Other opcodes.
+        let mut nop = BhsRepr::NopOut(pdu::NopOut {
+            immediate: true,
+            itt: 3,
+            ttt: crate::pdu::RESERVED_TAG,
+            ..Default::default()
+        })
+        .to_bytes();
+        Bhs::new_unchecked(&mut nop[..]).set_data_segment_len(100);
+        short(msg(&plain, &nop, b"short"));
+        short(msg(&with_stag, &nop, &[]));
+        let mut data_out = BhsRepr::DataOut(pdu::DataOut {
+            final_: true,
+            itt: 0x11,
+            ttt: crate::pdu::RESERVED_TAG,
+            ..Default::default()
+        })
+        .to_bytes();
+        Bhs::new_unchecked(&mut data_out[..]).set_data_segment_len(8192);
+        short(msg(&plain, &data_out, &[]));
+        // An AHS cut short.
+        let mut cmd = write_cmd(4096, 0, false);
+        Bhs::new_unchecked(&mut cmd[..]).set_total_ahs_len(20);
+        let p = short(msg(&with_stag, &cmd, &[0; 8]));
+        assert!(p.ahs.is_empty());
+    }
+
     #[test]
     fn split_rejects_bad_messages() {
         let iser = Repr::control().to_bytes();
-        let mut bhs = [0u8; BHS_LEN];
-        Bhs::new_unchecked(&mut bhs[..]).set_data_segment_len(100);
         assert!(matches!(
-            split(&msg(&iser, &bhs, b"short")),
+            split(&msg(&iser, &[0; BHS_LEN], &[])[..HEADERS_LEN - 1]),
             Received::Bad(_)
         ));
         assert!(matches!(split(&iser[..20]), Received::Bad(_)));
