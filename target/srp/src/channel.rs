@@ -46,8 +46,9 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 pub const RECV_RESERVE: u32 = 4;
 /// Send work requests in flight per channel (RDMA READ/WRITE and SENDs).
 pub const SEND_DEPTH: u32 = 1024;
-/// RDMA READs in flight per channel.
-pub const READ_DEPTH: u32 = 16;
+/// RDMA READs in flight per channel (the engine queues those beyond the initiator's
+/// responder resources).
+pub const READ_DEPTH: u32 = 128;
 /// Largest indirect descriptor table fetched from the initiator, in descriptors.
 pub const MAX_EXT_DESCRIPTORS: usize = 4096;
 
