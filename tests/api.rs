@@ -789,6 +789,12 @@ fn live_changes_under_io() {
         }
         // And B cannot log in again.
         assert!(Session::connect(addr, login(port, INI_B, 3)).await.is_err());
+        // A task management function of A's (ABORT TASK of a task that never existed).
+        let r = a
+            .task_management(1, 0, 0x7777_7777, 0x8000_0000)
+            .await
+            .unwrap();
+        assert_eq!(r, 1, "TASK DOES NOT EXIST");
     });
 
     // Sessions: A is listed with its counters; metrics count its commands.
@@ -800,6 +806,7 @@ fn live_changes_under_io() {
     assert_eq!(sa.transport, "tcp");
     assert_eq!(sa.target, TARGET);
     assert!(sa.commands > 0 && sa.queue_depth > 0);
+    assert_eq!(sa.task_management, 1);
     assert!(!sessions.iter().any(|s| s.initiator == INI_B));
     let metrics = c.get_text("/metrics").unwrap();
     let value = |line_start: &str| -> f64 {
@@ -824,6 +831,13 @@ fn live_changes_under_io() {
     assert_eq!(
         value(&format!("rtgt_session_queue_depth{{session=\"{}\"", sa.id)),
         f64::from(sa.queue_depth)
+    );
+    assert_eq!(
+        value(&format!(
+            "rtgt_session_task_management_total{{session=\"{}\"",
+            sa.id
+        )),
+        1.0
     );
     assert_eq!(
         value("rtgt_lun_capacity_bytes{backstore=\"d0\"}"),

@@ -80,6 +80,12 @@ pub struct SessionView {
     pub commands: u64,
     pub bytes_in: u64,
     pub bytes_out: u64,
+    /// Commands aborted by task management, a lost connection or a protocol error.
+    #[serde(default)]
+    pub tasks_aborted: u64,
+    /// Task management functions received.
+    #[serde(default)]
+    pub task_management: u64,
     pub uptime_seconds: u64,
 }
 

@@ -314,6 +314,10 @@ pub struct SessionInfo {
     pub commands: u64,
     pub bytes_in: u64,
     pub bytes_out: u64,
+    /// Commands aborted (task management, connection loss, protocol errors).
+    pub tasks_aborted: u64,
+    /// Task management functions received.
+    pub task_management: u64,
     pub uptime: Duration,
 }
 
@@ -514,6 +518,8 @@ impl Session {
             commands: self.stats.commands.load(Ordering::Relaxed),
             bytes_in: self.stats.bytes_in.load(Ordering::Relaxed),
             bytes_out: self.stats.bytes_out.load(Ordering::Relaxed),
+            tasks_aborted: self.tasks.stats.aborted.load(Ordering::Relaxed),
+            task_management: self.tasks.stats.task_management.load(Ordering::Relaxed),
             uptime: self.created.elapsed(),
         }
     }

@@ -714,6 +714,8 @@ impl Control for DaemonControl {
                 commands: s.commands,
                 bytes_in: s.bytes_in,
                 bytes_out: s.bytes_out,
+                tasks_aborted: s.tasks_aborted,
+                task_management: s.task_management,
                 uptime_seconds: s.uptime.as_secs(),
             })
             .collect();
@@ -753,6 +755,8 @@ impl Control for DaemonControl {
         // series end with it.
         let mut depth = String::new();
         let mut outstanding = String::new();
+        let mut aborted = String::new();
+        let mut tmf = String::new();
         for s in &sessions {
             *by_transport.entry(s.transport.clone()).or_default() += 1;
             if s.session_type != "normal" {
@@ -771,6 +775,14 @@ impl Control for DaemonControl {
             outstanding.push_str(&format!(
                 "rtgt_session_outstanding_commands{{{labels}}} {}\n",
                 s.outstanding
+            ));
+            aborted.push_str(&format!(
+                "rtgt_session_tasks_aborted_total{{{labels}}} {}\n",
+                s.tasks_aborted
+            ));
+            tmf.push_str(&format!(
+                "rtgt_session_task_management_total{{{labels}}} {}\n",
+                s.task_management
             ));
         }
         for (t, n) in by_transport {
@@ -801,6 +813,10 @@ impl Control for DaemonControl {
             text.push_str(&depth);
             text.push_str("\n# TYPE rtgt_session_outstanding_commands gauge\n");
             text.push_str(&outstanding);
+            text.push_str("\n# TYPE rtgt_session_tasks_aborted_total counter\n");
+            text.push_str(&aborted);
+            text.push_str("\n# TYPE rtgt_session_task_management_total counter\n");
+            text.push_str(&tmf);
         }
         text
     }
@@ -831,6 +847,8 @@ fn srp_sessions(port: &rtgt_srp::SrpPort) -> Vec<SessionView> {
                 commands: sum(|c| c.stats.commands.load(Ordering::Relaxed)),
                 bytes_in: sum(|c| c.stats.bytes_in.load(Ordering::Relaxed)),
                 bytes_out: sum(|c| c.stats.bytes_out.load(Ordering::Relaxed)),
+                tasks_aborted: sum(|c| c.task_counts().0),
+                task_management: sum(|c| c.task_counts().1),
                 uptime_seconds: s.created.elapsed().as_secs(),
             }
         })

@@ -255,6 +255,15 @@ impl Channel {
         self.tasks.len()
     }
 
+    /// The channel's task set counters: commands aborted, task management functions.
+    pub fn task_counts(&self) -> (u64, u64) {
+        let s = &self.tasks.stats;
+        (
+            s.aborted.load(Ordering::Relaxed),
+            s.task_management.load(Ordering::Relaxed),
+        )
+    }
+
     /// Commands marked aborted that have not finished yet.
     pub fn aborting(&self) -> usize {
         self.tasks.all().iter().filter(|t| t.is_aborted()).count()
