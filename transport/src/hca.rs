@@ -120,9 +120,10 @@ impl Hca {
         let mut dcfg = DeviceConfig::new(&cfg.name, bound.clone());
         dcfg.eth_mtu = cfg.eth_mtu;
         dcfg.busy_poll = cfg.busy_poll;
-        // A plain UDP socket cannot see the IPv4 ID, so IPv4 ICRCs are checked only with
-        // AF_PACKET receive.
-        dcfg.check_icrc = cfg.packet_rx.is_some() || bound.iter().all(|a| a.is_ipv6());
+        // Every ICRC is checked. A plain UDP socket cannot see the IPv4 identification and
+        // DF flag: without AF_PACKET receive, IPv4 ICRCs are checked for everything else.
+        dcfg.check_icrc = true;
+        dcfg.ipv4_header_rebuilt = cfg.packet_rx.is_none();
         let dev = Device::new(dcfg).map_err(HcaError::Device)?;
         let mut hca = if socks.len() == 1 {
             let nd = socks.pop().ok_or(HcaError::NoAddress)?;

@@ -23,7 +23,13 @@ fn ip(last: u8) -> IpAddr {
 }
 
 fn end(addr: IpAddr) -> End {
-    let dev = Device::new(DeviceConfig::new("x", vec![addr])).unwrap();
+    end_with(addr, |_| {})
+}
+
+fn end_with(addr: IpAddr, config: impl FnOnce(&mut DeviceConfig)) -> End {
+    let mut cfg = DeviceConfig::new("x", vec![addr]);
+    config(&mut cfg);
+    let dev = Device::new(cfg).unwrap();
     let pd = dev.alloc_pd().unwrap();
     let cq = dev.create_cq(1024).unwrap();
     let qp = pd.create_qp(QpInitAttr::new(QpType::Rc, &cq, &cq)).unwrap();
@@ -504,4 +510,148 @@ fn ud_qkey_mismatch_is_dropped() {
     assert_eq!(wc.len(), 1, "the wrong Q_Key is dropped");
     assert_eq!((wc[0].byte_len, wc[0].imm_or_inv), (140, 9));
     assert_eq!(dev_b.stats().rx_dropped, 1);
+}
+
+/// A link that hands a device one prepared batch of datagrams and keeps what it sends.
+struct Batch {
+    rx: std::collections::VecDeque<Vec<u8>>,
+    tx: Vec<Vec<u8>>,
+}
+
+impl rtgt_transport::netdev::NetDev for Batch {
+    fn transmit(&mut self, d: &[u8]) -> std::io::Result<()> {
+        self.tx.push(d.to_vec());
+        Ok(())
+    }
+
+    fn receive(&mut self) -> std::io::Result<Option<Vec<u8>>> {
+        Ok(self.rx.pop_front())
+    }
+}
+
+/// (syndrome, PSN, MSN) of an acknowledgement.
+type Ack = (Syndrome, u32, u32);
+
+/// Drives `dev` once over `pkts` as one received batch; returns the acknowledgements it sent
+/// and everything it sent.
+fn batch_acks(dev: &Device, pkts: &[Vec<u8>]) -> (Vec<Ack>, Vec<Vec<u8>>) {
+    let mut link = Batch {
+        rx: pkts.iter().cloned().collect(),
+        tx: Vec::new(),
+    };
+    dev.drive(&mut link, Duration::ZERO);
+    let acks = link
+        .tx
+        .iter()
+        .map(|d| decode(d).0)
+        .filter_map(|r| r.aeth.map(|a| (a.syndrome, r.bth.psn, a.msn)))
+        .collect();
+    (acks, link.tx)
+}
+
+#[test]
+fn acks_are_coalesced_per_received_batch() {
+    let (a, b) = ends(Mtu::Mtu1024, 4);
+    for i in 0..8 {
+        a.qp.post_send(write_wr(&a, &b, 100 + i)).unwrap();
+    }
+    let pkts = out(&a.dev, Duration::ZERO);
+    assert_eq!(pkts.len(), 8);
+    assert!(pkts.iter().all(|p| decode(p).0.bth.ack_req));
+    // Eight requests that each ask for an ACK, received together: one ACK for the last.
+    let (acks, sent) = batch_acks(&b.dev, &pkts);
+    assert_eq!(acks, [(Syndrome::ACK_UNLIMITED, 1007, 8)]);
+    // It completes all eight WRITEs.
+    a.dev.receive(&sent[0], Duration::ZERO);
+    a.dev.poll(Duration::ZERO);
+    let mut wcs = Vec::new();
+    a.cq.poll_into(&mut wcs, 16);
+    assert_eq!(wcs.len(), 8);
+    assert!(wcs.iter().all(|w| w.status == WcStatus::Success));
+
+    // Received one per batch, each is acknowledged on its own.
+    a.qp.post_send(write_wr(&a, &b, 10)).unwrap();
+    a.qp.post_send(write_wr(&a, &b, 10)).unwrap();
+    let pkts = out(&a.dev, Duration::ZERO);
+    assert_eq!(
+        batch_acks(&b.dev, &pkts[..1]).0,
+        [(Syndrome::ACK_UNLIMITED, 1008, 9)]
+    );
+    assert_eq!(
+        batch_acks(&b.dev, &pkts[1..]).0,
+        [(Syndrome::ACK_UNLIMITED, 1009, 10)]
+    );
+
+    // A gap within a batch: the ACK owed for what came before it leaves before the NAK.
+    for _ in 0..3 {
+        a.qp.post_send(write_wr(&a, &b, 10)).unwrap();
+    }
+    let pkts = out(&a.dev, Duration::ZERO);
+    let (acks, _) = batch_acks(&b.dev, &[pkts[0].clone(), pkts[2].clone()]);
+    assert_eq!(
+        acks,
+        [
+            (Syndrome::ACK_UNLIMITED, 1010, 11),
+            (Syndrome::Nak(NakCode::PsnSequenceError), 1011, 11)
+        ]
+    );
+    // A duplicate in the same batch as new requests adds no ACK of its own.
+    let (acks, _) = batch_acks(&b.dev, &[pkts[0].clone(), pkts[1].clone(), pkts[2].clone()]);
+    assert_eq!(acks, [(Syndrome::ACK_UNLIMITED, 1012, 13)]);
+}
+
+/// `d` (IPv4) as the sender put it on the wire with identification `ident` (its ICRC
+/// recomputed), and as a UDP socket's receiver rebuilds it: ID 0, the sender's ICRC kept.
+fn sent_and_rebuilt(d: &[u8], ident: u16) -> (Vec<u8>, Vec<u8>) {
+    let header = |d: &mut Vec<u8>, ident: u16| {
+        d[4..6].copy_from_slice(&ident.to_be_bytes());
+        d[10..12].fill(0);
+        let sum = rtgt_transport::wire::ipv4::checksum(&d[..20]);
+        d[10..12].copy_from_slice(&sum.to_be_bytes());
+    };
+    let mut sent = d.to_vec();
+    header(&mut sent, ident);
+    icrc::generate(&mut sent).unwrap();
+    let mut rebuilt = sent.clone();
+    header(&mut rebuilt, 0);
+    (sent, rebuilt)
+}
+
+#[test]
+fn ipv4_icrc_is_checked_on_rebuilt_headers() {
+    let a = end(ip(1));
+    let b = end_with(ip(2), |c| c.ipv4_header_rebuilt = true);
+    connect(&a.qp, ip(2), b.qp.qpn(), Mtu::Mtu1024, 1000, 2000, 4);
+    connect(&b.qp, ip(1), a.qp.qpn(), Mtu::Mtu1024, 2000, 1000, 4);
+    a.region.write(0, &[0x5a; 64]);
+    a.qp.post_send(write_wr(&a, &b, 64)).unwrap();
+    a.qp.post_send(write_wr(&a, &b, 64)).unwrap();
+    let pkts = out(&a.dev, Duration::ZERO);
+    // An rxe peer numbers its datagrams; the rebuilt header says ID 0.
+    let (_, first) = sent_and_rebuilt(&pkts[0], 0x4680);
+    let (_, mut second) = sent_and_rebuilt(&pkts[1], 0x4681);
+    let n = second.len();
+    second[n - 10] ^= 0x04;
+    b.dev.receive(&first, Duration::ZERO);
+    b.dev.receive(&second, Duration::ZERO);
+    // The sound one is taken (and acknowledged), the corrupted one dropped and counted.
+    assert_eq!(acks(&b.dev), [(Syndrome::ACK_UNLIMITED, 1000, 1)]);
+    assert_eq!(b.dev.stats().rx_bad_icrc, 1);
+    let mut got = [0u8; 64];
+    b.region.read(0, &mut got);
+    assert_eq!(got, [0x5a; 64]);
+
+    // A device that sees real headers checks them in full: the rebuilt one does not pass.
+    let c = end(ip(2));
+    connect(&c.qp, ip(1), a.qp.qpn(), Mtu::Mtu1024, 2000, 1000, 4);
+    let mut to_c = pkts[0].clone();
+    let qpn = c.qp.qpn().to_be_bytes();
+    to_c[28 + 5..28 + 8].copy_from_slice(&qpn[1..]);
+    let (sent, rebuilt) = sent_and_rebuilt(&to_c, 0x4680);
+    c.dev.receive(&rebuilt, Duration::ZERO);
+    assert_eq!(c.dev.stats().rx_bad_icrc, 1);
+    c.dev.receive(&sent, Duration::ZERO);
+    // The real one reaches the responder (whose R_Key check is c's business, not the ICRC's).
+    let s = c.dev.stats();
+    assert_eq!((s.rx_packets, s.rx_dropped, s.rx_bad_icrc), (2, 1, 1));
 }

@@ -87,6 +87,7 @@ impl Device {
         for d in &rx {
             eng.receive(d, now);
         }
+        eng.flush_acks();
         eng.poll(now);
         tx.clear();
         tx.extend(eng.tx.queue.drain(..));

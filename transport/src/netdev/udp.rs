@@ -12,9 +12,10 @@
 //! * Buffers are reused: rewritten datagrams in the netdev, received ones once the device gives
 //!   them back ([`NetDev::recycle`]), so the data path does not allocate per packet.
 //! * Receive: the kernel strips the IP header and does not report the IPv4 ID, so the header
-//!   handed to the engine is a reconstruction (ID 0) and **the ICRC of IPv4 packets cannot be
-//!   verified**: create the device with `check_icrc = false` for IPv4. IPv6 has no ID field,
-//!   so its reconstruction is exact and the ICRC can be checked. Checking IPv4 ICRCs needs an
+//!   handed to the engine is a reconstruction (ID 0, DF): create the device with
+//!   `ipv4_header_rebuilt`, and it checks IPv4 ICRCs for everything but those two fields
+//!   ([`crate::wire::icrc::UnknownIpv4Fields`]). IPv6 has no ID field, so its reconstruction
+//!   is exact and the ICRC is checked in full. Checking IPv4 ICRCs in full needs an
 //!   AF_PACKET, raw or AF_XDP socket: [`UdpNetDev::bind_with_packet_rx`] adds an AF_PACKET
 //!   socket on the interface (CAP_NET_RAW) that receives the whole IP datagrams, real ID
 //!   included, so the device can keep `check_icrc = true`; the UDP socket then only transmits

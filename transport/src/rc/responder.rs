@@ -13,7 +13,7 @@ use crate::verbs::device::Engine;
 use crate::verbs::mem::Region;
 use crate::verbs::mr::KeyKind;
 use crate::verbs::qp::{QpCtx, ReadCursor, RecvInProgress, Resource};
-use crate::verbs::{Access, WcFlags, WcOpcode, WcStatus, WorkCompletion};
+use crate::verbs::{Access, QpState, WcFlags, WcOpcode, WcStatus, WorkCompletion};
 use crate::wire::aeth::{NakCode, Syndrome};
 use crate::wire::bth::{psn_add, psn_diff, DEFAULT_PKEY};
 use crate::wire::opcode::{OpFlags, Operation, Position};
@@ -101,7 +101,7 @@ pub(crate) fn on_request(
             RespState::Complete => complete(eng, qp, &r),
             RespState::Acknowledge => {
                 if r.ack_req {
-                    send_ack(eng, qp, Syndrome::ACK_UNLIMITED, r.psn);
+                    defer_ack(eng, qp, r.psn);
                 }
                 RespState::Done
             }
@@ -452,7 +452,7 @@ fn duplicate(eng: &mut Engine, qp: &mut QpCtx, r: &Req<'_>) -> RespState {
     match r.info.operation {
         Operation::Send | Operation::RdmaWrite => {
             let prev = psn_add(qp.resp.psn, crate::wire::U24_MASK);
-            send_ack(eng, qp, Syndrome::ACK_UNLIMITED, prev);
+            defer_ack(eng, qp, prev);
         }
         Operation::RdmaReadRequest => {
             let Some((va, rkey, len)) = r.reth else {
@@ -534,8 +534,39 @@ fn bth(qp: &QpCtx, opcode: Opcode, psn: u32) -> BthRepr {
     }
 }
 
-/// Sends an ACKNOWLEDGE with `syndrome` for `psn` and the current MSN.
-fn send_ack(eng: &mut Engine, qp: &QpCtx, syndrome: Syndrome, psn: u32) {
+/// Owes the requester an ACK for `psn` (and what precedes it), sent by [`flush_ack`] once the
+/// received batch is processed: a burst of requests gets one ACK, as from a NIC that coalesces
+/// them. Anything else the responder sends for this QP goes after it.
+fn defer_ack(eng: &mut Engine, qp: &mut QpCtx, psn: u32) {
+    if qp.resp.ack.is_none() {
+        eng.acks.push(qp.qpn);
+    }
+    qp.resp.ack = Some((psn, qp.resp.msn));
+}
+
+/// Sends the ACK `qp` owes, if any.
+pub(crate) fn flush_ack(eng: &mut Engine, qp: &mut QpCtx) {
+    let Some((psn, msn)) = qp.resp.ack.take() else {
+        return;
+    };
+    if !matches!(
+        qp.state,
+        QpState::Rtr | QpState::Rts | QpState::Sqd | QpState::Sqe
+    ) {
+        return;
+    }
+    let mut repr = RoceRepr::new(bth(qp, Opcode::RcAcknowledge, psn));
+    repr.aeth = Some(AethRepr {
+        syndrome: Syndrome::ACK_UNLIMITED,
+        msn,
+    });
+    emit(eng, &qp.av, qp.sport, &repr, |_| true);
+}
+
+/// Sends an ACKNOWLEDGE (a NAK here) with `syndrome` for `psn` and the current MSN, after the
+/// ACK owed.
+fn send_ack(eng: &mut Engine, qp: &mut QpCtx, syndrome: Syndrome, psn: u32) {
+    flush_ack(eng, qp);
     let mut repr = RoceRepr::new(bth(qp, Opcode::RcAcknowledge, psn));
     repr.aeth = Some(AethRepr {
         syndrome,
@@ -544,7 +575,8 @@ fn send_ack(eng: &mut Engine, qp: &QpCtx, syndrome: Syndrome, psn: u32) {
     emit(eng, &qp.av, qp.sport, &repr, |_| true);
 }
 
-fn send_atomic_ack(eng: &mut Engine, qp: &QpCtx, psn: u32, orig: u64) {
+fn send_atomic_ack(eng: &mut Engine, qp: &mut QpCtx, psn: u32, orig: u64) {
+    flush_ack(eng, qp);
     let mut repr = RoceRepr::new(bth(qp, Opcode::RcAtomicAcknowledge, psn));
     repr.aeth = Some(AethRepr {
         syndrome: Syndrome::ACK_UNLIMITED,
@@ -557,6 +589,9 @@ fn send_atomic_ack(eng: &mut Engine, qp: &QpCtx, psn: u32, orig: u64) {
 /// Sends up to `budget` packets of the READ response in progress.
 /// With `force`, ignores the transmit queue limit (used before serving the next request).
 pub(crate) fn read_responses(eng: &mut Engine, qp: &mut QpCtx, mut budget: usize, force: bool) {
+    if qp.resp.read.is_some() {
+        flush_ack(eng, qp);
+    }
     let mtu = qp.mtu.bytes();
     while budget > 0 {
         let Some(cur) = qp.resp.read.as_mut() else {

@@ -28,8 +28,12 @@ pub struct DeviceConfig {
     /// Ethernet MTU of the underlying link; the port MTU follows as rxe computes it.
     pub eth_mtu: usize,
     pub attr: DeviceAttr,
-    /// Verify the ICRC of received datagrams (needs the real IP header).
+    /// Verify the ICRC of received datagrams.
     pub check_icrc: bool,
+    /// The link rebuilds received IPv4 headers (a UDP socket reports neither the
+    /// identification nor the DF flag, which the ICRC covers): their ICRCs are checked for
+    /// everything but those ([`crate::wire::icrc::UnknownIpv4Fields`]).
+    pub ipv4_header_rebuilt: bool,
     /// How long the runner ([`crate::netdev::run`]) keeps polling the link after the last
     /// datagram moved before it sleeps (zero: it sleeps at once).
     pub busy_poll: Duration,
@@ -43,6 +47,7 @@ impl DeviceConfig {
             eth_mtu: 4200,
             attr: DeviceAttr::default(),
             check_icrc: true,
+            ipv4_header_rebuilt: false,
             busy_poll: Duration::ZERO,
         }
     }
@@ -118,6 +123,9 @@ pub(crate) struct Engine {
     pub srqs: HashMap<u32, SrqCtx>,
     pub tx: Tx,
     pub check_icrc: bool,
+    /// [`DeviceConfig::ipv4_header_rebuilt`], and the solver that goes with it.
+    pub ipv4_header_rebuilt: bool,
+    pub unknown_ipv4: crate::wire::icrc::UnknownIpv4Fields,
     /// Live CQs; each CQ decrements it when its last handle drops.
     pub cq_count: Arc<std::sync::atomic::AtomicU32>,
     pub events: Arc<EventQueue>,
@@ -125,6 +133,8 @@ pub(crate) struct Engine {
     /// The vectors [`Device::drive`] moves datagrams in, kept between calls.
     pub rx_scratch: Vec<Vec<u8>>,
     pub tx_scratch: Vec<Vec<u8>>,
+    /// QPs that owe an ACK (`RespState::ack`), sent when the received batch is done.
+    pub acks: Vec<u32>,
     next_id: u32,
     next_qpn: u32,
 }
@@ -186,7 +196,10 @@ impl Device {
             },
             rx_scratch: Vec::new(),
             tx_scratch: Vec::new(),
+            acks: Vec::new(),
             check_icrc: config.check_icrc,
+            ipv4_header_rebuilt: config.ipv4_header_rebuilt,
+            unknown_ipv4: crate::wire::icrc::UnknownIpv4Fields::new(),
             cq_count: Arc::default(),
             events: events.clone(),
             stats: Stats::default(),
@@ -1112,6 +1125,7 @@ impl Qp {
             .map_err(|_| VerbsError::QueueFull)?;
         if state == QpState::Err {
             qp.flush();
+            return Ok(());
         }
         drop(eng);
         self.dev.kick();
@@ -1148,8 +1162,7 @@ impl Qp {
         if qp.state == QpState::Err {
             qp.flush();
         }
-        drop(eng);
-        self.dev.kick();
+        // Nothing waits for a receive buffer: an RNR-NAKed requester retries on its timer.
         Ok(())
     }
 }

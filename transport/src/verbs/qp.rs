@@ -193,6 +193,9 @@ pub(crate) struct RespState {
     pub write: Option<(Arc<Region>, usize, usize)>,
     pub resources: VecDeque<Resource>,
     pub read: Option<ReadCursor>,
+    /// An ACK owed (PSN and MSN): the responder acknowledges once per received batch, for
+    /// the newest PSN that asked for one (coalesced ACKs, IBA 9.7.5.1.2).
+    pub ack: Option<(u32, u32)>,
 }
 
 /// Everything the engine keeps per QP.

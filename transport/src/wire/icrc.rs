@@ -130,6 +130,157 @@ pub fn generate(datagram: &mut [u8]) -> Result<u32> {
     Ok(value)
 }
 
+/// The IPv4 header fields a UDP socket does not report and that the ICRC covers: the
+/// identification (16 bits) and the DF flag. Linux senders (rxe among them) number their
+/// datagrams, so a receiver that rebuilds the header from a UDP socket's view (ID 0, DF set)
+/// gets a different ICRC for a sound packet.
+///
+/// The CRC is linear: flipping bits of those fields changes the ICRC by the XOR of one fixed
+/// 32-bit vector per flipped bit, which depends only on how many bytes follow the field. So
+/// the difference between the ICRC on the wire and the one computed over the rebuilt header
+/// must be a combination of 17 known vectors; [`UnknownIpv4Fields::explains`] solves for it.
+/// A packet whose difference is such a combination is sound but for at most those 17 bits
+/// (a corrupted one passes with probability 2^-15 instead of 2^-32); any other difference is
+/// corruption. With the real header (a packet socket) the check is the full one.
+#[derive(Debug, Clone, Default)]
+pub struct UnknownIpv4Fields {
+    /// Reduced bases by covered length, direct-mapped (packet lengths repeat).
+    cache: Vec<Option<(usize, Basis)>>,
+}
+
+/// Rows of a reduced basis: the vector, the unknown bits it stands for, its pivot bit.
+#[derive(Debug, Clone, Copy)]
+struct Basis([(u32, u32, u32); UNKNOWN_BITS]);
+
+/// Identification bits and the DF flag.
+const UNKNOWN_BITS: usize = 17;
+/// Bases kept.
+const CACHE: usize = 32;
+/// The reflected CRC-32 polynomial.
+const POLY: u32 = 0xEDB8_8320;
+
+/// a·b modulo the CRC polynomial, in the reflected representation (bit 31 is x^0).
+fn mul_mod(a: u32, mut b: u32) -> u32 {
+    let mut p = 0u32;
+    let mut m = 1u32 << 31;
+    while m != 0 {
+        if a & m != 0 {
+            p ^= b;
+        }
+        m >>= 1;
+        b = if b & 1 != 0 { (b >> 1) ^ POLY } else { b >> 1 };
+    }
+    p
+}
+
+/// x^(8·n) modulo the CRC polynomial: what appending `n` zero bytes multiplies a CRC
+/// register by.
+fn zeros_op(n: usize) -> u32 {
+    let mut result = 1u32 << 31;
+    // x^(2^k), from x^8 up.
+    let mut square = 1u32 << (31 - 8);
+    let mut n = n;
+    while n != 0 {
+        if n & 1 != 0 {
+            result = mul_mod(square, result);
+        }
+        square = mul_mod(square, square);
+        n >>= 1;
+    }
+    result
+}
+
+/// The CRC register change (zero start, no inversion) of one byte `mask` followed by `n`
+/// zero bytes.
+fn byte_delta(mask: u8, n: usize) -> u32 {
+    let mut r = u32::from(mask);
+    for _ in 0..8 {
+        r = if r & 1 != 0 { (r >> 1) ^ POLY } else { r >> 1 };
+    }
+    mul_mod(zeros_op(n), r)
+}
+
+impl Basis {
+    /// For a datagram whose ICRC covers `covered` bytes from the start of the IPv4 header.
+    fn new(covered: usize) -> Basis {
+        let mut rows = [(0u32, 0u32, 0u32); UNKNOWN_BITS];
+        for bit in 0..UNKNOWN_BITS {
+            // ID bits 0..8 in byte 5, 8..16 in byte 4; DF is 0x40 of byte 6.
+            let (at, mask) = match bit {
+                0..=7 => (5, 1u8 << bit),
+                8..=15 => (4, 1u8 << (bit - 8)),
+                _ => (6, 0x40),
+            };
+            let mut v = byte_delta(mask, covered - 1 - at);
+            let mut c = 1u32 << bit;
+            for &(rv, rc, pivot) in &rows[..bit] {
+                if v & pivot != 0 {
+                    v ^= rv;
+                    c ^= rc;
+                }
+            }
+            // Independent (CRC-32 detects every error within 32 bits), so `v` is not zero.
+            rows[bit] = (v, c, v & v.wrapping_neg());
+        }
+        Basis(rows)
+    }
+
+    /// The unknown bits that turn a zero difference into `delta`, if any.
+    fn solve(&self, mut delta: u32) -> Option<u32> {
+        let mut bits = 0;
+        for &(v, c, pivot) in &self.0 {
+            if delta & pivot != 0 {
+                delta ^= v;
+                bits ^= c;
+            }
+        }
+        (delta == 0).then_some(bits)
+    }
+}
+
+impl UnknownIpv4Fields {
+    pub fn new() -> UnknownIpv4Fields {
+        UnknownIpv4Fields {
+            cache: vec![None; CACHE],
+        }
+    }
+
+    /// Whether `wire` is the ICRC of an IPv4 datagram whose rebuilt form (the one `computed`
+    /// was computed over, covering `covered` bytes from the IP header to the ICRC) differs
+    /// from the one sent at most in the identification and DF flag; returns the
+    /// identification the sender used (relative to the rebuilt one) if so.
+    pub fn explains(&mut self, covered: usize, computed: u32, wire: u32) -> Option<u16> {
+        if computed == wire {
+            return Some(0);
+        }
+        if covered < ipv4::HEADER_LEN {
+            return None;
+        }
+        if self.cache.is_empty() {
+            self.cache = vec![None; CACHE];
+        }
+        let slot = covered % CACHE;
+        let basis = match self.cache[slot] {
+            Some((len, b)) if len == covered => b,
+            _ => {
+                let b = Basis::new(covered);
+                self.cache[slot] = Some((covered, b));
+                b
+            }
+        };
+        basis.solve(computed ^ wire).map(|bits| bits as u16)
+    }
+}
+
+// The rebuilt-header check runs on datagrams, like the ICRC itself.
+impl Datagram<'_> {
+    /// The bytes the ICRC covers after the eight masked LRH bytes: IP and UDP headers and the
+    /// transport packet up to the ICRC.
+    pub fn icrc_covered_len(&self) -> usize {
+        self.ip_header.len() + self.udp_header.len() + self.roce.len() - roce::ICRC_LEN
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -272,5 +423,76 @@ mod tests {
         let mut f = frame.clone();
         f[9] = 6; // TCP
         assert!(check(&f).is_err());
+    }
+
+    /// A datagram with identification `ident` and DF `df`, and its ICRC.
+    fn v4_with(ident: u16, df: bool, payload_len: usize) -> Vec<u8> {
+        let frame = hex(V4_FRAME);
+        let mut f = frame[..40].to_vec();
+        f.extend((0..payload_len).map(|i| (i * 7) as u8));
+        f.extend_from_slice(&[0; 4]);
+        let total = f.len() as u16;
+        f[2..4].copy_from_slice(&total.to_be_bytes());
+        f[4..6].copy_from_slice(&ident.to_be_bytes());
+        f[6] = if df { 0x40 } else { 0 };
+        let udp_len = total - 20;
+        f[24..26].copy_from_slice(&udp_len.to_be_bytes());
+        generate(&mut f).unwrap();
+        f
+    }
+
+    /// The datagram as rebuilt from a UDP socket's view: ID 0, DF set, ICRC kept.
+    fn rebuilt(f: &[u8]) -> Vec<u8> {
+        let mut r = f.to_vec();
+        r[4..6].fill(0);
+        r[6] = 0x40;
+        r
+    }
+
+    #[test]
+    fn zeros_op_matches_feeding_zeros() {
+        for n in [0usize, 1, 2, 7, 100, 4096] {
+            let mut r = 0x1234_5678u32;
+            for _ in 0..n {
+                for _ in 0..8 {
+                    r = if r & 1 != 0 { (r >> 1) ^ POLY } else { r >> 1 };
+                }
+            }
+            assert_eq!(mul_mod(zeros_op(n), 0x1234_5678), r, "{n} zero bytes");
+        }
+    }
+
+    #[test]
+    fn unknown_ipv4_fields_are_solved_and_corruption_is_not() {
+        let mut u = UnknownIpv4Fields::new();
+        for (ident, df, len) in [
+            (0u16, true, 16usize),
+            (0x467e, true, 16),
+            (0x467f, true, 4096),
+            (0xffff, false, 1000),
+            (1, false, 0),
+            (0x8000, true, 333),
+        ] {
+            let f = v4_with(ident, df, len);
+            let r = rebuilt(&f);
+            let d = Datagram::split(&r).unwrap();
+            let got = u.explains(d.icrc_covered_len(), d.computed_icrc(), d.wire_icrc());
+            assert_eq!(got, Some(ident), "ident {ident:#x} df {df} len {len}");
+            // Any single corrupted bit outside those fields is caught.
+            for at in [0usize, 2, 12, 16, 20, 22, 28, 33, r.len() - 5, r.len() - 1] {
+                if at == 1 || at == 8 || at == 10 || at == 11 || at == 26 || at == 27 {
+                    continue;
+                }
+                for bit in [0u8, 3, 7] {
+                    let mut c = r.clone();
+                    c[at] ^= 1 << bit;
+                    let Ok(d) = Datagram::split(&c) else {
+                        continue;
+                    };
+                    let got = u.explains(d.icrc_covered_len(), d.computed_icrc(), d.wire_icrc());
+                    assert_eq!(got, None, "byte {at} bit {bit} of a {len}-byte payload");
+                }
+            }
+        }
     }
 }

@@ -95,7 +95,8 @@ struct PpArgs {
     /// Ethernet MTU of the link (the port MTU follows as in rxe: 1500 gives 1024).
     #[arg(long, default_value_t = 1500)]
     eth_mtu: usize,
-    /// Receive through an AF_PACKET socket on this interface so that ICRCs are verified.
+    /// Receive through an AF_PACKET socket on this interface so that IPv4 ICRCs are verified in
+    /// full (IP ID and DF included).
     #[arg(long)]
     packet_rx: Option<String>,
     /// Do not check the payload of received messages.

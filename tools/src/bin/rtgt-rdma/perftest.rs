@@ -63,7 +63,8 @@ pub(crate) struct PerftestArgs {
     /// Ethernet MTU of the link.
     #[arg(long, default_value_t = 1500)]
     pub eth_mtu: usize,
-    /// Receive through an AF_PACKET socket on this interface so that ICRCs are verified.
+    /// Receive through an AF_PACKET socket on this interface so that IPv4 ICRCs are verified in
+    /// full (IP ID and DF included).
     #[arg(long)]
     pub packet_rx: Option<String>,
     /// Give up after this many seconds.

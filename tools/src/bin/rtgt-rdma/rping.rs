@@ -71,7 +71,8 @@ pub(crate) struct RpingArgs {
     /// Ethernet MTU of the link (the path MTU follows: 1024 at 1500).
     #[arg(long, default_value_t = 1500)]
     eth_mtu: usize,
-    /// Receive through an AF_PACKET socket on this interface so that ICRCs are verified.
+    /// Receive through an AF_PACKET socket on this interface so that IPv4 ICRCs are verified in
+    /// full (IP ID and DF included).
     #[arg(long)]
     packet_rx: Option<String>,
     /// Rewrite this file with live QPs and CM counters while running.
