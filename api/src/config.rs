@@ -724,6 +724,11 @@ pub struct Rdma {
     /// nothing when they are idle. At most 10000.
     #[serde(default = "Rdma::default_busy_poll_micros")]
     pub busy_poll_micros: u32,
+    /// Engine threads: 1 (the default) runs the device, its connection manager and every
+    /// iSER and SRP connection on a thread of their own, so a command's packets, completions
+    /// and answer never hop between cores; 0 runs them on rtgtd's shared worker threads.
+    #[serde(default = "Rdma::default_shards")]
+    pub shards: u32,
 }
 
 impl Rdma {
@@ -737,6 +742,10 @@ impl Rdma {
 
     fn default_busy_poll_micros() -> u32 {
         50
+    }
+
+    fn default_shards() -> u32 {
+        1
     }
 
     fn validate(&self) -> Result<(), (String, String)> {
@@ -753,6 +762,16 @@ impl Rdma {
                 format!(
                     "{} is more than {MAX_BUSY_POLL_MICROS}",
                     self.busy_poll_micros
+                ),
+            ));
+        }
+        if self.shards > 1 {
+            return Err((
+                "shards".into(),
+                format!(
+                    "{} engine threads asked for; one device runs on at most 1 for now \
+                     (0: on the shared worker threads)",
+                    self.shards
                 ),
             ));
         }
@@ -785,6 +804,7 @@ impl Default for Rdma {
             addresses: Vec::new(),
             eth_mtu: Rdma::default_eth_mtu(),
             busy_poll_micros: Rdma::default_busy_poll_micros(),
+            shards: Rdma::default_shards(),
         }
     }
 }
@@ -1700,6 +1720,16 @@ mod tests {
             ("rdma.eth_mtu".into(), "300 is outside 336..=65535".into())
         );
         assert_eq!(c.rdma.busy_poll_micros, 50);
+        assert_eq!(c.rdma.shards, 1);
+        assert_eq!(
+            err_of("rdma: {shards: 2}\n"),
+            (
+                "rdma.shards".into(),
+                "2 engine threads asked for; one device runs on at most 1 for now \
+                 (0: on the shared worker threads)"
+                    .into()
+            )
+        );
         assert_eq!(
             err_of("rdma: {busy_poll_micros: 10001}\n"),
             (

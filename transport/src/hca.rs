@@ -12,6 +12,7 @@ use crate::cm::{Cm, CmError, CmLimits};
 use crate::netdev::multi::MultiUdpNetDev;
 use crate::netdev::udp::UdpNetDev;
 use crate::netdev::AsyncNetDev;
+use crate::shard::Shard;
 use crate::verbs::{Device, DeviceConfig, VerbsError};
 use crate::wire::roce;
 
@@ -33,6 +34,8 @@ pub enum HcaError {
     Device(VerbsError),
     #[error("cannot start the connection manager: {0}")]
     Cm(CmError),
+    #[error("cannot start the engine thread")]
+    Shard(#[source] io::Error),
 }
 
 /// What to bring up.
@@ -52,6 +55,9 @@ pub struct HcaConfig {
     pub cm_limits: CmLimits,
     /// [`crate::verbs::DeviceConfig::busy_poll`].
     pub busy_poll: std::time::Duration,
+    /// Engine threads ([`crate::shard`]): 1 runs the device, its CM and the connections
+    /// spawned through [`Hca::spawn`] on a thread of their own; 0 on the caller's runtime.
+    pub shards: usize,
 }
 
 impl HcaConfig {
@@ -65,6 +71,7 @@ impl HcaConfig {
             packet_rx: None,
             cm_limits: CmLimits::default(),
             busy_poll: std::time::Duration::ZERO,
+            shards: 0,
         }
     }
 }
@@ -77,6 +84,8 @@ pub struct Hca {
     addrs: Vec<IpAddr>,
     skipped: Vec<(IpAddr, String)>,
     task: tokio::task::JoinHandle<io::Result<()>>,
+    /// The engine thread everything above runs on, if any (dropped last).
+    shard: Option<Shard>,
 }
 
 impl Hca {
@@ -84,6 +93,21 @@ impl Hca {
     /// tokio runtime. With a wildcard, addresses that cannot be bound are skipped (see
     /// [`Hca::skipped`]); an explicit address that cannot be bound is an error.
     pub fn open(cfg: &HcaConfig) -> Result<Hca, HcaError> {
+        if cfg.shards == 0 {
+            return Hca::open_here(cfg);
+        }
+        let shard = Shard::start(&format!("{}-shard0", cfg.name)).map_err(HcaError::Shard)?;
+        // Sockets register with the shard's reactor; the runner and the CM spawn there.
+        let mut hca = {
+            let _on_shard = shard.handle().enter();
+            Hca::open_here(cfg)?
+        };
+        hca.shard = Some(shard);
+        Ok(hca)
+    }
+
+    /// [`Hca::open`] on the current runtime.
+    fn open_here(cfg: &HcaConfig) -> Result<Hca, HcaError> {
         let wildcard = cfg.addrs.is_empty() || cfg.addrs.iter().any(|a| a.is_unspecified());
         let addrs = if wildcard {
             host_addrs().map_err(HcaError::HostAddrs)?
@@ -160,7 +184,26 @@ impl Hca {
             addrs,
             skipped: Vec::new(),
             task,
+            shard: None,
         })
+    }
+
+    /// Spawns a task that serves this device (a fabric's listener or connection) where the
+    /// device runs: on its engine thread, or on the current runtime.
+    pub fn spawn<F>(&self, fut: F) -> tokio::task::JoinHandle<F::Output>
+    where
+        F: std::future::Future + Send + 'static,
+        F::Output: Send + 'static,
+    {
+        match &self.shard {
+            Some(s) => s.handle().spawn(fut),
+            None => tokio::spawn(fut),
+        }
+    }
+
+    /// Whether the device runs on an engine thread of its own.
+    pub fn on_shard(&self) -> bool {
+        self.shard.is_some()
     }
 
     pub fn device(&self) -> &Device {

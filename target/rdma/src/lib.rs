@@ -190,8 +190,29 @@ pub struct Link {
     closing: AtomicBool,
     close_notify: Notify,
     on_close: Mutex<Vec<CloseHook>>,
+    /// SENDs held back while a [`SendBatch`] is open (each with its slot and queue credit).
+    held: Mutex<Option<Vec<SendWr>>>,
     pool_mrs: Option<Arc<PoolMrs>>,
     pub peer: SocketAddr,
+}
+
+/// While it lives, the link's message SENDs wait, in order, and go to the send queue together
+/// when it drops, after the RDMA WRITEs and READs posted meanwhile (which are posted at once).
+///
+/// A fabric opens one around a batch of received commands: the data of all of them then goes
+/// out before their responses, so the engine finds runs of equal-sized packets to one peer
+/// (the WRITEs, then the responses) that leave as a few segmentation-offload sends instead of
+/// one per command. Nothing waits on a held SEND: before anything on the link waits for a
+/// credit, the held SENDs are posted.
+pub struct SendBatch<'a> {
+    link: &'a Link,
+}
+
+impl Drop for SendBatch<'_> {
+    fn drop(&mut self) {
+        let held = lock(&self.link.held).take();
+        self.link.post_held(held.unwrap_or_default());
+    }
 }
 
 impl std::fmt::Debug for Link {
@@ -230,6 +251,7 @@ impl Link {
             closing: AtomicBool::new(false),
             close_notify: Notify::new(),
             on_close: Mutex::new(Vec::new()),
+            held: Mutex::new(None),
             pool_mrs,
             peer,
         })
@@ -285,6 +307,12 @@ impl Link {
         if let Err(e) = self.qp.modify(&attr, QpAttrMask::STATE) {
             tracing::debug!(peer = %self.peer, error = %e, "moving the QP to error");
         }
+        // Held SENDs never go out: their slots and credits return.
+        let held = lock(&self.held).as_mut().map(std::mem::take);
+        for wr in held.unwrap_or_default() {
+            self.release_slot((wr.wr_id & !TAG_MASK) as u32);
+            self.sq.add_permits(1);
+        }
         self.close_notify.notify_waiters();
         self.slots.close();
         self.sq.close();
@@ -298,12 +326,42 @@ impl Link {
         if self.is_closing() {
             return Err(LinkError::Closed);
         }
+        if let Ok(p) = sem.try_acquire() {
+            p.forget();
+            return Ok(());
+        }
+        // About to wait: the held SENDs may be what frees the credit.
+        self.flush_held();
         match sem.acquire().await {
             Ok(p) => {
                 p.forget();
                 Ok(())
             }
             Err(_) => Err(LinkError::Closed),
+        }
+    }
+
+    /// Opens a [`SendBatch`] (none is nested: an inner one ends the batch early).
+    pub fn batch_sends(&self) -> SendBatch<'_> {
+        let mut held = lock(&self.held);
+        if held.is_none() {
+            *held = Some(Vec::new());
+        }
+        SendBatch { link: self }
+    }
+
+    /// Posts the SENDs held so far; the batch stays open.
+    fn flush_held(&self) {
+        let held = lock(&self.held).as_mut().map(std::mem::take);
+        self.post_held(held.unwrap_or_default());
+    }
+
+    fn post_held(&self, held: Vec<SendWr>) {
+        for wr in held {
+            let slot = (wr.wr_id & !TAG_MASK) as u32;
+            if self.post(wr).is_err() {
+                self.release_slot(slot);
+            }
         }
     }
 
@@ -374,6 +432,12 @@ impl Link {
             op,
             vec![self.send_mr.sge(start, n as u32)],
         );
+        if let Some(held) = lock(&self.held).as_mut() {
+            if !self.is_closing() {
+                held.push(wr);
+                return Ok(());
+            }
+        }
         if let Err(e) = self.post(wr) {
             self.release_slot(slot);
             return Err(e);
@@ -599,6 +663,7 @@ impl Link {
     /// Waits (briefly) until what was posted has gone out, so a final response is not
     /// flushed by the close that follows it.
     pub async fn wait_sent(&self) {
+        self.flush_held();
         let deadline = Instant::now() + Duration::from_secs(2);
         while self.posted() > 0 && Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(2)).await;
@@ -686,5 +751,141 @@ impl Receiver {
 
     pub async fn wait(&self) {
         self.ep.recv_cq.wait_nonempty().await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rtgt_transport::netdev::{loopback, run};
+    use rtgt_transport::verbs::{AddressVector, Device, DeviceConfig, Mtu};
+    use std::net::{IpAddr, Ipv4Addr};
+
+    fn ip(last: u8) -> IpAddr {
+        IpAddr::V4(Ipv4Addr::new(10, 0, 0, last))
+    }
+
+    /// Moves `ep`'s QP to RTS towards QP `dest` at `remote`, its receive ring posted.
+    fn connect(ep: &Endpoint, remote: IpAddr, dest: u32) {
+        use QpAttrMask as M;
+        let access = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ;
+        let mut a = QpAttr {
+            qp_state: Some(QpState::Init),
+            qp_access_flags: Some(access),
+            port_num: 1,
+            ..Default::default()
+        };
+        ep.qp
+            .modify(&a, M::STATE | M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS)
+            .unwrap();
+        ep.post_receives().unwrap();
+        a.qp_state = Some(QpState::Rtr);
+        a.av = AddressVector::new(remote);
+        a.path_mtu = Some(Mtu::Mtu1024);
+        a.dest_qp_num = dest;
+        a.max_dest_rd_atomic = 1;
+        a.min_rnr_timer = 1;
+        let rtr = M::STATE
+            | M::AV
+            | M::PATH_MTU
+            | M::DEST_QPN
+            | M::RQ_PSN
+            | M::MAX_DEST_RD_ATOMIC
+            | M::MIN_RNR_TIMER;
+        ep.qp.modify(&a, rtr).unwrap();
+        a.qp_state = Some(QpState::Rts);
+        a.timeout = 14;
+        a.retry_cnt = 7;
+        a.rnr_retry = 7;
+        a.max_rd_atomic = 1;
+        let rts = M::STATE | M::SQ_PSN | M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY;
+        ep.qp.modify(&a, rts | M::MAX_QP_RD_ATOMIC).unwrap();
+    }
+
+    /// The messages `rx` has received so far.
+    fn messages(rx: &mut Receiver) -> Vec<Vec<u8>> {
+        let mut ev = Vec::new();
+        rx.take(&mut ev);
+        ev.into_iter()
+            .map(|e| match e {
+                RxEvent::Msg(b) => b.to_vec(),
+                RxEvent::Failed(s) => panic!("receive failed: {s:?}"),
+            })
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn held_sends_follow_the_writes_and_never_block_a_wait() {
+        let (la, lb) = loopback::pair(1024);
+        let da = Device::new(DeviceConfig::new("a", vec![ip(1)])).unwrap();
+        let db = Device::new(DeviceConfig::new("b", vec![ip(2)])).unwrap();
+        tokio::spawn(run(da.clone(), la));
+        tokio::spawn(run(db.clone(), lb));
+        let (pa, pb) = (da.alloc_pd().unwrap(), db.alloc_pd().unwrap());
+        let rings = Rings {
+            recv_slots: 8,
+            recv_slot_len: 256,
+            send_slots: 2,
+            send_slot_len: 256,
+            send_queue: 8,
+            rdma_read_depth: 1,
+        };
+        let (ea, eb) = (
+            Endpoint::new(&pa, rings).unwrap(),
+            Endpoint::new(&pb, rings).unwrap(),
+        );
+        connect(&ea, ip(2), eb.qp.qpn());
+        connect(&eb, ip(1), ea.qp.qpn());
+        let link = Arc::new(Link::new(&ea, "10.0.0.2:0".parse().unwrap(), None).unwrap());
+        tokio::spawn(poll_send(link.clone(), ea.send_cq().clone()));
+        let target = Arc::new(Region::zeroed(4096));
+        let target_mr = pb
+            .reg_mr(target.clone(), Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+            .unwrap();
+        let source = Arc::new(Region::zeroed(4096));
+        source.write(0, b"data!");
+        let source_mr = Arc::new(pa.reg_mr(source, Access::LOCAL_WRITE).unwrap());
+        let mut rx = Receiver::new(eb);
+        let wait = Duration::from_secs(5);
+        {
+            let _batch = link.batch_sends();
+            link.send(&[b"one"], None).await.unwrap();
+            link.send(&[b"two"], None).await.unwrap();
+            // A WRITE posted in the batch goes at once; the SENDs before it wait.
+            link.sq_credit().await.unwrap();
+            let op = SendOp::RdmaWrite {
+                remote_addr: target_mr.iova(),
+                rkey: target_mr.rkey(),
+            };
+            let sge = source_mr.sge(0, 5);
+            let done = link
+                .post_op(op, vec![sge], Hold::Mr(source_mr.clone()), true)
+                .unwrap()
+                .unwrap();
+            let status = tokio::time::timeout(wait, done).await.unwrap().unwrap();
+            assert_eq!(status, WcStatus::Success);
+            let mut landed = [0u8; 5];
+            target.read(0, &mut landed);
+            assert_eq!(&landed, b"data!");
+            assert!(messages(&mut rx).is_empty(), "a held SEND went out");
+            // Both slots are held: waiting for one posts the held SENDs first.
+            tokio::time::timeout(wait, link.send(&[b"three"], None))
+                .await
+                .expect("a wait for a slot was blocked by held SENDs")
+                .unwrap();
+        }
+        let mut got = Vec::new();
+        tokio::time::timeout(wait, async {
+            loop {
+                got.extend(messages(&mut rx));
+                if got.len() >= 3 {
+                    break;
+                }
+                rx.wait().await;
+            }
+        })
+        .await
+        .unwrap_or_else(|_| panic!("got {got:?}"));
+        assert_eq!(got, [b"one".to_vec(), b"two".to_vec(), b"three".to_vec()]);
     }
 }

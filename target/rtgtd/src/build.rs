@@ -97,6 +97,7 @@ fn start_rdma(rdma: &config::Rdma) -> Option<Arc<Hca>> {
     let mut cfg = HcaConfig::new(rdma.addresses.clone());
     cfg.eth_mtu = rdma.eth_mtu as usize;
     cfg.busy_poll = std::time::Duration::from_micros(rdma.busy_poll_micros.into());
+    cfg.shards = rdma.shards as usize;
     match Hca::open(&cfg) {
         Ok(hca) => {
             for (addr, why) in hca.skipped() {
@@ -106,6 +107,7 @@ fn start_rdma(rdma: &config::Rdma) -> Option<Arc<Hca>> {
             info!(
                 addresses = %addrs.join(" "),
                 path_mtu = hca.device().port_mtu().bytes(),
+                engine_thread = hca.on_shard(),
                 "RDMA device ready on UDP 4791"
             );
             Some(Arc::new(hca))
@@ -575,6 +577,8 @@ mod tests {
         if let Some(hca) = first {
             assert_eq!(hca.addrs(), &[std::net::IpAddr::from([127, 0, 0, 1])]);
             assert!(hca.is_running());
+            // The default runs the device on an engine thread of its own.
+            assert!(hca.on_shard());
             hca.shutdown();
         }
     }

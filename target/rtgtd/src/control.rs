@@ -370,7 +370,7 @@ impl DaemonControl {
             };
             let (stop, stop_rx) = watch::channel(false);
             let iser = iser.clone();
-            let task = tokio::spawn(async move { iser.serve_on(listener, stop_rx).await });
+            let task = iser.spawn_serve(listener, stop_rx);
             info!(portal = %addr, "iSER portal listening");
             running.insert(addr, Portal { stop, task });
         }

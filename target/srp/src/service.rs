@@ -218,7 +218,9 @@ impl SrpService {
                 Ok(l) => {
                     tracing::info!(%addr, ports = ps.len(), "SRP listening (RDMA/CM)");
                     let ports: PortList = Arc::new(std::sync::RwLock::new(ps));
-                    let task = tokio::spawn(accept_loop(
+                    // On the device's engine thread (if it has one), as the channels it
+                    // accepts.
+                    let task = self.hca.spawn(accept_loop(
                         l,
                         ports.clone(),
                         self.hca.clone(),

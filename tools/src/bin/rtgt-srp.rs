@@ -376,8 +376,9 @@ fn main() {
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
-    let rt = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
+    // The soft-RoCE device and the channel share one thread, as rtgtd's engine thread does:
+    // a completion and the next command never hop between cores.
+    let rt = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
     {

@@ -719,6 +719,8 @@ async fn full_feature(
         if !queue.is_empty() {
             last_rx = Instant::now();
         }
+        // The responses of this batch go out together, after its read data.
+        let batch = link.batch_sends();
         for ev in queue.drain(..) {
             let (st, pdu) = match ev {
                 RxEvent::Failed(s) => break 'conn format!("QP failed ({s:?})"),
@@ -767,6 +769,7 @@ async fn full_feature(
                 Err(e) => break 'conn format!("{e}"),
             }
         }
+        drop(batch);
         if ping_sent.is_some() && !conn.ping_outstanding() {
             ping_sent = None;
         }

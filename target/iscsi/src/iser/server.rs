@@ -92,6 +92,18 @@ impl IserServer {
     }
 
     /// Serves the connect requests of `listener` until `shutdown` turns true.
+    /// [`IserServer::serve_on`] as a task where the device runs (its engine thread, if it has
+    /// one): the connections it accepts run there too.
+    pub fn spawn_serve(
+        &self,
+        listener: CmListener,
+        shutdown: watch::Receiver<bool>,
+    ) -> tokio::task::JoinHandle<()> {
+        let me = self.clone();
+        self.hca
+            .spawn(async move { me.serve_on(listener, shutdown).await })
+    }
+
     pub async fn serve_on(&self, mut listener: CmListener, mut shutdown: watch::Receiver<bool>) {
         loop {
             tokio::select! {

@@ -388,8 +388,7 @@ async fn run(cli: Cli) -> Result<(), IscsiError> {
     Ok(())
 }
 
-#[tokio::main]
-async fn main() {
+fn main() {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
@@ -397,10 +396,30 @@ async fn main() {
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
-    let result = match &cli.cmd {
-        Cmd::Durability(d) => durability::run(&cli, d).await,
-        _ => run(cli).await.map_err(|e| e.to_string()),
+    // Over iSER the initiator's soft-RoCE device and its session share one thread, as
+    // rtgtd's engine thread does: a completion and the next command never hop between cores.
+    let runtime = if cli.iser.is_some() {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()
     };
+    let runtime = match runtime {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("rtgt-iscsi: cannot start the runtime: {e}");
+            std::process::exit(1);
+        }
+    };
+    let result = runtime.block_on(async move {
+        match &cli.cmd {
+            Cmd::Durability(d) => durability::run(&cli, d).await,
+            _ => run(cli).await.map_err(|e| e.to_string()),
+        }
+    });
     if let Err(e) = result {
         eprintln!("rtgt-iscsi: {e}");
         std::process::exit(1);
