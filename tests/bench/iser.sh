@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # iSER next to iSCSI/TCP, same rtgtd, same run: rtgt's own initiator (`rtgt-iscsi bench`, TCP and
 # `--iser`) against a null LUN and a tmpfs-backed file LUN, 4 KiB random read and write at
-# iodepth 32 and 128 KiB sequential read and write at iodepth 8; then the soft-RoCE ceiling of
+# iodepth 32 and 128 KiB sequential read and write at iodepth 8, with rtgtd's CPU time per I/O
+# for each; then the soft-RoCE ceiling of
 # this machine (`rtgt-rdma bench`: RDMA WRITE/READ bandwidth of two rtgt devices over UDP
 # loopback, no iSCSI) for the iSER figures to be read against.
 #
@@ -76,26 +77,38 @@ policy: {backstore_roots: ['$work']}
 YAML
 RUST_LOG=warn "${on_target[@]}" "$bin/rtgtd" --config "$work/rtgt.yaml" --state-dir "$work/state" >"$work/rtgtd.log" 2>&1 &
 pids+=($!)
+rtgtd_pid=$!
 for _ in $(seq 100); do (exec 3<>/dev/tcp/127.0.0.1/$port) 2>/dev/null && break; sleep 0.1; done
 
-# ibench LUN RW BS QD [--iser ...] -> "IOPS MB/s"
+# CPU time rtgtd has used so far, in clock ticks (user + system).
+hz=$(getconf CLK_TCK)
+target_ticks() { awk '{ print $14 + $15 }' "/proc/$rtgtd_pid/stat"; }
+# ibench LUN RW BS QD [--iser ...] -> "IOPS MB/s TARGET_CPU_US_PER_IO"
 ibench() {
-    local lun=$1 rw=$2 bs=$3 qd=$4
+    local lun=$1 rw=$2 bs=$3 qd=$4 t0 t1 out
     shift 4
-    "${on_initiator[@]}" "$bin/rtgt-iscsi" "$@" bench --url "iscsi://127.0.0.1:$port/$iqn/$lun" \
+    t0=$(target_ticks)
+    out=$("${on_initiator[@]}" "$bin/rtgt-iscsi" "$@" bench --url "iscsi://127.0.0.1:$port/$iqn/$lun" \
         --rw "$rw" --bs "$bs" --iodepth "$qd" --seconds "$secs" 2>"$work/ibench.err" |
-        sed -n 's/.* IOPS=\([0-9]*\) MB\/s=\([0-9.]*\).*/\1 \2/p' | tail -1
+        sed -n 's/.*ios=\([0-9]*\) IOPS=\([0-9]*\) MB\/s=\([0-9.]*\).*/\1 \2 \3/p' | tail -1)
+    t1=$(target_ticks)
+    # The target's CPU over the whole run (login and logout included) per I/O done.
+    read -r ios iops mbs <<<"$out"
+    awk -v t="$((t1 - t0))" -v hz="$hz" -v n="${ios:-0}" -v i="${iops:-0}" -v m="${mbs:-0}" \
+        'BEGIN { printf "%s %s %.1f\n", i, m, (n > 0 ? t * 1e6 / hz / n : 0) }'
 }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2fx", a / b; else print "n/a" }'; }
 
-printf '%-30s %22s %22s %8s\n' workload "iSCSI/TCP" "iSER" iSER/TCP
+echo "target CPU: rtgtd's user + system time over the run, in us per I/O"
+printf '%-26s %30s %30s %8s %8s\n' workload "iSCSI/TCP" "iSER" iSER/TCP "CPU/IO"
 for l in 0:null 1:tmpfs; do
     for w in "randread 4k 32" "randwrite 4k 32" "read 128k 8" "write 128k 8"; do
         read -r rw bs qd <<<"$w"
-        read -r ti tm <<<"$(ibench "${l%%:*}" "$rw" "$bs" "$qd")" || true
-        read -r ii im <<<"$(ibench "${l%%:*}" "$rw" "$bs" "$qd" --iser 127.0.0.2 --eth-mtu 9000)" || true
-        printf '%-30s %22s %22s %8s\n' "${l#*:} $rw $bs QD$qd" "${ti:-0} IOPS ${tm:-0} MB/s" \
-            "${ii:-0} IOPS ${im:-0} MB/s" "$(ratio "${ii:-0}" "${ti:-0}")"
+        read -r ti tm tc <<<"$(ibench "${l%%:*}" "$rw" "$bs" "$qd")" || true
+        read -r ii im ic <<<"$(ibench "${l%%:*}" "$rw" "$bs" "$qd" --iser 127.0.0.2 --eth-mtu 9000)" || true
+        printf '%-26s %30s %30s %8s %8s\n' "${l#*:} $rw $bs QD$qd" \
+            "${ti:-0} IOPS ${tm:-0} MB/s ${tc:-0} us" "${ii:-0} IOPS ${im:-0} MB/s ${ic:-0} us" \
+            "$(ratio "${ii:-0}" "${ti:-0}")" "$(ratio "${ic:-0}" "${tc:-0}")"
     done
 done
 if grep -E 'panicked|ERROR' "$work/rtgtd.log"; then
