@@ -753,10 +753,21 @@ impl Control for DaemonControl {
         .into();
         // Per-session gauges are written here rather than registered, so that a session's
         // series end with it.
-        let mut depth = String::new();
-        let mut outstanding = String::new();
-        let mut aborted = String::new();
-        let mut tmf = String::new();
+        let series: [SessionSeries; 4] = [
+            ("rtgt_session_queue_depth", "gauge", |s| {
+                s.queue_depth.into()
+            }),
+            ("rtgt_session_outstanding_commands", "gauge", |s| {
+                s.outstanding.into()
+            }),
+            ("rtgt_session_tasks_aborted_total", "counter", |s| {
+                s.tasks_aborted
+            }),
+            ("rtgt_session_task_management_total", "counter", |s| {
+                s.task_management
+            }),
+        ];
+        let mut lines = [const { String::new() }; 4];
         for s in &sessions {
             *by_transport.entry(s.transport.clone()).or_default() += 1;
             if s.session_type != "normal" {
@@ -768,22 +779,9 @@ impl Control for DaemonControl {
                 s.initiator.replace(['\\', '"', '\n'], "_"),
                 s.transport
             );
-            depth.push_str(&format!(
-                "rtgt_session_queue_depth{{{labels}}} {}\n",
-                s.queue_depth
-            ));
-            outstanding.push_str(&format!(
-                "rtgt_session_outstanding_commands{{{labels}}} {}\n",
-                s.outstanding
-            ));
-            aborted.push_str(&format!(
-                "rtgt_session_tasks_aborted_total{{{labels}}} {}\n",
-                s.tasks_aborted
-            ));
-            tmf.push_str(&format!(
-                "rtgt_session_task_management_total{{{labels}}} {}\n",
-                s.task_management
-            ));
+            for ((name, _, value), out) in series.iter().zip(&mut lines) {
+                out.push_str(&format!("{name}{{{labels}}} {}\n", value(s)));
+            }
         }
         for (t, n) in by_transport {
             m.gauge("rtgt_sessions", &[("transport", t)]).set(n as f64);
@@ -808,19 +806,18 @@ impl Control for DaemonControl {
             .map(|(name, read)| (name.clone(), read()))
             .collect();
         text.push_str(&render_rdma(&rdma));
-        if !depth.is_empty() {
-            text.push_str("# TYPE rtgt_session_queue_depth gauge\n");
-            text.push_str(&depth);
-            text.push_str("\n# TYPE rtgt_session_outstanding_commands gauge\n");
-            text.push_str(&outstanding);
-            text.push_str("\n# TYPE rtgt_session_tasks_aborted_total counter\n");
-            text.push_str(&aborted);
-            text.push_str("\n# TYPE rtgt_session_task_management_total counter\n");
-            text.push_str(&tmf);
+        if !lines[0].is_empty() {
+            for (i, ((name, kind, _), out)) in series.iter().zip(&lines).enumerate() {
+                let sep = if i == 0 { "" } else { "\n" };
+                text.push_str(&format!("{sep}# TYPE {name} {kind}\n{out}"));
+            }
         }
         text
     }
 }
+
+/// A per-session metric: name, Prometheus type, value.
+type SessionSeries = (&'static str, &'static str, fn(&SessionView) -> u64);
 
 /// The sessions of an SRP target port as the API shows them: one per initiator port (the
 /// I_T nexus), its queue depth the request limits of its channels together.

@@ -142,7 +142,7 @@ pub fn generate(datagram: &mut [u8]) -> Result<u32> {
 /// A packet whose difference is such a combination is sound but for at most those 17 bits
 /// (a corrupted one passes with probability 2^-15 instead of 2^-32); any other difference is
 /// corruption. With the real header (a packet socket) the check is the full one.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct UnknownIpv4Fields {
     /// Reduced bases by covered length, direct-mapped (packet lengths repeat).
     cache: Vec<Option<(usize, Basis)>>,
@@ -256,9 +256,6 @@ impl UnknownIpv4Fields {
         if covered < ipv4::HEADER_LEN {
             return None;
         }
-        if self.cache.is_empty() {
-            self.cache = vec![None; CACHE];
-        }
         let slot = covered % CACHE;
         let basis = match self.cache[slot] {
             Some((len, b)) if len == covered => b,
@@ -269,6 +266,12 @@ impl UnknownIpv4Fields {
             }
         };
         basis.solve(computed ^ wire).map(|bits| bits as u16)
+    }
+}
+
+impl Default for UnknownIpv4Fields {
+    fn default() -> Self {
+        UnknownIpv4Fields::new()
     }
 }
 
