@@ -6,12 +6,9 @@
 //! (R2T and Data-Out on TCP, RDMA READ on iSER) and delivering read data with the status
 //! (Data-In on TCP, RDMA WRITE on iSER).
 
-use std::future::Future;
 use std::ops::Range;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Waker};
 
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -612,21 +609,9 @@ impl Conn {
                 return Ok(Flow::Continue);
             }
         };
-        // Run the command here, in the driver's task, as far as it goes without waiting:
-        // most finish at once (reads served from memory, writes with their data in this
-        // PDU), and their responses join the batch the driver sends next. Only a command
-        // that has to wait (for Data-Out, the device, an ORDERED task) gets a task of its
-        // own; the first poll uses a no-op waker, and the spawned task polls again at once
-        // with its own, so no wake-up is lost.
-        let mut run: Pin<Box<dyn Future<Output = ()> + Send>> =
-            Box::pin(self.clone().run_task(task, turn));
-        if run
-            .as_mut()
-            .poll(&mut Context::from_waker(Waker::noop()))
-            .is_pending()
-        {
-            tokio::spawn(run);
-        }
+        // Run here, in the driver's task: a command that completes at once has its
+        // response in the batch the driver sends next.
+        rtgt_scsi::task::run_inline(self.clone().run_task(task, turn));
         Ok(Flow::Continue)
     }
 

@@ -296,6 +296,8 @@ impl Channel {
                 break;
             }
             rx.take(&mut events);
+            // The responses of this batch go out together, after its read data.
+            let batch = self.link.batch_sends();
             for ev in events.drain(..) {
                 match ev {
                     rdma::RxEvent::Msg(iu) => self.receive(iu),
@@ -312,6 +314,7 @@ impl Channel {
                     }
                 }
             }
+            drop(batch);
             tokio::select! {
                 _ = rx.wait() => {}
                 _ = close_rx.changed() => {}
@@ -351,7 +354,8 @@ impl Channel {
                 let ch = self.clone();
                 let sense = match self.tasks.admit(&task) {
                     Ok(turn) => {
-                        tokio::spawn(async move { ch.run_cmd(iu, cmd, task, turn).await });
+                        // Most commands complete here, their responses in this batch.
+                        task::run_inline(ch.run_cmd(iu, cmd, task, turn));
                         return;
                     }
                     Err(Refused::Overlapped) => {
@@ -359,12 +363,12 @@ impl Channel {
                     }
                     Err(Refused::NoAca) => Sense::new(key::ILLEGAL_REQUEST, asc::INVALID_MESSAGE),
                 };
-                tokio::spawn(async move { ch.respond_check(cmd.tag, &sense, None).await });
+                task::run_inline(async move { ch.respond_check(cmd.tag, &sense, None).await });
             }
             Ok(InitiatorIu::TskMgmt(t)) => {
                 self.stats.task_mgmt.fetch_add(1, Ordering::Relaxed);
                 let ch = self.clone();
-                tokio::spawn(async move { ch.run_tmf(t).await });
+                task::run_inline(ch.run_tmf(t));
             }
             Ok(InitiatorIu::ILogout(_)) => self.close(CloseReason::Logout),
             Ok(InitiatorIu::CredRsp(_) | InitiatorIu::AerRsp(_)) => {}
@@ -375,10 +379,10 @@ impl Channel {
                     Some(opcode::CMD) => {
                         tracing::debug!(channel = self.id, error = %e, "invalid SRP_CMD");
                         let sense = Sense::new(key::ILLEGAL_REQUEST, INVALID_FIELD_IN_IU);
-                        tokio::spawn(async move { ch.respond_check(tag, &sense, None).await });
+                        task::run_inline(async move { ch.respond_check(tag, &sense, None).await });
                     }
                     Some(opcode::TSK_MGMT) => {
-                        tokio::spawn(async move {
+                        task::run_inline(async move {
                             ch.respond_tmf(tag, tmf_status::INVALID_FIELDS).await
                         });
                     }
