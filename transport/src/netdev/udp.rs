@@ -68,6 +68,8 @@ pub struct UdpNetDev {
     gro: bool,
     /// Segments of a coalesced datagram that [`NetDev::receive`] has not returned yet.
     pending: std::collections::VecDeque<Vec<u8>>,
+    /// How a segment's ICRC changes with the IP ID the kernel gives it in a GSO send.
+    ident_deltas: icrc::UnknownIpv4Fields,
 }
 
 fn setsockopt_int(fd: i32, level: i32, name: i32, value: i32) -> io::Result<()> {
@@ -138,6 +140,7 @@ impl UdpNetDev {
             tx_bufs: Vec::new(),
             packet_rx: None,
             gso: true,
+            ident_deltas: icrc::UnknownIpv4Fields::new(),
             gro,
             pending: std::collections::VecDeque::new(),
         })
@@ -431,6 +434,15 @@ impl UdpNetDev {
     ///
     /// A route or kernel that refuses GSO turns it off for the socket, and the datagrams go
     /// out one by one as before.
+    /// The ICRC of IPv4 datagram `d` as it is when the kernel gives it IP ID `ident` (the
+    /// datagram's own ICRC adjusted, not computed again).
+    fn icrc_as_segment(&mut self, d: &[u8], ident: u16) -> u32 {
+        let at = d.len() - roce::ICRC_LEN;
+        let own = u32::from_le_bytes([d[at], d[at + 1], d[at + 2], d[at + 3]]);
+        let old = u16::from_be_bytes([d[4], d[5]]);
+        own ^ self.ident_deltas.ident_delta(at, old ^ ident)
+    }
+
     fn send_gso(&mut self, msgs: &[(&[u8], usize, SocketAddr)]) -> io::Result<()> {
         let v4 = self.local.is_ipv4();
         // Runs: (first datagram, count, segment size).
@@ -460,8 +472,8 @@ impl UdpNetDev {
         let mut icrcs: Vec<[u8; 4]> = Vec::new();
         if v4 {
             for &(first, count, _) in &runs {
-                for (k, &(d, hl, _)) in msgs[first..first + count].iter().enumerate().skip(1) {
-                    icrcs.push(icrc_with_ident(d, hl, k as u16).to_le_bytes());
+                for (k, &(d, _, _)) in msgs[first..first + count].iter().enumerate().skip(1) {
+                    icrcs.push(self.icrc_as_segment(d, k as u16).to_le_bytes());
                 }
             }
         }
@@ -591,6 +603,7 @@ fn gso_refused(e: &io::Error) -> bool {
 }
 
 /// The ICRC of IPv4 datagram `d` (UDP payload at `hl`) as it would be with IP ID `ident`.
+#[cfg(test)]
 fn icrc_with_ident(d: &[u8], hl: usize, ident: u16) -> u32 {
     let ip_len = hl - udp::HEADER_LEN;
     let mut ip = [0u8; ipv4::HEADER_LEN];

@@ -90,7 +90,10 @@ pub(crate) fn emit_to(
         _ => return false,
     };
     let roce_len = repr.buffer_len();
-    let mut buf = tx.buffer(ip.header_len() + crate::wire::udp::HEADER_LEN + roce_len);
+    let len = ip.header_len() + crate::wire::udp::HEADER_LEN + roce_len;
+    // `fill` writes the whole payload (or the packet is dropped); the rest is zeroed.
+    let payload_end = len - roce::ICRC_LEN - repr.pad_len();
+    let mut buf = tx.buffer(len, payload_end - repr.payload_len..payload_end);
     let (sport, dport) = tx.ports.unwrap_or((sport, roce::UDP_PORT));
     let Ok(hl) = datagram::emit_headers(&ip, sport, dport, roce_len, &mut buf) else {
         return false;
@@ -369,6 +372,62 @@ impl Device {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Datagrams built in recycled buffers (full of an earlier datagram's bytes) are the ones
+    /// built in fresh buffers: every byte outside the payload is written or zeroed.
+    #[test]
+    fn recycled_buffers_leave_nothing_behind() {
+        use crate::verbs::device::Tx;
+        use crate::verbs::Gid;
+        use crate::wire::{AethRepr, BthRepr, ImmDtRepr, Opcode, RethRepr, Syndrome};
+        let gids = [Gid::from_ip("10.0.0.1".parse().unwrap())];
+        let av = AddressVector::new("10.0.0.2".parse().unwrap());
+        let bth = |opcode| BthRepr {
+            opcode,
+            solicited: false,
+            mig_req: false,
+            pad_count: 0,
+            pkey: 0xffff,
+            fecn: false,
+            becn: false,
+            dest_qp: 0x11,
+            ack_req: false,
+            psn: 7,
+        };
+        let mut ack = RoceRepr::new(bth(Opcode::RcAcknowledge));
+        ack.aeth = Some(AethRepr {
+            syndrome: Syndrome::Ack { credits: 31 },
+            msn: 3,
+        });
+        let mut write = RoceRepr::new(bth(Opcode::RcRdmaWriteOnlyWithImmediate));
+        write.reth = Some(RethRepr {
+            va: 0x1000,
+            rkey: 0x42,
+            dma_len: 5,
+        });
+        write.immdt = Some(ImmDtRepr { imm: 9 });
+        write.payload_len = 5;
+        let mut send = RoceRepr::new(bth(Opcode::RcSendOnly));
+        send.payload_len = 4096;
+        let build = |tx: &mut Tx| {
+            for r in [&ack, &write, &send, &ack] {
+                assert!(emit_to(&gids, tx, &av, 49152, r, |p| {
+                    p.iter_mut().enumerate().for_each(|(i, b)| *b = i as u8);
+                    true
+                }));
+            }
+            tx.queue.drain(..).collect::<Vec<_>>()
+        };
+        let fresh = build(&mut Tx::default());
+        let mut tx = Tx {
+            free: vec![vec![0xa5; 5000]; 8],
+            ..Tx::default()
+        };
+        assert_eq!(build(&mut tx), fresh);
+        // A datagram whose payload could not be filled is not sent.
+        assert!(!emit_to(&gids, &mut tx, &av, 49152, &send, |_| false));
+        assert!(tx.queue.is_empty());
+    }
 
     #[test]
     fn timeout_values() {

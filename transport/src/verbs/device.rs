@@ -95,11 +95,19 @@ impl Tx {
         self.queue.len() < self.limit
     }
 
-    /// A zeroed buffer of `len` bytes, recycled when one is available.
-    pub fn buffer(&mut self, len: usize) -> Vec<u8> {
+    /// A buffer of `len` bytes, recycled when one is available: zero but for the `payload`
+    /// range, which still holds an earlier datagram's bytes and which the caller overwrites
+    /// whole (or drops the buffer). Zeroing a 4 KiB payload only to copy over it cost as much
+    /// as the copy.
+    pub fn buffer(&mut self, len: usize, payload: std::ops::Range<usize>) -> Vec<u8> {
         let mut b = self.free.pop().unwrap_or_default();
-        b.clear();
-        b.resize(len, 0);
+        if b.len() < len {
+            b.resize(len, 0);
+        }
+        b.truncate(len);
+        let start = payload.start.min(len);
+        b[..start].fill(0);
+        b[payload.end.clamp(start, len)..].fill(0);
         b
     }
 

@@ -148,9 +148,13 @@ pub struct UnknownIpv4Fields {
     cache: Vec<Option<(usize, Basis)>>,
 }
 
-/// Rows of a reduced basis: the vector, the unknown bits it stands for, its pivot bit.
+/// The vectors of one covered length: each unknown bit's own (`raw`), and the rows of the
+/// reduced basis (the vector, the unknown bits it stands for, its pivot bit).
 #[derive(Debug, Clone, Copy)]
-struct Basis([(u32, u32, u32); UNKNOWN_BITS]);
+struct Basis {
+    raw: [u32; UNKNOWN_BITS],
+    rows: [(u32, u32, u32); UNKNOWN_BITS],
+}
 
 /// Identification bits and the DF flag.
 const UNKNOWN_BITS: usize = 17;
@@ -204,6 +208,7 @@ impl Basis {
     /// For a datagram whose ICRC covers `covered` bytes from the start of the IPv4 header.
     fn new(covered: usize) -> Basis {
         let mut rows = [(0u32, 0u32, 0u32); UNKNOWN_BITS];
+        let mut raw = [0u32; UNKNOWN_BITS];
         for bit in 0..UNKNOWN_BITS {
             // ID bits 0..8 in byte 5, 8..16 in byte 4; DF is 0x40 of byte 6.
             let (at, mask) = match bit {
@@ -212,6 +217,7 @@ impl Basis {
                 _ => (6, 0x40),
             };
             let mut v = byte_delta(mask, covered - 1 - at);
+            raw[bit] = v;
             let mut c = 1u32 << bit;
             for &(rv, rc, pivot) in &rows[..bit] {
                 if v & pivot != 0 {
@@ -222,13 +228,13 @@ impl Basis {
             // Independent (CRC-32 detects every error within 32 bits), so `v` is not zero.
             rows[bit] = (v, c, v & v.wrapping_neg());
         }
-        Basis(rows)
+        Basis { raw, rows }
     }
 
     /// The unknown bits that turn a zero difference into `delta`, if any.
     fn solve(&self, mut delta: u32) -> Option<u32> {
         let mut bits = 0;
-        for &(v, c, pivot) in &self.0 {
+        for &(v, c, pivot) in &self.rows {
             if delta & pivot != 0 {
                 delta ^= v;
                 bits ^= c;
@@ -256,16 +262,37 @@ impl UnknownIpv4Fields {
         if covered < ipv4::HEADER_LEN {
             return None;
         }
-        let slot = covered % CACHE;
-        let basis = match self.cache[slot] {
-            Some((len, b)) if len == covered => b,
-            _ => {
-                let b = Basis::new(covered);
-                self.cache[slot] = Some((covered, b));
-                b
-            }
-        };
-        basis.solve(computed ^ wire).map(|bits| bits as u16)
+        basis_cached(&mut self.cache, covered)
+            .solve(computed ^ wire)
+            .map(|bits| bits as u16)
+    }
+
+    /// How the ICRC of an IPv4 datagram covering `covered` bytes changes when its
+    /// identification changes by `ident` (XOR of the old and the new): the ICRC of the new
+    /// datagram is the old one XOR this. A sender whose datagrams the kernel numbers (the
+    /// segments of a UDP GSO send get consecutive IDs) adjusts each ICRC with 16 XORs instead of
+    /// computing it again over the whole packet.
+    pub fn ident_delta(&mut self, covered: usize, ident: u16) -> u32 {
+        if ident == 0 || covered < ipv4::HEADER_LEN {
+            return 0;
+        }
+        let b = basis_cached(&mut self.cache, covered);
+        (0..16)
+            .filter(|bit| ident & (1 << bit) != 0)
+            .fold(0, |d, bit| d ^ b.raw[bit])
+    }
+}
+
+/// The basis of `covered` bytes from a direct-mapped cache (packet lengths repeat).
+fn basis_cached(cache: &mut [Option<(usize, Basis)>], covered: usize) -> Basis {
+    let slot = covered % cache.len();
+    match cache[slot] {
+        Some((len, b)) if len == covered => b,
+        _ => {
+            let b = Basis::new(covered);
+            cache[slot] = Some((covered, b));
+            b
+        }
     }
 }
 
@@ -462,6 +489,25 @@ mod tests {
                 }
             }
             assert_eq!(mul_mod(zeros_op(n), 0x1234_5678), r, "{n} zero bytes");
+        }
+    }
+
+    #[test]
+    fn ident_delta_gives_the_icrc_of_another_identification() {
+        let mut u = UnknownIpv4Fields::new();
+        for len in [0usize, 1, 3, 64, 1000, 4096] {
+            let base = v4_with(0x1234, true, len);
+            let old = u32::from_le_bytes(base[base.len() - 4..].try_into().unwrap());
+            let covered = base.len() - 4;
+            for ident in [0x1234u16, 0x1235, 0, 1, 0xffff, 0x8000, 0x467e] {
+                let want = v4_with(ident, true, len);
+                let want = u32::from_le_bytes(want[want.len() - 4..].try_into().unwrap());
+                assert_eq!(
+                    old ^ u.ident_delta(covered, 0x1234 ^ ident),
+                    want,
+                    "payload {len}, ID {ident:#x}"
+                );
+            }
         }
     }
 
