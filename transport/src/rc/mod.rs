@@ -101,12 +101,12 @@ pub(crate) fn emit_to(
     {
         let mut pkt = roce::Packet::new_unchecked(&mut buf[hl..]);
         if repr.emit(&mut pkt).is_err() || !fill(pkt.payload_mut()) {
-            tx.free.push(buf);
+            tx.give_back(buf);
             return false;
         }
     }
     if icrc::generate(&mut buf).is_err() {
-        tx.free.push(buf);
+        tx.give_back(buf);
         return false;
     }
     tx.queue.push_back(buf);
@@ -419,10 +419,10 @@ mod tests {
             tx.queue.drain(..).collect::<Vec<_>>()
         };
         let fresh = build(&mut Tx::default());
-        let mut tx = Tx {
-            free: vec![vec![0xa5; 5000]; 8],
-            ..Tx::default()
-        };
+        let mut tx = Tx::default();
+        let mut garbage = vec![vec![0xa5; 5000]; 4];
+        garbage.extend(vec![vec![0x5a; 400]; 4]);
+        tx.recycle(&mut garbage);
         assert_eq!(build(&mut tx), fresh);
         // A datagram whose payload could not be filled is not sent.
         assert!(!emit_to(&gids, &mut tx, &av, 49152, &send, |_| false));

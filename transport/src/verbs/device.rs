@@ -82,13 +82,17 @@ pub(crate) struct Tx {
     pub queue: VecDeque<Vec<u8>>,
     pub limit: usize,
     pub packets: u64,
-    pub free: Vec<Vec<u8>>,
+    /// Spent buffers by size: `[small, large]` ([`SMALL`]).
+    free: [Vec<Vec<u8>>; 2],
     /// UDP source and destination ports of the link ([`crate::netdev::NetDev::tx_ports`]).
     pub ports: Option<(u16, u16)>,
 }
 
-/// Spent datagram buffers kept for reuse, per direction.
+/// Spent datagram buffers kept for reuse, per size class.
 const POOL: usize = 1024;
+/// Datagrams up to this many bytes (ACKs, responses, commands) are built in buffers of their
+/// own class, so a data packet does not grow one and zero what it grew by.
+const SMALL: usize = 512;
 
 impl Tx {
     pub fn has_room(&self) -> bool {
@@ -97,10 +101,12 @@ impl Tx {
 
     /// A buffer of `len` bytes, recycled when one is available: zero but for the `payload`
     /// range, which still holds an earlier datagram's bytes and which the caller overwrites
-    /// whole (or drops the buffer). Zeroing a 4 KiB payload only to copy over it cost as much
-    /// as the copy.
+    /// whole (or gives the buffer back with [`Tx::give_back`]). Zeroing a 4 KiB payload only
+    /// to copy over it cost as much as the copy.
     pub fn buffer(&mut self, len: usize, payload: std::ops::Range<usize>) -> Vec<u8> {
-        let mut b = self.free.pop().unwrap_or_default();
+        let mut b = self.free[usize::from(len > SMALL)]
+            .pop()
+            .unwrap_or_default();
         if b.len() < len {
             b.resize(len, 0);
         }
@@ -111,11 +117,19 @@ impl Tx {
         b
     }
 
-    /// Keeps `bufs` (emptied) for [`Tx::buffer`].
+    /// Keeps a spent (or unsent) buffer for [`Tx::buffer`].
+    pub fn give_back(&mut self, buf: Vec<u8>) {
+        let class = &mut self.free[usize::from(buf.len() > SMALL)];
+        if class.len() < POOL {
+            class.push(buf);
+        }
+    }
+
+    /// Keeps `bufs` for [`Tx::buffer`]; `bufs` is left empty.
     pub fn recycle(&mut self, bufs: &mut Vec<Vec<u8>>) {
-        let room = POOL.saturating_sub(self.free.len());
-        self.free.extend(bufs.drain(..).take(room));
-        bufs.clear();
+        for b in bufs.drain(..) {
+            self.give_back(b);
+        }
     }
 }
 
@@ -199,7 +213,7 @@ impl Device {
                 queue: VecDeque::new(),
                 limit: 4096,
                 packets: 0,
-                free: Vec::new(),
+                free: Default::default(),
                 ports: None,
             },
             rx_scratch: Vec::new(),

@@ -144,8 +144,10 @@ pub fn generate(datagram: &mut [u8]) -> Result<u32> {
 /// corruption. With the real header (a packet socket) the check is the full one.
 #[derive(Debug, Clone)]
 pub struct UnknownIpv4Fields {
-    /// Reduced bases by covered length, direct-mapped (packet lengths repeat).
-    cache: Vec<Option<(usize, Basis)>>,
+    /// Bases by covered length ([`basis_cached`]).
+    cache: Vec<(usize, Basis)>,
+    /// Bases built (cache misses).
+    built: u64,
 }
 
 /// The vectors of one covered length: each unknown bit's own (`raw`), and the rows of the
@@ -158,8 +160,8 @@ struct Basis {
 
 /// Identification bits and the DF flag.
 const UNKNOWN_BITS: usize = 17;
-/// Bases kept.
-const CACHE: usize = 32;
+/// Bases kept (two per set).
+const CACHE: usize = 64;
 /// The reflected CRC-32 polynomial.
 const POLY: u32 = 0xEDB8_8320;
 
@@ -196,27 +198,36 @@ fn zeros_op(n: usize) -> u32 {
 
 /// The CRC register change (zero start, no inversion) of one byte `mask` followed by `n`
 /// zero bytes.
-fn byte_delta(mask: u8, n: usize) -> u32 {
+/// `zeros` is [`zeros_op`] of `n`, made once for every bit of a byte.
+fn byte_delta(mask: u8, zeros: u32) -> u32 {
     let mut r = u32::from(mask);
     for _ in 0..8 {
         r = if r & 1 != 0 { (r >> 1) ^ POLY } else { r >> 1 };
     }
-    mul_mod(zeros_op(n), r)
+    mul_mod(zeros, r)
 }
 
 impl Basis {
+    const EMPTY: Basis = Basis {
+        raw: [0; UNKNOWN_BITS],
+        rows: [(0, 0, 0); UNKNOWN_BITS],
+    };
+
     /// For a datagram whose ICRC covers `covered` bytes from the start of the IPv4 header.
     fn new(covered: usize) -> Basis {
         let mut rows = [(0u32, 0u32, 0u32); UNKNOWN_BITS];
         let mut raw = [0u32; UNKNOWN_BITS];
+        // What the bytes after each of the three header bytes multiply a change by.
+        let zeros = |at: usize| zeros_op(covered - 1 - at);
+        let (z4, z5, z6) = (zeros(4), zeros(5), zeros(6));
         for bit in 0..UNKNOWN_BITS {
             // ID bits 0..8 in byte 5, 8..16 in byte 4; DF is 0x40 of byte 6.
-            let (at, mask) = match bit {
-                0..=7 => (5, 1u8 << bit),
-                8..=15 => (4, 1u8 << (bit - 8)),
-                _ => (6, 0x40),
+            let (zeros, mask) = match bit {
+                0..=7 => (z5, 1u8 << bit),
+                8..=15 => (z4, 1u8 << (bit - 8)),
+                _ => (z6, 0x40),
             };
-            let mut v = byte_delta(mask, covered - 1 - at);
+            let mut v = byte_delta(mask, zeros);
             raw[bit] = v;
             let mut c = 1u32 << bit;
             for &(rv, rc, pivot) in &rows[..bit] {
@@ -247,7 +258,9 @@ impl Basis {
 impl UnknownIpv4Fields {
     pub fn new() -> UnknownIpv4Fields {
         UnknownIpv4Fields {
-            cache: vec![None; CACHE],
+            // A covered length of usize::MAX is never asked for: an empty entry.
+            cache: vec![(usize::MAX, Basis::EMPTY); CACHE],
+            built: 0,
         }
     }
 
@@ -262,9 +275,14 @@ impl UnknownIpv4Fields {
         if covered < ipv4::HEADER_LEN {
             return None;
         }
-        basis_cached(&mut self.cache, covered)
+        basis_cached(&mut self.cache, &mut self.built, covered)
             .solve(computed ^ wire)
             .map(|bits| bits as u16)
+    }
+
+    /// How many bases were built: one per covered length, again only when one was evicted.
+    pub fn bases_built(&self) -> u64 {
+        self.built
     }
 
     /// How the ICRC of an IPv4 datagram covering `covered` bytes changes when its
@@ -276,24 +294,28 @@ impl UnknownIpv4Fields {
         if ident == 0 || covered < ipv4::HEADER_LEN {
             return 0;
         }
-        let b = basis_cached(&mut self.cache, covered);
+        let b = basis_cached(&mut self.cache, &mut self.built, covered);
         (0..16)
             .filter(|bit| ident & (1 << bit) != 0)
             .fold(0, |d, bit| d ^ b.raw[bit])
     }
 }
 
-/// The basis of `covered` bytes from a direct-mapped cache (packet lengths repeat).
-fn basis_cached(cache: &mut [Option<(usize, Basis)>], covered: usize) -> Basis {
-    let slot = covered % cache.len();
-    match cache[slot] {
-        Some((len, b)) if len == covered => b,
-        _ => {
-            let b = Basis::new(covered);
-            cache[slot] = Some((covered, b));
-            b
-        }
+/// The basis of `covered` bytes from a two-way set-associative cache (packet lengths repeat:
+/// a data path alternates between a few, such as full data packets and responses, which a
+/// direct-mapped cache can put in one slot and then rebuild on every packet).
+fn basis_cached<'a>(cache: &'a mut [(usize, Basis)], built: &mut u64, covered: usize) -> &'a Basis {
+    let sets = cache.len() / 2;
+    let set = 2 * ((covered.wrapping_mul(0x9E37_79B9) >> 8) % sets);
+    if cache[set + 1].0 == covered {
+        // Most recent first.
+        cache.swap(set, set + 1);
+    } else if cache[set].0 != covered {
+        cache[set + 1] = cache[set];
+        cache[set] = (covered, Basis::new(covered));
+        *built += 1;
     }
+    &cache[set].1
 }
 
 impl Default for UnknownIpv4Fields {
@@ -509,6 +531,20 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// A data path alternates between a few lengths (4 KiB data packets and responses: 4152
+    /// and 120 bytes once shared a direct-mapped slot); each basis is built once.
+    #[test]
+    fn bases_are_built_once_per_length() {
+        let mut u = UnknownIpv4Fields::new();
+        let lengths = [4152usize, 120, 44, 116, 1080, 2104, 4124, 60];
+        for _ in 0..10 {
+            for &n in &lengths {
+                u.ident_delta(n, 3);
+            }
+        }
+        assert_eq!(u.bases_built(), lengths.len() as u64);
     }
 
     #[test]
