@@ -68,6 +68,8 @@ pub struct UdpNetDev {
     gro: bool,
     /// Segments of a coalesced datagram that [`NetDev::receive`] has not returned yet.
     pending: std::collections::VecDeque<Vec<u8>>,
+    /// What the last `recvmmsg` got (kept for its allocation).
+    got: Vec<(usize, usize, SocketAddr, usize)>,
     /// How a segment's ICRC changes with the IP ID the kernel gives it in a GSO send.
     ident_deltas: icrc::UnknownIpv4Fields,
 }
@@ -141,6 +143,7 @@ impl UdpNetDev {
             packet_rx: None,
             gso: true,
             ident_deltas: icrc::UnknownIpv4Fields::new(),
+            got: Vec::with_capacity(BATCH),
             gro,
             pending: std::collections::VecDeque::new(),
         })
@@ -374,19 +377,22 @@ impl NetDev for UdpNetDev {
         }
         // With GRO one datagram may stand for many: `max` is then exceeded by at most one
         // batch of coalesced datagrams.
+        let mut got = std::mem::take(&mut self.got);
         while total < max {
             let bufs = &mut self.batch_bufs;
-            let got = match self.socket.try_io(tokio::io::Interest::READABLE, || {
-                sys::recvmmsg(&self.socket, bufs)
+            got.clear();
+            match self.socket.try_io(tokio::io::Interest::READABLE, || {
+                sys::recvmmsg(&self.socket, bufs, &mut got)
             }) {
-                Ok(v) => v,
+                Ok(0) => break,
+                Ok(_) => {}
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                Err(e) => return Err(e),
-            };
-            if got.is_empty() {
-                break;
+                Err(e) => {
+                    self.got = got;
+                    return Err(e);
+                }
             }
-            for (i, len, from, seg) in got {
+            for &(i, len, from, seg) in &got {
                 let payload = &self.batch_bufs[i][..len];
                 let seg = if seg == 0 { len.max(1) } else { seg };
                 for p in payload.chunks(seg) {
@@ -398,6 +404,7 @@ impl NetDev for UdpNetDev {
                 }
             }
         }
+        self.got = got;
         Ok(total)
     }
 }
@@ -956,49 +963,45 @@ mod sys {
         unsafe { send_prepared(sock, &mut hdrs) }
     }
 
-    /// Receives up to `bufs.len()` datagrams; returns (buffer index, length, source, GRO
-    /// segment size or 0) for each one that was not truncated.
+    /// Receives up to `bufs.len()` (at most [`super::BATCH`]) datagrams and appends (buffer
+    /// index, length, source, GRO segment size or 0) to `out` for each one that was not
+    /// truncated; returns how many the kernel gave. The message headers live on the stack:
+    /// this runs on every turn of the engine, mostly to find nothing.
     pub(super) fn recvmmsg(
         sock: &impl AsRawFd,
         bufs: &mut [Vec<u8>],
-    ) -> io::Result<Vec<(usize, usize, SocketAddr, usize)>> {
-        let mut cmsgs: Vec<Cmsg> = vec![Cmsg([0; 32]); bufs.len()];
-        // SAFETY: sockaddr_storage is plain old data; all-zero is valid.
-        let mut names: Vec<libc::sockaddr_storage> =
-            bufs.iter().map(|_| unsafe { std::mem::zeroed() }).collect();
-        let mut iovs: Vec<libc::iovec> = bufs
-            .iter_mut()
-            .map(|b| libc::iovec {
+        out: &mut Vec<(usize, usize, SocketAddr, usize)>,
+    ) -> io::Result<usize> {
+        const N: usize = super::BATCH;
+        let n = bufs.len().min(N);
+        let mut cmsgs = [Cmsg([0; 32]); N];
+        // SAFETY: sockaddr_storage, iovec and mmsghdr are plain old data for which all-zero
+        // bytes are valid (null pointers, zero lengths).
+        let mut names: [libc::sockaddr_storage; N] = unsafe { std::mem::zeroed() };
+        // SAFETY: as above.
+        let mut iovs: [libc::iovec; N] = unsafe { std::mem::zeroed() };
+        // SAFETY: as above.
+        let mut hdrs: [libc::mmsghdr; N] = unsafe { std::mem::zeroed() };
+        for (i, b) in bufs.iter_mut().take(n).enumerate() {
+            iovs[i] = libc::iovec {
                 iov_base: b.as_mut_ptr().cast(),
                 iov_len: b.len(),
-            })
-            .collect();
-        let mut hdrs: Vec<libc::mmsghdr> = names
-            .iter_mut()
-            .zip(iovs.iter_mut())
-            .zip(cmsgs.iter_mut())
-            .map(|((name, iov), cm)| {
-                // SAFETY: msghdr is plain old data; zero is a valid "no control data" value.
-                let mut h: libc::msghdr = unsafe { std::mem::zeroed() };
-                h.msg_name = (name as *mut libc::sockaddr_storage).cast();
-                h.msg_namelen = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
-                h.msg_iov = iov;
-                h.msg_iovlen = 1;
-                h.msg_control = cm.0.as_mut_ptr().cast();
-                h.msg_controllen = cm.0.len() as _;
-                libc::mmsghdr {
-                    msg_hdr: h,
-                    msg_len: 0,
-                }
-            })
-            .collect();
-        // SAFETY: each header points at a live, writable name and iovec whose buffer is
-        // exclusively borrowed (`bufs`) for the call; lengths match the allocations.
+            };
+            let h = &mut hdrs[i].msg_hdr;
+            h.msg_name = (&mut names[i] as *mut libc::sockaddr_storage).cast();
+            h.msg_namelen = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+            h.msg_iov = &mut iovs[i];
+            h.msg_iovlen = 1;
+            h.msg_control = cmsgs[i].0.as_mut_ptr().cast();
+            h.msg_controllen = cmsgs[i].0.len() as _;
+        }
+        // SAFETY: the first `n` headers point at a live, writable name, control buffer and
+        // iovec whose buffer is exclusively borrowed (`bufs`) for the call; lengths match.
         let r = unsafe {
             libc::recvmmsg(
                 sock.as_raw_fd(),
                 hdrs.as_mut_ptr(),
-                hdrs.len() as libc::c_uint,
+                n as libc::c_uint,
                 libc::MSG_DONTWAIT,
                 std::ptr::null_mut(),
             )
@@ -1006,7 +1009,6 @@ mod sys {
         if r < 0 {
             return Err(io::Error::last_os_error());
         }
-        let mut out = Vec::with_capacity(r as usize);
         for (i, h) in hdrs.iter().take(r as usize).enumerate() {
             if h.msg_hdr.msg_flags & libc::MSG_TRUNC != 0 {
                 continue;
@@ -1029,7 +1031,7 @@ mod sys {
                 out.push((i, h.msg_len as usize, from, segment));
             }
         }
-        Ok(out)
+        Ok(r as usize)
     }
 }
 
