@@ -21,6 +21,7 @@ use std::io;
 use std::time::Duration;
 
 use crate::verbs::Device;
+pub use crate::verbs::Outgoing;
 
 /// A link that carries whole IP datagrams.
 pub trait NetDev: Send {
@@ -31,10 +32,15 @@ pub trait NetDev: Send {
     /// The next received datagram, if one is waiting (never blocks).
     fn receive(&mut self) -> io::Result<Option<Vec<u8>>>;
 
-    /// Transmits several datagrams (one system call where the link supports it).
-    fn transmit_batch(&mut self, datagrams: &[Vec<u8>]) -> io::Result<()> {
+    /// Transmits several datagrams (one system call where the link supports it). A link
+    /// that sends from memory sends a datagram's pieces as they are; this one puts each
+    /// together first.
+    fn transmit_batch(&mut self, datagrams: &[Outgoing]) -> io::Result<()> {
         for d in datagrams {
-            self.transmit(d)?;
+            match d.payload {
+                None => self.transmit(&d.bytes)?,
+                Some(_) => self.transmit(&d.to_vec())?,
+            }
         }
         Ok(())
     }

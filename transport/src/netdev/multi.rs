@@ -9,7 +9,7 @@ use std::net::IpAddr;
 use std::task::Poll;
 
 use super::udp::UdpNetDev;
-use super::NetDev;
+use super::{NetDev, Outgoing};
 use crate::wire::Datagram;
 
 /// UDP netdevs bound to distinct local addresses on the same port.
@@ -43,7 +43,7 @@ impl MultiUdpNetDev {
     }
 
     fn route(&self, datagram: &[u8]) -> Option<usize> {
-        let src = Datagram::split(datagram).ok()?.ip_repr().ok()?.src_addr();
+        let src = Datagram::headers(datagram).ok()?.ip_repr().ok()?.src_addr();
         self.devs.iter().position(|d| d.local_addr().ip() == src)
     }
 }
@@ -69,13 +69,13 @@ impl NetDev for MultiUdpNetDev {
         Ok(None)
     }
 
-    fn transmit_batch(&mut self, datagrams: &[Vec<u8>]) -> io::Result<()> {
+    fn transmit_batch(&mut self, datagrams: &[Outgoing]) -> io::Result<()> {
         if self.devs.len() == 1 {
             return self.devs[0].transmit_batch(datagrams);
         }
-        let mut per: Vec<Vec<Vec<u8>>> = vec![Vec::new(); self.devs.len()];
+        let mut per: Vec<Vec<Outgoing>> = (0..self.devs.len()).map(|_| Vec::new()).collect();
         for d in datagrams {
-            if let Some(i) = self.route(d) {
+            if let Some(i) = self.route(&d.bytes) {
                 per[i].push(d.clone());
             }
         }
@@ -183,7 +183,8 @@ mod tests {
         let d9 = datagram_from(Ipv4Addr::new(127, 0, 0, 9), lo, port);
         // Let the reactor learn that the sockets are writable.
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-        m.transmit_batch(&[d2, d9, d1]).unwrap();
+        m.transmit_batch(&[d2, d9, d1].map(Outgoing::whole))
+            .unwrap();
         let mut buf = [0u8; 256];
         let mut froms = Vec::new();
         for _ in 0..2 {

@@ -44,7 +44,7 @@ use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::os::fd::AsRawFd;
 
-use super::NetDev;
+use super::{NetDev, Outgoing};
 use crate::wire::{datagram, icrc, ipv4, ipv6, roce, udp, Datagram, IpRepr};
 
 /// A UDP socket carrying RoCEv2.
@@ -291,7 +291,7 @@ impl UdpNetDev {
 impl NetDev for UdpNetDev {
     fn transmit(&mut self, d: &[u8]) -> io::Result<()> {
         let (out, to, hl) = self.rewrite(d)?;
-        self.send_all(&[(&out[hl..], to)])
+        self.send_all(&[Msg::new([&out, &[], &[]], hl, to)])
     }
 
     fn receive(&mut self) -> io::Result<Option<Vec<u8>>> {
@@ -312,16 +312,17 @@ impl NetDev for UdpNetDev {
         Ok(wrap(from, self.local, &self.buf[..n]))
     }
 
-    fn transmit_batch(&mut self, datagrams: &[Vec<u8>]) -> io::Result<()> {
-        // Datagrams built as the kernel will send them go out as they are; the others are
-        // rewritten (and their ICRC regenerated) into reused buffers.
+    fn transmit_batch(&mut self, datagrams: &[Outgoing]) -> io::Result<()> {
+        // Datagrams built as the kernel will send them go out as they are, their payload
+        // straight from memory; the others are rewritten (and their ICRC regenerated) into
+        // reused buffers.
         let mut bufs = std::mem::take(&mut self.tx_bufs);
         // (the datagram, or the buffer it was rewritten into; header length; destination)
         let mut plan: Vec<(Result<usize, usize>, usize, SocketAddr)> =
             Vec::with_capacity(datagrams.len());
         let mut used = 0;
         for (k, d) in datagrams.iter().enumerate() {
-            if let Some((to, hl)) = self.as_sent(d) {
+            if let Some((to, hl)) = self.as_sent(&d.bytes) {
                 plan.push((Err(k), hl, to));
                 continue;
             }
@@ -329,24 +330,22 @@ impl NetDev for UdpNetDev {
                 bufs.push(Vec::new());
             }
             // A datagram the socket cannot send is dropped like any other loss.
-            if let Ok((to, hl)) = self.rewrite_into(d, &mut bufs[used]) {
+            if let Ok((to, hl)) = self.rewrite_into(&d.to_vec(), &mut bufs[used]) {
                 plan.push((Ok(used), hl, to));
                 used += 1;
             }
         }
-        let msgs: Vec<(&[u8], usize, SocketAddr)> = plan
+        let msgs: Vec<Msg> = plan
             .iter()
             .map(|&(slot, hl, to)| match slot {
-                Ok(i) => (&bufs[i][..], hl, to),
-                Err(k) => (&datagrams[k][..], hl, to),
+                Ok(i) => Msg::new([&bufs[i][..], &[], &[]], hl, to),
+                Err(k) => Msg::new(datagrams[k].pieces(), hl, to),
             })
             .collect();
         let r = if self.gso {
             self.send_gso(&msgs)
         } else {
-            let payloads: Vec<(&[u8], SocketAddr)> =
-                msgs.iter().map(|&(d, hl, to)| (&d[hl..], to)).collect();
-            self.send_all(&payloads)
+            self.send_all(&msgs)
         };
         drop(msgs);
         self.tx_bufs = bufs;
@@ -413,7 +412,7 @@ impl UdpNetDev {
     /// Destination and header length of a datagram that is already what the kernel will send
     /// (our address and port, the peer's port, IPv4 ID 0 with DF), so its ICRC holds as is.
     fn as_sent(&self, d: &[u8]) -> Option<(SocketAddr, usize)> {
-        let dg = Datagram::split(d).ok()?;
+        let dg = Datagram::headers(d).ok()?;
         let ip = dg.ip_repr().ok()?;
         let ok = match (ip, self.local.ip()) {
             (IpRepr::V4(r), IpAddr::V4(src)) => r.src_addr == src && r.ident == 0 && r.dont_frag,
@@ -424,14 +423,24 @@ impl UdpNetDev {
         (ok && udp.src_port == self.local.port() && udp.dst_port == self.peer_port).then(|| {
             (
                 SocketAddr::new(ip.dst_addr(), self.peer_port),
-                d.len() - dg.roce.len(),
+                dg.ip_header.len() + dg.udp_header.len(),
             )
         })
     }
 
-    /// Sends datagrams (`.0`, whose UDP payload starts at `.1`) with UDP GSO: each run of
-    /// datagrams to one peer whose payloads have one size (the last may be shorter) goes out
-    /// as one message that the kernel (or the NIC) cuts back into exactly those datagrams.
+    /// The ICRC of IPv4 datagram `d` as it is when the kernel gives it IP ID `ident` (the
+    /// datagram's own ICRC adjusted, not computed again).
+    fn icrc_as_segment(&mut self, d: &Msg, ident: u16) -> u32 {
+        let own = d.icrc();
+        let old = u16::from_be_bytes([d.head[4], d.head[5]]);
+        own ^ self
+            .ident_deltas
+            .ident_delta(d.len() - roce::ICRC_LEN, old ^ ident)
+    }
+
+    /// Sends datagrams with UDP GSO: each run of datagrams to one peer whose payloads have one
+    /// size (the last may be shorter) goes out as one message that the kernel (or the NIC)
+    /// cuts back into exactly those datagrams.
     ///
     /// The cut datagrams carry what the engine built, with one difference: for IPv4, Linux
     /// numbers the segments of one send with consecutive IP IDs from the ID of the first,
@@ -441,29 +450,18 @@ impl UdpNetDev {
     ///
     /// A route or kernel that refuses GSO turns it off for the socket, and the datagrams go
     /// out one by one as before.
-    /// The ICRC of IPv4 datagram `d` as it is when the kernel gives it IP ID `ident` (the
-    /// datagram's own ICRC adjusted, not computed again).
-    fn icrc_as_segment(&mut self, d: &[u8], ident: u16) -> u32 {
-        let at = d.len() - roce::ICRC_LEN;
-        let own = u32::from_le_bytes([d[at], d[at + 1], d[at + 2], d[at + 3]]);
-        let old = u16::from_be_bytes([d[4], d[5]]);
-        own ^ self.ident_deltas.ident_delta(at, old ^ ident)
-    }
-
-    fn send_gso(&mut self, msgs: &[(&[u8], usize, SocketAddr)]) -> io::Result<()> {
+    fn send_gso(&mut self, msgs: &[Msg]) -> io::Result<()> {
         let v4 = self.local.is_ipv4();
         // Runs: (first datagram, count, segment size).
         let mut runs: Vec<(usize, usize, usize)> = Vec::new();
         let mut i = 0;
         while i < msgs.len() {
-            let (d, hl, to) = msgs[i];
-            let seg = d.len() - hl;
+            let (to, seg) = (msgs[i].to, msgs[i].udp_payload_len());
             let mut bytes = seg;
             let mut j = i + 1;
             while j < msgs.len() && j - i < GSO_MAX_SEGMENTS {
-                let (e, ehl, eto) = msgs[j];
-                let len = e.len() - ehl;
-                if eto != to || len > seg || bytes + len > GSO_MAX_BYTES {
+                let len = msgs[j].udp_payload_len();
+                if msgs[j].to != to || len > seg || bytes + len > GSO_MAX_BYTES {
                     break;
                 }
                 bytes += len;
@@ -475,33 +473,34 @@ impl UdpNetDev {
             runs.push((i, j - i, seg));
             i = j;
         }
-        // The ICRCs of segments after the first of an IPv4 run, with their IP ID.
-        let mut icrcs: Vec<[u8; 4]> = Vec::new();
-        if v4 {
-            for &(first, count, _) in &runs {
-                for (k, &(d, _, _)) in msgs[first..first + count].iter().enumerate().skip(1) {
-                    icrcs.push(self.icrc_as_segment(d, k as u16).to_le_bytes());
-                }
+        // Every datagram's ICRC: its own, or for the segments after the first of an IPv4 run,
+        // the one with their IP ID.
+        let mut icrcs: Vec<[u8; 4]> = Vec::with_capacity(msgs.len());
+        for &(first, count, _) in &runs {
+            for (k, d) in msgs[first..first + count].iter().enumerate() {
+                let icrc = if v4 && k > 0 {
+                    self.icrc_as_segment(d, k as u16)
+                } else {
+                    d.icrc()
+                };
+                icrcs.push(icrc.to_le_bytes());
             }
         }
-        // Every datagram as one or two pieces (payload before the ICRC, the ICRC).
-        let mut pieces: Vec<&[u8]> = Vec::with_capacity(msgs.len() * 2);
+        // Every datagram as up to four pieces: headers before the payload, the payload, the
+        // pad, the ICRC.
+        let mut pieces: Vec<&[u8]> = Vec::with_capacity(msgs.len() * 4);
         let mut sends: Vec<sys::GsoMsg> = Vec::with_capacity(runs.len());
-        let mut next_icrc = 0;
         for &(first, count, seg) in &runs {
             let start = pieces.len();
-            for (k, &(d, hl, _)) in msgs[first..first + count].iter().enumerate() {
-                if v4 && k > 0 {
-                    pieces.push(&d[hl..d.len() - roce::ICRC_LEN]);
-                    pieces.push(&icrcs[next_icrc]);
-                    next_icrc += 1;
-                } else {
-                    pieces.push(&d[hl..]);
-                }
+            for (d, icrc) in msgs[first..first + count]
+                .iter()
+                .zip(&icrcs[first..first + count])
+            {
+                d.push_udp_payload(&mut pieces, icrc);
             }
             sends.push(sys::GsoMsg {
                 pieces: start..pieces.len(),
-                to: msgs[first].2,
+                to: msgs[first].to,
                 segment: if count > 1 { seg as u16 } else { 0 },
             });
         }
@@ -514,11 +513,7 @@ impl UdpNetDev {
                 Err(e) if chunk[0].segment != 0 && gso_refused(&e) => {
                     // Send the rest one by one, with the ICRCs the engine computed.
                     self.gso = false;
-                    let rest: Vec<(&[u8], SocketAddr)> = msgs[runs[done].0..]
-                        .iter()
-                        .map(|&(d, hl, to)| (&d[hl..], to))
-                        .collect();
-                    return self.send_all(&rest);
+                    return self.send_all(&msgs[runs[done].0..]);
                 }
                 Err(e) => return Err(e),
             }
@@ -526,24 +521,102 @@ impl UdpNetDev {
         Ok(())
     }
 
-    /// `sendmmsg` of UDP payloads, [`BATCH`] per call; a full socket drops the rest.
+    /// `sendmmsg` of the datagrams one by one, [`BATCH`] per call; a full socket drops the
+    /// rest.
     ///
     /// The call goes straight to the non-blocking socket rather than through tokio's
     /// readiness: a socket that has not been polled yet counts as not writable there, which
     /// would drop the first datagrams of a new device (a CM REQ then waits for its
     /// retransmission, seconds later).
-    fn send_all(&self, msgs: &[(&[u8], SocketAddr)]) -> io::Result<()> {
-        for chunk in msgs.chunks(BATCH) {
-            let mut sent = 0;
-            while sent < chunk.len() {
-                match sys::sendmmsg(&self.socket, &chunk[sent..]) {
-                    Ok(n) => sent += n.max(1),
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
-                    Err(e) => return Err(e),
-                }
+    fn send_all(&self, msgs: &[Msg]) -> io::Result<()> {
+        let icrcs: Vec<[u8; 4]> = msgs.iter().map(|d| d.icrc().to_le_bytes()).collect();
+        let mut pieces: Vec<&[u8]> = Vec::with_capacity(msgs.len() * 4);
+        let mut sends: Vec<sys::GsoMsg> = Vec::with_capacity(msgs.len());
+        for (d, icrc) in msgs.iter().zip(&icrcs) {
+            let start = pieces.len();
+            d.push_udp_payload(&mut pieces, icrc);
+            sends.push(sys::GsoMsg {
+                pieces: start..pieces.len(),
+                to: d.to,
+                segment: 0,
+            });
+        }
+        let mut done = 0;
+        while done < sends.len() {
+            let chunk = &sends[done..(done + BATCH).min(sends.len())];
+            match sys::sendmmsg_gso(&self.socket, &pieces, chunk) {
+                Ok(n) => done += n.max(1),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+                Err(e) => return Err(e),
             }
         }
         Ok(())
+    }
+}
+
+/// One datagram to send, as an [`Outgoing`] holds it: `head` (from the IP header on), the
+/// payload sent from memory (`data`) and `tail` (pad and ICRC) after it, or `head` alone
+/// holding it whole; its UDP payload starts at `hl`.
+struct Msg<'a> {
+    head: &'a [u8],
+    data: &'a [u8],
+    tail: &'a [u8],
+    hl: usize,
+    to: SocketAddr,
+}
+
+impl<'a> Msg<'a> {
+    fn new([head, data, tail]: [&'a [u8]; 3], hl: usize, to: SocketAddr) -> Msg<'a> {
+        Msg {
+            head,
+            data,
+            tail,
+            hl,
+            to,
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.head.len() + self.data.len() + self.tail.len()
+    }
+
+    fn udp_payload_len(&self) -> usize {
+        self.len().saturating_sub(self.hl)
+    }
+
+    /// The piece that ends with the ICRC, and where the ICRC starts in it.
+    fn last(&self) -> (&'a [u8], usize) {
+        let last = if self.tail.is_empty() {
+            self.head
+        } else {
+            self.tail
+        };
+        (last, last.len().saturating_sub(roce::ICRC_LEN))
+    }
+
+    fn icrc(&self) -> u32 {
+        let (last, at) = self.last();
+        let mut v = [0u8; 4];
+        if let Some(b) = last.get(at..at + roce::ICRC_LEN) {
+            v.copy_from_slice(b);
+        }
+        u32::from_le_bytes(v)
+    }
+
+    /// Appends the pieces of the UDP payload, with `icrc` in place of the datagram's own.
+    fn push_udp_payload(&self, out: &mut Vec<&'a [u8]>, icrc: &'a [u8; 4]) {
+        let (_, at) = self.last();
+        if self.tail.is_empty() {
+            out.push(self.head.get(self.hl..at).unwrap_or_default());
+        } else {
+            out.push(self.head.get(self.hl..).unwrap_or_default());
+            for p in [self.data, &self.tail[..at]] {
+                if !p.is_empty() {
+                    out.push(p);
+                }
+            }
+        }
+        out.push(icrc);
     }
 }
 
@@ -835,38 +908,6 @@ mod sys {
         Ok(Some((link, n)))
     }
 
-    /// Sends `msgs` (UDP payload `.0` to `.1`); returns how many went out.
-    pub(super) fn sendmmsg(sock: &impl AsRawFd, msgs: &[(&[u8], SocketAddr)]) -> io::Result<usize> {
-        let mut names: Vec<(libc::sockaddr_storage, libc::socklen_t)> =
-            msgs.iter().map(|m| to_storage(m.1)).collect();
-        let mut iovs: Vec<libc::iovec> = msgs
-            .iter()
-            .map(|m| libc::iovec {
-                iov_base: m.0.as_ptr() as *mut libc::c_void,
-                iov_len: m.0.len(),
-            })
-            .collect();
-        let mut hdrs: Vec<libc::mmsghdr> = names
-            .iter_mut()
-            .zip(iovs.iter_mut())
-            .map(|(name, iov)| {
-                // SAFETY: msghdr is plain old data; zero is a valid "no control data" value.
-                let mut h: libc::msghdr = unsafe { std::mem::zeroed() };
-                h.msg_name = (&mut name.0 as *mut libc::sockaddr_storage).cast();
-                h.msg_namelen = name.1;
-                h.msg_iov = iov;
-                h.msg_iovlen = 1;
-                libc::mmsghdr {
-                    msg_hdr: h,
-                    msg_len: 0,
-                }
-            })
-            .collect();
-        // SAFETY: every header points at a live name and iovec in `names`/`iovs`, whose
-        // buffers (`msgs`) outlive the call.
-        unsafe { send_prepared(sock, &mut hdrs) }
-    }
-
     /// `sendmmsg(2)` of prepared headers without blocking; returns how many went out.
     ///
     /// # Safety
@@ -1141,6 +1182,24 @@ mod gso_tests {
         v
     }
 
+    /// The datagrams as the engine queues them: every other one with its payload (after
+    /// the 40 bytes of IPv4, UDP and BTH headers) in a memory region, sent from there.
+    fn outgoing(sent: &[Vec<u8>]) -> Vec<Outgoing> {
+        sent.iter()
+            .enumerate()
+            .map(|(i, d)| {
+                if i % 2 == 1 {
+                    return Outgoing::whole(d.clone());
+                }
+                let end = d.len() - roce::ICRC_LEN;
+                let region =
+                    std::sync::Arc::new(crate::verbs::Region::from_vec(d[40..end].to_vec()));
+                let bytes = [&d[..40], &d[end..]].concat();
+                Outgoing::from_region(bytes, region, 0, end - 40, 40)
+            })
+            .collect()
+    }
+
     async fn collect(nd: &mut UdpNetDev, n: usize) -> Vec<Vec<u8>> {
         let mut got = Vec::new();
         let wait = async {
@@ -1155,9 +1214,10 @@ mod gso_tests {
         got
     }
 
-    /// The segments a GRO socket receives are the datagrams sent, in order, the ICRC of the
-    /// k-th segment of a GSO run computed with IPv4 ID k (what the kernel gives it when it
-    /// cuts the run on a link).
+    /// The segments a GRO socket receives are the datagrams sent, in order (those held whole
+    /// and those sent with their payload straight from memory), the ICRC of the k-th segment
+    /// of a GSO run computed with IPv4 ID k (what the kernel gives it when it cuts the run on
+    /// a link).
     #[tokio::test]
     async fn gso_runs_arrive_as_the_datagrams_sent() {
         let (mut a, mut b) = match (
@@ -1179,7 +1239,7 @@ mod gso_tests {
         // A datagram to another address (nobody listens there) breaks the run.
         let other = SocketAddr::new(IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2)), to.port());
         let sent = burst(a.local_addr(), to, other);
-        a.transmit_batch(&sent).unwrap();
+        a.transmit_batch(&outgoing(&sent)).unwrap();
         assert!(a.gso, "GSO was refused on loopback");
         let got = collect(&mut b, sent.len() - 1).await;
         let mine: Vec<&Vec<u8>> = sent
@@ -1222,7 +1282,7 @@ mod gso_tests {
         a.peer_port = b.local_addr().port();
         let to = b.local_addr();
         let sent = burst(a.local_addr(), to, to);
-        a.transmit_batch(&sent).unwrap();
+        a.transmit_batch(&outgoing(&sent)).unwrap();
         let got = collect(&mut b, sent.len()).await;
         assert_eq!(got.len(), sent.len());
         for (i, (g, s)) in got.iter().zip(&sent).enumerate() {

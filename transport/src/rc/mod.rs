@@ -18,11 +18,13 @@ pub mod responder;
 pub mod ud;
 
 use std::net::IpAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
-use crate::verbs::device::Engine;
+use crate::verbs::device::{Engine, Outgoing, Tx};
 use crate::verbs::mr::{KeyKind, MrError, MrTable};
 use crate::verbs::qp::QpCtx;
+use crate::verbs::Region;
 use crate::verbs::{Access, AddressVector, Device, QpState, QpType, Sge};
 use crate::wire::{datagram, icrc, ipv4, ipv6, roce, Datagram, IpRepr, RoceRepr};
 
@@ -54,20 +56,11 @@ pub(crate) fn emit(
     emit_to(&eng.gids, &mut eng.tx, av, sport, repr, fill)
 }
 
-/// [`emit`] with the engine split, so `fill` can borrow the MR table.
-pub(crate) fn emit_to(
-    gids: &[crate::verbs::Gid],
-    tx: &mut crate::verbs::device::Tx,
-    av: &AddressVector,
-    sport: u16,
-    repr: &RoceRepr,
-    fill: impl FnOnce(&mut [u8]) -> bool,
-) -> bool {
-    let Some(src) = gids.get(av.sgid_index as usize).map(|g| g.to_ip()) else {
-        return false;
-    };
-    let ip = match (src, av.dest) {
-        (IpAddr::V4(s), IpAddr::V4(d)) => IpRepr::V4(ipv4::Repr {
+/// The IP header fields of a datagram from our GID `av.sgid_index` to `av.dest`.
+fn ip_for(gids: &[crate::verbs::Gid], av: &AddressVector) -> Option<IpRepr> {
+    let src = gids.get(av.sgid_index as usize).map(|g| g.to_ip())?;
+    match (src, av.dest) {
+        (IpAddr::V4(s), IpAddr::V4(d)) => Some(IpRepr::V4(ipv4::Repr {
             src_addr: s,
             dst_addr: d,
             protocol: ipv4::PROTOCOL_UDP,
@@ -77,8 +70,8 @@ pub(crate) fn emit_to(
             // Linux gives an unconnected DF socket's packets ID 0 (docs/WIRE.md §8).
             ident: 0,
             dont_frag: true,
-        }),
-        (IpAddr::V6(s), IpAddr::V6(d)) => IpRepr::V6(ipv6::Repr {
+        })),
+        (IpAddr::V6(s), IpAddr::V6(d)) => Some(IpRepr::V6(ipv6::Repr {
             src_addr: s,
             dst_addr: d,
             next_header: ipv4::PROTOCOL_UDP,
@@ -86,32 +79,135 @@ pub(crate) fn emit_to(
             hop_limit: av.hop_limit,
             traffic_class: av.traffic_class,
             flow_label: av.flow_label & 0xF_FFFF,
-        }),
-        _ => return false,
-    };
-    let roce_len = repr.buffer_len();
-    let len = ip.header_len() + crate::wire::udp::HEADER_LEN + roce_len;
-    // `fill` writes the whole payload (or the packet is dropped); the rest is zeroed.
-    let payload_end = len - roce::ICRC_LEN - repr.pad_len();
-    let mut buf = tx.buffer(len, payload_end - repr.payload_len..payload_end);
+        })),
+        _ => None,
+    }
+}
+
+/// A datagram's layout: its length and where its payload lies.
+fn layout(ip: &IpRepr, repr: &RoceRepr) -> (usize, std::ops::Range<usize>) {
+    let len = ip.header_len() + crate::wire::udp::HEADER_LEN + repr.buffer_len();
+    let end = len - roce::ICRC_LEN - repr.pad_len();
+    (len, end - repr.payload_len..end)
+}
+
+/// Writes the IP, UDP and transport headers and the pad of a datagram into `buf` (its
+/// length is the datagram's); false if they do not fit.
+fn build(ip: &IpRepr, tx: &Tx, sport: u16, repr: &RoceRepr, buf: &mut [u8]) -> bool {
     let (sport, dport) = tx.ports.unwrap_or((sport, roce::UDP_PORT));
-    let Ok(hl) = datagram::emit_headers(&ip, sport, dport, roce_len, &mut buf) else {
+    let Ok(hl) = datagram::emit_headers(ip, sport, dport, repr.buffer_len(), buf) else {
         return false;
     };
+    repr.emit(&mut roce::Packet::new_unchecked(&mut buf[hl..]))
+        .is_ok()
+}
+
+/// [`emit`] with the engine split, so `fill` can borrow the MR table.
+pub(crate) fn emit_to(
+    gids: &[crate::verbs::Gid],
+    tx: &mut Tx,
+    av: &AddressVector,
+    sport: u16,
+    repr: &RoceRepr,
+    fill: impl FnOnce(&mut [u8]) -> bool,
+) -> bool {
+    let Some(ip) = ip_for(gids, av) else {
+        return false;
+    };
+    let (len, payload) = layout(&ip, repr);
+    // `fill` writes the whole payload (or the packet is dropped); the rest is zeroed.
+    let mut buf = tx.buffer(len, payload.clone());
+    if !build(&ip, tx, sport, repr, &mut buf)
+        || !fill(&mut buf[payload])
+        || icrc::generate(&mut buf).is_err()
     {
-        let mut pkt = roce::Packet::new_unchecked(&mut buf[hl..]);
-        if repr.emit(&mut pkt).is_err() || !fill(pkt.payload_mut()) {
-            tx.give_back(buf);
-            return false;
-        }
-    }
-    if icrc::generate(&mut buf).is_err() {
         tx.give_back(buf);
         return false;
     }
-    tx.queue.push_back(buf);
-    tx.packets += 1;
+    tx.push(Outgoing::whole(buf));
     true
+}
+
+/// [`emit_to`] for a payload of `repr.payload_len` bytes at `offset` in `region`, which
+/// stays there: the datagram holds its headers, pad and ICRC (computed over the payload where
+/// it lies), and the link sends the payload straight from the region.
+pub(crate) fn emit_from_region(
+    gids: &[crate::verbs::Gid],
+    tx: &mut Tx,
+    av: &AddressVector,
+    sport: u16,
+    repr: &RoceRepr,
+    region: &Arc<Region>,
+    offset: usize,
+) -> bool {
+    let Some(ip) = ip_for(gids, av) else {
+        return false;
+    };
+    let Some(data) = region.slice(offset, repr.payload_len) else {
+        return false;
+    };
+    let (len, payload) = layout(&ip, repr);
+    // Built whole in the scratch buffer, its payload bytes left as they were, never sent.
+    let mut full = std::mem::take(&mut tx.scratch);
+    full.resize(len.max(full.len()), 0);
+    full.truncate(len);
+    full[..payload.start].fill(0);
+    full[payload.end..].fill(0);
+    let built = build(&ip, tx, sport, repr, &mut full);
+    let ip_len = ip.header_len();
+    let hl = ip_len + crate::wire::udp::HEADER_LEN;
+    if built {
+        let mut c = icrc::Icrc::new(&full[..ip_len], &full[ip_len..hl], &full[hl..payload.start]);
+        c.update(data);
+        c.update(&full[payload.end..len - roce::ICRC_LEN]);
+        full[len - roce::ICRC_LEN..].copy_from_slice(&c.finish().to_le_bytes());
+    }
+    let mut out = tx.buffer(len - repr.payload_len, 0..0);
+    out[..payload.start].copy_from_slice(&full[..payload.start]);
+    out[payload.start..].copy_from_slice(&full[payload.end..]);
+    tx.scratch = full;
+    if !built {
+        tx.give_back(out);
+        return false;
+    }
+    tx.push(Outgoing::from_region(
+        out,
+        region.clone(),
+        offset,
+        repr.payload_len,
+        payload.start,
+    ));
+    true
+}
+
+/// The region and offset of `len` bytes starting `offset` bytes into the SGE list when they
+/// lie in one SGE (L_Keys of `pd`); `None` when they span several (then they are gathered).
+pub(crate) fn single_region(
+    mrs: &MrTable,
+    pd: u32,
+    sges: &[Sge],
+    mut offset: usize,
+    len: usize,
+) -> Option<Result<(Arc<Region>, usize), MrError>> {
+    for s in sges {
+        let sl = s.length as usize;
+        if offset >= sl {
+            offset -= sl;
+            continue;
+        }
+        if sl - offset < len {
+            return None;
+        }
+        return Some(mrs.lookup(
+            pd,
+            s.lkey,
+            KeyKind::Local,
+            Access::empty(),
+            s.addr + offset as u64,
+            len,
+        ));
+    }
+    None
 }
 
 /// Copies `out.len()` bytes starting `offset` bytes into the SGE list (L_Keys of `pd`).
@@ -420,10 +516,36 @@ mod tests {
         };
         let fresh = build(&mut Tx::default());
         let mut tx = Tx::default();
-        let mut garbage = vec![vec![0xa5; 5000]; 4];
-        garbage.extend(vec![vec![0x5a; 400]; 4]);
+        let mut garbage: Vec<Outgoing> = vec![vec![0xa5; 5000]; 4]
+            .into_iter()
+            .chain(vec![vec![0x5a; 400]; 4])
+            .map(Outgoing::whole)
+            .collect();
         tx.recycle(&mut garbage);
-        assert_eq!(build(&mut tx), fresh);
+        tx.scratch = vec![0xa5; 5000];
+        let whole = |v: Vec<Outgoing>| v.iter().map(Outgoing::to_vec).collect::<Vec<_>>();
+        assert_eq!(whole(build(&mut tx)), whole(fresh));
+        // With the payload sent from a region: the same datagram, the payload not copied.
+        let region = Arc::new(Region::from_vec((0..4200u32).map(|i| i as u8).collect()));
+        let mut t = Tx::default();
+        assert!(emit_to(&gids, &mut t, &av, 49152, &send, |p| {
+            p.iter_mut().enumerate().for_each(|(i, b)| *b = i as u8);
+            true
+        }));
+        let want = t.queue.pop_front().unwrap().to_vec();
+        assert!(emit_from_region(
+            &gids, &mut tx, &av, 49152, &send, &region, 0
+        ));
+        let d = tx.queue.pop_front().unwrap();
+        assert!(d.payload.is_some());
+        assert!(d.bytes.len() < 100);
+        assert_eq!(d.to_vec(), want);
+        assert!(crate::wire::icrc::check(&d.to_vec()).unwrap());
+        // Out of the region's bounds: nothing is sent.
+        assert!(!emit_from_region(
+            &gids, &mut tx, &av, 49152, &send, &region, 200
+        ));
+        assert!(tx.queue.is_empty());
         // A datagram whose payload could not be filled is not sent.
         assert!(!emit_to(&gids, &mut tx, &av, 49152, &send, |_| false));
         assert!(tx.queue.is_empty());

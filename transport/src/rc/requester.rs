@@ -276,25 +276,37 @@ fn send_packet(eng: &mut Engine, qp: &mut QpCtx, idx: u32, now: Duration) -> Req
     repr.payload_len = sent_len;
     let mut fill_status = WcStatus::Success;
     let Engine { gids, tx, mrs, .. } = eng;
-    let sent = super::emit_to(gids, tx, &av, sport, &repr, |out| {
-        let ok = if out.is_empty() {
-            true
-        } else if inline {
-            match wqe.wr.inline_data.get(offset..offset + out.len()) {
-                Some(src) => {
-                    out.copy_from_slice(src);
-                    true
-                }
-                None => false,
-            }
-        } else {
-            gather(mrs, pd, &wqe.wr.sg_list, offset, out).is_ok()
-        };
-        if !ok {
+    // Data in one SGE goes out straight from its region; the rest is gathered.
+    let from = match (inline || sent_len == 0, &wqe.wr.sg_list) {
+        (false, sges) => super::single_region(mrs, pd, sges, offset, sent_len),
+        _ => None,
+    };
+    let sent = match from {
+        Some(Ok((region, at))) => super::emit_from_region(gids, tx, &av, sport, &repr, &region, at),
+        Some(Err(_)) => {
             fill_status = WcStatus::LocProtErr;
+            false
         }
-        ok
-    });
+        None => super::emit_to(gids, tx, &av, sport, &repr, |out| {
+            let ok = if out.is_empty() {
+                true
+            } else if inline {
+                match wqe.wr.inline_data.get(offset..offset + out.len()) {
+                    Some(src) => {
+                        out.copy_from_slice(src);
+                        true
+                    }
+                    None => false,
+                }
+            } else {
+                gather(mrs, pd, &wqe.wr.sg_list, offset, out).is_ok()
+            };
+            if !ok {
+                fill_status = WcStatus::LocProtErr;
+            }
+            ok
+        }),
+    };
     if !sent {
         if fill_status == WcStatus::Success {
             fill_status = WcStatus::LocQpOpErr;

@@ -638,7 +638,8 @@ pub(crate) fn read_responses(eng: &mut Engine, qp: &mut QpCtx, mut budget: usize
             });
         }
         repr.payload_len = len;
-        emit(eng, &qp.av, qp.sport, &repr, |out| region.read(offset, out));
+        let Engine { gids, tx, .. } = eng;
+        super::emit_from_region(gids, tx, &qp.av, qp.sport, &repr, &region, offset);
         if done {
             qp.resp.read = None;
             return;

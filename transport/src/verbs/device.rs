@@ -75,11 +75,92 @@ pub(crate) struct SrqCtx {
     pub depth: u32,
 }
 
+/// A datagram the engine built: whole in `bytes`, or, for data sent straight from a memory
+/// region, everything but the payload (`bytes[..at]`, the payload, then `bytes[at..]`: pad
+/// and ICRC). The link sends the pieces with one gather; the payload is never copied into
+/// the datagram.
+#[derive(Debug, Default, Clone)]
+pub struct Outgoing {
+    pub bytes: Vec<u8>,
+    pub payload: Option<Payload>,
+}
+
+/// Where an [`Outgoing`] datagram's payload is.
+#[derive(Debug, Clone)]
+pub struct Payload {
+    region: Arc<Region>,
+    offset: usize,
+    len: usize,
+    /// Where in the datagram it goes.
+    at: usize,
+}
+
+impl Outgoing {
+    /// A datagram held whole.
+    pub fn whole(bytes: Vec<u8>) -> Outgoing {
+        Outgoing {
+            bytes,
+            payload: None,
+        }
+    }
+
+    /// A datagram whose `len` payload bytes are at `offset` in `region`, to go at `at`
+    /// (checked in bounds by the caller).
+    pub(crate) fn from_region(
+        bytes: Vec<u8>,
+        region: Arc<Region>,
+        offset: usize,
+        len: usize,
+        at: usize,
+    ) -> Outgoing {
+        Outgoing {
+            bytes,
+            payload: Some(Payload {
+                region,
+                offset,
+                len,
+                at,
+            }),
+        }
+    }
+
+    /// Bytes on the wire (from the IP header through the ICRC).
+    pub fn len(&self) -> usize {
+        self.bytes.len() + self.payload.as_ref().map_or(0, |p| p.len)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The datagram as three pieces: before the payload, the payload, after it (the last two
+    /// empty for a datagram held whole).
+    pub fn pieces(&self) -> [&[u8]; 3] {
+        match &self.payload {
+            None => [&self.bytes, &[], &[]],
+            Some(p) => [
+                &self.bytes[..p.at],
+                // Checked in bounds when the datagram was built.
+                p.region.slice(p.offset, p.len).unwrap_or_default(),
+                &self.bytes[p.at..],
+            ],
+        }
+    }
+
+    /// The datagram in one buffer (for links that keep or alter what they carry).
+    pub fn to_vec(&self) -> Vec<u8> {
+        self.pieces().concat()
+    }
+}
+
 /// Outgoing datagrams, bounded, and spent buffers to build the next ones in (a datagram per
 /// allocation would make the allocator grow and trim its heap at packet rate).
 #[derive(Debug, Default)]
 pub(crate) struct Tx {
-    pub queue: VecDeque<Vec<u8>>,
+    pub queue: VecDeque<Outgoing>,
+    /// Where a datagram sent from a memory region is put together before its payload is
+    /// taken out again (its payload bytes are never written: they stay whatever they were).
+    pub scratch: Vec<u8>,
     pub limit: usize,
     pub packets: u64,
     /// Spent buffers by size: `[small, large]` ([`SMALL`]).
@@ -125,11 +206,17 @@ impl Tx {
         }
     }
 
-    /// Keeps `bufs` for [`Tx::buffer`]; `bufs` is left empty.
-    pub fn recycle(&mut self, bufs: &mut Vec<Vec<u8>>) {
-        for b in bufs.drain(..) {
-            self.give_back(b);
+    /// Keeps the buffers of `sent` for [`Tx::buffer`]; `sent` is left empty.
+    pub fn recycle(&mut self, sent: &mut Vec<Outgoing>) {
+        for d in sent.drain(..) {
+            self.give_back(d.bytes);
         }
+    }
+
+    /// Queues a datagram.
+    pub fn push(&mut self, d: Outgoing) {
+        self.queue.push_back(d);
+        self.packets += 1;
     }
 }
 
@@ -154,7 +241,7 @@ pub(crate) struct Engine {
     pub stats: Stats,
     /// The vectors [`Device::drive`] moves datagrams in, kept between calls.
     pub rx_scratch: Vec<Vec<u8>>,
-    pub tx_scratch: Vec<Vec<u8>>,
+    pub tx_scratch: Vec<Outgoing>,
     /// QPs that owe an ACK (`RespState::ack`), sent when the received batch is done.
     pub acks: Vec<u32>,
     next_id: u32,
@@ -214,6 +301,7 @@ impl Device {
                 limit: 4096,
                 packets: 0,
                 free: Default::default(),
+                scratch: Vec::new(),
                 ports: None,
             },
             rx_scratch: Vec::new(),
@@ -363,10 +451,10 @@ impl Device {
         Ok(())
     }
 
-    /// Moves the engine's queued datagrams out.
+    /// Moves the engine's queued datagrams out, each in one buffer.
     pub fn take_tx(&self, out: &mut Vec<Vec<u8>>) {
         let mut eng = self.engine();
-        out.extend(eng.tx.queue.drain(..));
+        out.extend(eng.tx.queue.drain(..).map(|d| d.to_vec()));
     }
 
     /// The earliest pending timer, if any.

@@ -9,8 +9,8 @@
 //! [`Region::from_raw`], whose safety contract keeps them alive and unmoved until the last
 //! `Arc<Region>` is dropped (memory regions and in-flight operations hold such an `Arc`).
 //!
-//! The engine only touches the bytes through [`Region::read`], [`Region::write`] and
-//! [`Region::atomic_u64`]. As with real RDMA, the application must not access bytes that an
+//! The engine only touches the bytes through [`Region::read`], [`Region::write`],
+//! [`Region::atomic_u64`] and [`Region::slice`] (data a datagram sends straight from memory). As with real RDMA, the application must not access bytes that an
 //! outstanding work request or a remote peer with access rights is using: the contents are then
 //! unspecified (ibverbs gives the same rule for registered memory).
 
@@ -116,6 +116,22 @@ impl Region {
             )
         };
         true
+    }
+
+    /// `len` bytes at `offset` as a slice, for the engine to checksum and send straight
+    /// from memory (as a NIC's DMA reads it); `None` if out of bounds. The bytes are those of
+    /// an outstanding work request, which the application leaves alone until it completes
+    /// (the module's rule); the slice lives no longer than the `&self` it borrows, and the
+    /// region is never handed out as `&mut [u8]`.
+    pub fn slice(&self, offset: usize, len: usize) -> Option<&[u8]> {
+        if !self.check(offset, len) {
+            return None;
+        }
+        // SAFETY: in bounds (checked) of memory valid for reads for as long as the region
+        // lives, per the constructors' contracts; the engine never writes through a shared
+        // slice, and writers of these bytes (the application, a remote peer) are excluded by
+        // the rule above while the work request that sends them is outstanding.
+        Some(unsafe { std::slice::from_raw_parts(self.ptr.as_ptr().add(offset), len) })
     }
 
     /// Copies `data` into the region at `offset`; false if out of bounds.

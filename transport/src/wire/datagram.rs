@@ -116,6 +116,38 @@ impl<'a> Datagram<'a> {
         })
     }
 
+    /// Locates the IP and UDP headers of a datagram held without its payload (one a link
+    /// sends from memory in pieces): the header checks of [`Datagram::split`], none of the
+    /// lengths; `roce` is empty.
+    pub fn headers(packet: &'a [u8]) -> Result<Datagram<'a>> {
+        let ip_len = match packet.first().map(|b| b >> 4) {
+            Some(4) => {
+                let p = ipv4::Packet::new_unchecked(packet);
+                if packet.len() < ipv4::HEADER_LEN + udp::HEADER_LEN
+                    || p.header_len() != ipv4::HEADER_LEN
+                    || p.protocol() != ipv4::PROTOCOL_UDP
+                {
+                    return Err(Error);
+                }
+                ipv4::HEADER_LEN
+            }
+            Some(6) => {
+                if packet.len() < ipv6::HEADER_LEN + udp::HEADER_LEN
+                    || ipv6::Packet::new_unchecked(packet).next_header() != ipv4::PROTOCOL_UDP
+                {
+                    return Err(Error);
+                }
+                ipv6::HEADER_LEN
+            }
+            _ => return Err(Error),
+        };
+        Ok(Datagram {
+            ip_header: &packet[..ip_len],
+            udp_header: &packet[ip_len..ip_len + udp::HEADER_LEN],
+            roce: &[],
+        })
+    }
+
     /// Decodes the IP header (checking the IPv4 header checksum).
     pub fn ip_repr(&self) -> Result<IpRepr> {
         if self.ip_header.len() == ipv4::HEADER_LEN {

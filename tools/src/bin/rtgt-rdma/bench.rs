@@ -331,8 +331,8 @@ fn raw_pair(rt: &tokio::runtime::Runtime, port: u16) -> Result<(UdpNetDev, UdpNe
 /// Bytes per second of 4 KiB payloads through the bare netdevs (sendmmsg batches of 32).
 fn raw_bw(rt: &tokio::runtime::Runtime, port: u16, secs: f64) -> Result<f64> {
     let (mut a, mut b) = raw_pair(rt, port)?;
-    let batch: Vec<Vec<u8>> = (0..32)
-        .map(|_| raw_datagram(port, port + 1, 4096))
+    let batch: Vec<Outgoing> = (0..32)
+        .map(|_| raw_datagram(port, port + 1, 4096).map(Outgoing::whole))
         .collect::<Result<_>>()?;
     let stop = Arc::new(AtomicBool::new(false));
     let bytes = Arc::new(AtomicU64::new(0));
@@ -416,7 +416,7 @@ async fn round(a: &mut UdpNetDev, ping: &[u8], wait: Duration) -> bool {
 fn raw_rtt(rt: &tokio::runtime::Runtime, port: u16, n: u32) -> Result<f64> {
     let (mut a, mut b) = raw_pair(rt, port)?;
     let ping = raw_datagram(port, port + 1, 4096)?;
-    let pong = raw_datagram(port + 1, port, 4096)?;
+    let pong = Outgoing::whole(raw_datagram(port + 1, port, 4096)?);
     rt.block_on(async move {
         let echo = tokio::spawn(async move {
             let mut got = Vec::new();
