@@ -58,6 +58,20 @@ pub trait NetDev: Send {
         bufs.clear();
     }
 
+    /// Hands up to `max` waiting datagrams to `f`, each as `(head, rest)`: the datagram whole
+    /// in `head` (`rest` empty), or its IP and UDP headers in `head` and its UDP payload in
+    /// `rest`, where the link received it (no copy into a datagram buffer of its own); returns
+    /// how many. The default takes them from [`NetDev::receive_batch`].
+    fn receive_each(&mut self, max: usize, f: &mut dyn FnMut(&[u8], &[u8])) -> io::Result<usize> {
+        let mut got = Vec::new();
+        let n = self.receive_batch(&mut got, max)?;
+        for d in &got {
+            f(d, &[]);
+        }
+        self.recycle(&mut got);
+        Ok(n)
+    }
+
     /// Appends up to `max` waiting datagrams to `out`; returns how many. A link that receives
     /// datagrams coalesced (UDP GRO) may return up to one system call's worth more.
     fn receive_batch(&mut self, out: &mut Vec<Vec<u8>>, max: usize) -> io::Result<usize> {
@@ -78,35 +92,25 @@ impl Device {
     /// Receive from `netdev`, run the engine and transmit, once. Returns the number of
     /// datagrams moved in either direction.
     pub fn drive(&self, netdev: &mut dyn NetDev, now: Duration) -> usize {
-        let (mut rx, mut tx) = {
-            let mut eng = self.engine();
-            (
-                std::mem::take(&mut eng.rx_scratch),
-                std::mem::take(&mut eng.tx_scratch),
-            )
-        };
-        rx.clear();
-        // Receive errors are transient for a datagram link; the transport retransmits.
-        let _ = netdev.receive_batch(&mut rx, 1024);
         let mut eng = self.engine();
         eng.tx.ports = netdev.tx_ports();
-        for d in &rx {
-            eng.receive(d, now);
-        }
+        // Receive errors are transient for a datagram link; the transport retransmits.
+        let received = netdev
+            .receive_each(1024, &mut |head, rest| eng.receive(head, rest, now))
+            .unwrap_or(0);
         eng.flush_acks();
         eng.poll(now);
+        let mut tx = std::mem::take(&mut eng.tx_scratch);
         tx.clear();
         tx.extend(eng.tx.queue.drain(..));
         drop(eng);
         // A full or failing link drops packets, as a NIC's wire would; the transport recovers
         // by retransmission.
         let _ = netdev.transmit_batch(&tx);
-        let moved = rx.len() + tx.len();
-        // Received buffers go back to the netdev, sent ones to the engine, for reuse.
-        netdev.recycle(&mut rx);
+        let moved = received + tx.len();
+        // Sent buffers go back to the engine, for reuse.
         let mut eng = self.engine();
         eng.tx.recycle(&mut tx);
-        eng.rx_scratch = rx;
         eng.tx_scratch = tx;
         moved
     }

@@ -99,6 +99,20 @@ impl NetDev for MultiUdpNetDev {
         bufs.clear();
     }
 
+    fn receive_each(&mut self, max: usize, f: &mut dyn FnMut(&[u8], &[u8])) -> io::Result<usize> {
+        let n = self.devs.len();
+        let mut total = 0;
+        for k in 0..n {
+            if total >= max {
+                break;
+            }
+            let i = (self.next + k) % n;
+            total += self.devs[i].receive_each(max - total, f)?;
+        }
+        self.next = (self.next + 1) % n.max(1);
+        Ok(total)
+    }
+
     fn receive_batch(&mut self, out: &mut Vec<Vec<u8>>, max: usize) -> io::Result<usize> {
         let n = self.devs.len();
         let mut total = 0;

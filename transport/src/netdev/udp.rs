@@ -68,6 +68,8 @@ pub struct UdpNetDev {
     gro: bool,
     /// Segments of a coalesced datagram that [`NetDev::receive`] has not returned yet.
     pending: std::collections::VecDeque<Vec<u8>>,
+    /// Whole datagrams on their way to [`NetDev::receive_each`] (kept for its allocation).
+    whole: Vec<Vec<u8>>,
     /// What the last `recvmmsg` got (kept for its allocation).
     got: Vec<(usize, usize, SocketAddr, usize)>,
     /// How a segment's ICRC changes with the IP ID the kernel gives it in a GSO send.
@@ -144,6 +146,7 @@ impl UdpNetDev {
             gso: true,
             ident_deltas: icrc::UnknownIpv4Fields::new(),
             got: Vec::with_capacity(BATCH),
+            whole: Vec::new(),
             gro,
             pending: std::collections::VecDeque::new(),
         })
@@ -374,8 +377,45 @@ impl NetDev for UdpNetDev {
         if self.packet_rx.is_some() {
             return Ok(total + self.packet_receive(out, max - total)?);
         }
-        // With GRO one datagram may stand for many: `max` is then exceeded by at most one
-        // batch of coalesced datagrams.
+        let mut pool = std::mem::take(&mut self.rx_pool);
+        let r = self.receive_segments(max - total, &mut |head, payload| {
+            let mut d = pool.pop().unwrap_or_default();
+            d.clear();
+            d.extend_from_slice(head);
+            d.extend_from_slice(payload);
+            out.push(d);
+        });
+        self.rx_pool = pool;
+        Ok(total + r?)
+    }
+
+    fn receive_each(&mut self, max: usize, f: &mut dyn FnMut(&[u8], &[u8])) -> io::Result<usize> {
+        if self.packet_rx.is_none() && self.pending.is_empty() {
+            return self.receive_segments(max, f);
+        }
+        // Segments held back and packet-socket datagrams are whole already.
+        let mut got = std::mem::take(&mut self.whole);
+        got.clear();
+        let r = self.receive_batch(&mut got, max);
+        for d in &got {
+            f(d, &[]);
+        }
+        self.recycle(&mut got);
+        self.whole = got;
+        r
+    }
+}
+
+impl UdpNetDev {
+    /// Receives up to `max` datagrams from the socket (a GRO datagram counts as its segments
+    /// and may exceed `max` by one batch) and hands each to `f` as its rebuilt IP and UDP
+    /// headers and its payload where the socket put it.
+    fn receive_segments(
+        &mut self,
+        max: usize,
+        f: &mut dyn FnMut(&[u8], &[u8]),
+    ) -> io::Result<usize> {
+        let mut total = 0;
         let mut got = std::mem::take(&mut self.got);
         while total < max {
             let bufs = &mut self.batch_bufs;
@@ -396,9 +436,9 @@ impl NetDev for UdpNetDev {
                 let seg = if seg == 0 { len.max(1) } else { seg };
                 for p in payload.chunks(seg) {
                     total += 1;
-                    let mut d = self.rx_pool.pop().unwrap_or_default();
-                    if wrap_into(from, self.local, p, &mut d) {
-                        out.push(d);
+                    let mut head = [0u8; REBUILT_MAX];
+                    if let Some(hl) = rebuilt_headers(from, self.local, p.len(), &mut head) {
+                        f(&head[..hl], p);
                     }
                 }
             }
@@ -406,9 +446,7 @@ impl NetDev for UdpNetDev {
         self.got = got;
         Ok(total)
     }
-}
 
-impl UdpNetDev {
     /// Destination and header length of a datagram that is already what the kernel will send
     /// (our address and port, the peer's port, IPv4 ID 0 with DF), so its ICRC holds as is.
     fn as_sent(&self, d: &[u8]) -> Option<(SocketAddr, usize)> {
@@ -698,8 +736,36 @@ fn wrap(from: SocketAddr, local: SocketAddr, payload: &[u8]) -> Option<Vec<u8>> 
     wrap_into(from, local, payload, &mut out).then_some(out)
 }
 
+/// The IP and UDP headers the kernel stripped from a datagram of `payload_len` bytes from
+/// `from` to `local`, written into `out`; their length, or `None` if the families differ.
+fn rebuilt_headers(
+    from: SocketAddr,
+    local: SocketAddr,
+    payload_len: usize,
+    out: &mut [u8; REBUILT_MAX],
+) -> Option<usize> {
+    let ip = rebuilt_ip(from, local)?;
+    datagram::emit_header_bytes(&ip, from.port(), local.port(), payload_len, out).ok()
+}
+
+/// Room for rebuilt IPv6 and UDP headers.
+const REBUILT_MAX: usize = ipv6::HEADER_LEN + udp::HEADER_LEN;
+
 /// [`wrap`] into `out` (resized to the datagram); false if the families differ.
 fn wrap_into(from: SocketAddr, local: SocketAddr, payload: &[u8], out: &mut Vec<u8>) -> bool {
+    let mut head = [0u8; REBUILT_MAX];
+    let Some(hl) = rebuilt_headers(from, local, payload.len(), &mut head) else {
+        return false;
+    };
+    out.clear();
+    out.extend_from_slice(&head[..hl]);
+    out.extend_from_slice(payload);
+    true
+}
+
+/// The IP header fields of a datagram a UDP socket received (what it does not report is given
+/// as Linux sends it: ID 0, DF, TTL 64; docs/WIRE.md §8).
+fn rebuilt_ip(from: SocketAddr, local: SocketAddr) -> Option<IpRepr> {
     let ip = match (from.ip(), local.ip()) {
         (IpAddr::V4(s), IpAddr::V4(d)) => IpRepr::V4(ipv4::Repr {
             src_addr: s,
@@ -720,14 +786,9 @@ fn wrap_into(from: SocketAddr, local: SocketAddr, payload: &[u8], out: &mut Vec<
             traffic_class: 0,
             flow_label: 0,
         }),
-        _ => return false,
+        _ => return None,
     };
-    let n = payload.len();
-    out.clear();
-    // Room for the headers, then the payload copied once (no zero-fill of its bytes).
-    out.resize(ip.header_len() + udp::HEADER_LEN, 0);
-    out.extend_from_slice(payload);
-    datagram::emit_headers(&ip, from.port(), local.port(), n, out).is_ok()
+    Some(ip)
 }
 
 /// `sendmmsg`/`recvmmsg` through libc.
@@ -1259,6 +1320,50 @@ mod gso_tests {
                 icrc_with_ident(s, 28, k),
                 "ICRC of datagram {i}"
             );
+        }
+    }
+
+    /// `receive_each` hands the segments of coalesced datagrams over where the socket put
+    /// them, behind rebuilt headers: the same datagrams `receive_batch` copies out.
+    #[tokio::test]
+    async fn segments_are_received_in_place() {
+        let (mut a, mut b) = match (
+            UdpNetDev::bind("127.0.0.1:0".parse().unwrap()),
+            UdpNetDev::bind("127.0.0.1:0".parse().unwrap()),
+        ) {
+            (Ok(a), Ok(b)) => (a, b),
+            (a, b) => {
+                return skip_or_fail(format!(
+                    "cannot bind UDP sockets: {:?} {:?}",
+                    a.err(),
+                    b.err()
+                ))
+            }
+        };
+        a.peer_port = b.local_addr().port();
+        let to = b.local_addr();
+        let sent = burst(a.local_addr(), to, to);
+        a.transmit_batch(&outgoing(&sent)).unwrap();
+        let mut got: Vec<(usize, Vec<u8>)> = Vec::new();
+        let wait = async {
+            while got.len() < sent.len() {
+                b.readable().await.unwrap();
+                b.receive_each(1024, &mut |head, rest| {
+                    got.push((head.len(), [head, rest].concat()))
+                })
+                .unwrap();
+            }
+        };
+        tokio::time::timeout(std::time::Duration::from_secs(10), wait)
+            .await
+            .expect("datagrams lost");
+        assert_eq!(got.len(), sent.len());
+        for (i, ((hl, g), s)) in got.iter().zip(&sent).enumerate() {
+            assert_eq!(*hl, 28, "datagram {i} in two parts");
+            let (gd, sd) = (Datagram::split(g).unwrap(), Datagram::split(s).unwrap());
+            let n = sd.roce.len() - roce::ICRC_LEN;
+            assert_eq!(gd.roce[..n], sd.roce[..n], "datagram {i}");
+            assert_eq!(gd.udp_repr().src_port, a.local_addr().port());
         }
     }
 

@@ -301,8 +301,8 @@ pub(crate) fn scatter(
 }
 
 /// Handles one received IP datagram; false if it was dropped (rxe `rxe_rcv` checks).
-pub(crate) fn receive(eng: &mut Engine, datagram: &[u8], now: Duration) -> bool {
-    let Ok(d) = Datagram::split(datagram) else {
+pub(crate) fn receive(eng: &mut Engine, head: &[u8], rest: &[u8], now: Duration) -> bool {
+    let Ok(d) = Datagram::split_parts(head, rest) else {
         return false;
     };
     // The UDP destination port is the netdev's business (it binds 4791, or another port in
@@ -420,9 +420,11 @@ pub(crate) fn poll_qp(eng: &mut Engine, qp: &mut QpCtx, now: Duration) {
 impl Engine {
     /// Hands one received IP datagram to the transport, counting it (and counting it dropped
     /// when the transport does not take it).
-    pub(crate) fn receive(&mut self, datagram: &[u8], now: Duration) {
+    /// Takes one received datagram: `head` whole, or its IP and UDP headers with the UDP
+    /// payload in `rest` ([`Datagram::split_parts`]).
+    pub(crate) fn receive(&mut self, head: &[u8], rest: &[u8], now: Duration) {
         self.stats.rx_packets += 1;
-        if !receive(self, datagram, now) {
+        if !receive(self, head, rest, now) {
             self.stats.rx_dropped += 1;
         }
     }
@@ -455,7 +457,7 @@ impl Device {
     /// Hands one received IP datagram (starting at the IP header) to the engine.
     pub fn receive(&self, datagram: &[u8], now: Duration) {
         let mut eng = self.engine();
-        eng.receive(datagram, now);
+        eng.receive(datagram, &[], now);
         eng.flush_acks();
     }
 

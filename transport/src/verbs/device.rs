@@ -239,8 +239,7 @@ pub(crate) struct Engine {
     pub cq_count: Arc<std::sync::atomic::AtomicU32>,
     pub events: Arc<EventQueue>,
     pub stats: Stats,
-    /// The vectors [`Device::drive`] moves datagrams in, kept between calls.
-    pub rx_scratch: Vec<Vec<u8>>,
+    /// The vector [`Device::drive`] moves outgoing datagrams in, kept between calls.
     pub tx_scratch: Vec<Outgoing>,
     /// QPs that owe an ACK (`RespState::ack`), sent when the received batch is done.
     pub acks: Vec<u32>,
@@ -304,7 +303,6 @@ impl Device {
                 scratch: Vec::new(),
                 ports: None,
             },
-            rx_scratch: Vec::new(),
             tx_scratch: Vec::new(),
             acks: Vec::new(),
             check_icrc: config.check_icrc,

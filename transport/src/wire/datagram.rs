@@ -148,6 +148,30 @@ impl<'a> Datagram<'a> {
         })
     }
 
+    /// A datagram received in two pieces: `head`, its IP and UDP headers, and `rest`, the UDP
+    /// payload (a link that rebuilds the headers of a datagram it received into a buffer of
+    /// its own, without moving the payload). The checks of [`Datagram::split`], the lengths
+    /// exact. With `rest` empty, `head` is the whole datagram.
+    pub fn split_parts(head: &'a [u8], rest: &'a [u8]) -> Result<Datagram<'a>> {
+        if rest.is_empty() {
+            return Datagram::split(head);
+        }
+        let d = Datagram::headers(head)?;
+        let hl = d.ip_header.len() + udp::HEADER_LEN;
+        let ip_payload = udp::HEADER_LEN + rest.len();
+        let ip_ok = if d.ip_header.len() == ipv4::HEADER_LEN {
+            let p = ipv4::Packet::new_unchecked(d.ip_header);
+            usize::from(p.total_len()) == hl + rest.len() && !p.more_frags() && p.frag_offset() == 0
+        } else {
+            usize::from(ipv6::Packet::new_unchecked(d.ip_header).payload_len()) == ip_payload
+        };
+        let udp_len = usize::from(udp::Packet::new_unchecked(d.udp_header).len());
+        if head.len() != hl || !ip_ok || udp_len != ip_payload || rest.len() < roce::MIN_LEN {
+            return Err(Error);
+        }
+        Ok(Datagram { roce: rest, ..d })
+    }
+
     /// Decodes the IP header (checking the IPv4 header checksum).
     pub fn ip_repr(&self) -> Result<IpRepr> {
         if self.ip_header.len() == ipv4::HEADER_LEN {
@@ -217,13 +241,7 @@ pub fn emit_headers(
     roce_len: usize,
     buf: &mut [u8],
 ) -> Result<usize> {
-    let udp_repr = udp::Repr {
-        src_port,
-        dst_port,
-        payload_len: roce_len,
-    };
     let ip_payload = udp::HEADER_LEN + roce_len;
-    let header_len = ip.header_len() + udp::HEADER_LEN;
     let total = ip.header_len() + ip_payload;
     let limit = match ip {
         IpRepr::V4(_) => usize::from(u16::MAX) - ipv4::HEADER_LEN,
@@ -232,14 +250,40 @@ pub fn emit_headers(
     if ip_payload > limit || buf.len() < total {
         return Err(Error);
     }
+    emit_header_bytes(ip, src_port, dst_port, roce_len, buf)
+}
+
+/// [`emit_headers`] for a datagram whose RoCEv2 packet lies elsewhere: `buf` needs room for
+/// the IP and UDP headers only.
+pub fn emit_header_bytes(
+    ip: &IpRepr,
+    src_port: u16,
+    dst_port: u16,
+    roce_len: usize,
+    buf: &mut [u8],
+) -> Result<usize> {
+    let ip_payload = udp::HEADER_LEN + roce_len;
+    let header_len = ip.header_len() + udp::HEADER_LEN;
+    let limit = match ip {
+        IpRepr::V4(_) => usize::from(u16::MAX) - ipv4::HEADER_LEN,
+        IpRepr::V6(_) => usize::from(u16::MAX),
+    };
+    if ip_payload > limit || buf.len() < header_len {
+        return Err(Error);
+    }
+    let udp_repr = udp::Repr {
+        src_port,
+        dst_port,
+        payload_len: roce_len,
+    };
     let mut ip = *ip;
     ip.set_payload_len(ip_payload);
     match ip {
-        IpRepr::V4(r) => r.emit(&mut ipv4::Packet::new_unchecked(&mut buf[..total])),
-        IpRepr::V6(r) => r.emit(&mut ipv6::Packet::new_unchecked(&mut buf[..total])),
+        IpRepr::V4(r) => r.emit(&mut ipv4::Packet::new_unchecked(&mut buf[..header_len])),
+        IpRepr::V6(r) => r.emit(&mut ipv6::Packet::new_unchecked(&mut buf[..header_len])),
     }
     udp_repr.emit(&mut udp::Packet::new_unchecked(
-        &mut buf[ip.header_len()..total],
+        &mut buf[ip.header_len()..header_len],
     ));
     Ok(header_len)
 }
@@ -291,6 +335,32 @@ mod tests {
         let mut padded = buf.to_vec();
         padded.extend_from_slice(&[0; 4]);
         assert_eq!(Datagram::split(&padded).unwrap(), d);
+    }
+
+    #[test]
+    fn split_in_parts() {
+        let mut buf = [0u8; 60];
+        emit_headers(&v4(), 0xc123, roce::UDP_PORT, 32, &mut buf).unwrap();
+        let (head, rest) = buf.split_at(28);
+        assert_eq!(
+            Datagram::split_parts(head, rest).unwrap(),
+            Datagram::split(&buf).unwrap()
+        );
+        assert_eq!(
+            Datagram::split_parts(&buf, &[]).unwrap(),
+            Datagram::split(&buf).unwrap()
+        );
+        // Lengths that disagree with the payload's, a head longer than the headers.
+        assert_eq!(Datagram::split_parts(head, &rest[1..]), Err(Error));
+        assert_eq!(Datagram::split_parts(&buf[..29], &rest[1..]), Err(Error));
+        // Headers written without the packet behind them.
+        let mut h = [0u8; 28];
+        assert_eq!(
+            emit_header_bytes(&v4(), 0xc123, roce::UDP_PORT, 32, &mut h),
+            Ok(28)
+        );
+        assert_eq!(&h, head);
+        assert_eq!(emit_header_bytes(&v4(), 1, 2, 32, &mut h[..27]), Err(Error));
     }
 
     #[test]
