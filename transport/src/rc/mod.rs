@@ -419,9 +419,8 @@ pub(crate) fn poll_qp(eng: &mut Engine, qp: &mut QpCtx, now: Duration) {
 // so that the verbs layer the engine builds on does not depend on it.
 impl Engine {
     /// Hands one received IP datagram to the transport, counting it (and counting it dropped
-    /// when the transport does not take it).
-    /// Takes one received datagram: `head` whole, or its IP and UDP headers with the UDP
-    /// payload in `rest` ([`Datagram::split_parts`]).
+    /// when the transport does not take it): `head` whole, or its IP and UDP headers with the
+    /// UDP payload in `rest` ([`Datagram::split_parts`]).
     pub(crate) fn receive(&mut self, head: &[u8], rest: &[u8], now: Duration) {
         self.stats.rx_packets += 1;
         if !receive(self, head, rest, now) {
@@ -443,13 +442,19 @@ impl Engine {
 
     /// Timers, completions and the send side of every QP.
     pub(crate) fn poll(&mut self, now: Duration) {
-        let qpns: Vec<u32> = self.qps.keys().copied().collect();
-        for qpn in qpns {
+        let mut qpns = std::mem::take(&mut self.poll_scratch);
+        qpns.clear();
+        // QPs that are not running have nothing to do (and are not taken out of the table).
+        qpns.extend(self.qps.iter().filter_map(|(n, q)| {
+            (!matches!(q.state, QpState::Reset | QpState::Err | QpState::Init)).then_some(*n)
+        }));
+        for &qpn in &qpns {
             if let Some(mut qp) = self.qps.remove(&qpn) {
                 poll_qp(self, &mut qp, now);
                 self.qps.insert(qpn, qp);
             }
         }
+        self.poll_scratch = qpns;
     }
 }
 

@@ -243,6 +243,8 @@ pub(crate) struct Engine {
     pub tx_scratch: Vec<Outgoing>,
     /// QPs that owe an ACK (`RespState::ack`), sent when the received batch is done.
     pub acks: Vec<u32>,
+    /// The QP numbers `poll` visits (kept for its allocation).
+    pub poll_scratch: Vec<u32>,
     next_id: u32,
     next_qpn: u32,
 }
@@ -305,6 +307,7 @@ impl Device {
             },
             tx_scratch: Vec::new(),
             acks: Vec::new(),
+            poll_scratch: Vec::new(),
             check_icrc: config.check_icrc,
             ipv4_header_rebuilt: config.ipv4_header_rebuilt,
             unknown_ipv4: crate::wire::icrc::UnknownIpv4Fields::new(),
