@@ -60,7 +60,7 @@ pub fn transport_cm(data: &[u8]) {
     }
 }
 
-/// RoCEv2 packets from arbitrary bytes: the IP datagram split and ICRC check, the whole-packet
+/// RoCEv2 packets from arbitrary bytes: the IP datagram split (whole and in two parts) and ICRC check, the whole-packet
 /// view and every accessor once `new_checked` accepted it, and emit(parse(x)) re-parsing to the
 /// same representation. Nothing may panic.
 ///
@@ -142,6 +142,15 @@ fn exercise_packet(bytes: &[u8]) {
 
 fn exercise_datagram(bytes: &[u8]) {
     let _ = icrc::check(bytes);
+    // In two parts, as a link hands over what it received in place: the same datagram or
+    // none (the parts must match exactly, where `split` allows trailing padding).
+    if let Ok(h) = Datagram::headers(bytes) {
+        let hl = h.ip_header.len() + h.udp_header.len();
+        let _ = h.ip_repr();
+        if let Ok(p) = Datagram::split_parts(&bytes[..hl], &bytes[hl..]) {
+            assert_eq!(Datagram::split(bytes), Ok(p));
+        }
+    }
     let Ok(d) = Datagram::split(bytes) else {
         return;
     };
