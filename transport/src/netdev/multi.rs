@@ -42,6 +42,26 @@ impl MultiUdpNetDev {
         self.devs.iter().map(|d| d.local_addr().ip()).collect()
     }
 
+    /// Receives up to `max` datagrams with `recv(socket, room left)` from the sockets in
+    /// turn, starting one further each time, so that no socket starves the others.
+    fn take_turns(
+        &mut self,
+        max: usize,
+        mut recv: impl FnMut(&mut UdpNetDev, usize) -> io::Result<usize>,
+    ) -> io::Result<usize> {
+        let n = self.devs.len();
+        let mut total = 0;
+        for k in 0..n {
+            if total >= max {
+                break;
+            }
+            let i = (self.next + k) % n;
+            total += recv(&mut self.devs[i], max - total)?;
+        }
+        self.next = (self.next + 1) % n.max(1);
+        Ok(total)
+    }
+
     fn route(&self, datagram: &[u8]) -> Option<usize> {
         let src = Datagram::headers(datagram).ok()?.ip_repr().ok()?.src_addr();
         self.devs.iter().position(|d| d.local_addr().ip() == src)
@@ -100,31 +120,11 @@ impl NetDev for MultiUdpNetDev {
     }
 
     fn receive_each(&mut self, max: usize, f: &mut dyn FnMut(&[u8], &[u8])) -> io::Result<usize> {
-        let n = self.devs.len();
-        let mut total = 0;
-        for k in 0..n {
-            if total >= max {
-                break;
-            }
-            let i = (self.next + k) % n;
-            total += self.devs[i].receive_each(max - total, f)?;
-        }
-        self.next = (self.next + 1) % n.max(1);
-        Ok(total)
+        self.take_turns(max, |dev, room| dev.receive_each(room, f))
     }
 
     fn receive_batch(&mut self, out: &mut Vec<Vec<u8>>, max: usize) -> io::Result<usize> {
-        let n = self.devs.len();
-        let mut total = 0;
-        for k in 0..n {
-            if total >= max {
-                break;
-            }
-            let i = (self.next + k) % n;
-            total += self.devs[i].receive_batch(out, max - total)?;
-        }
-        self.next = (self.next + 1) % n.max(1);
-        Ok(total)
+        self.take_turns(max, |dev, room| dev.receive_batch(out, room))
     }
 }
 

@@ -1261,6 +1261,28 @@ mod gso_tests {
             .collect()
     }
 
+    /// Two sockets on 127.0.0.1, the first sending to the second; `None` where they cannot be
+    /// bound (which fails the test in CI).
+    fn pair() -> Option<(UdpNetDev, UdpNetDev)> {
+        match (
+            UdpNetDev::bind("127.0.0.1:0".parse().unwrap()),
+            UdpNetDev::bind("127.0.0.1:0".parse().unwrap()),
+        ) {
+            (Ok(mut a), Ok(b)) => {
+                a.peer_port = b.local_addr().port();
+                Some((a, b))
+            }
+            (a, b) => {
+                skip_or_fail(format!(
+                    "cannot bind UDP sockets: {:?} {:?}",
+                    a.err(),
+                    b.err()
+                ));
+                None
+            }
+        }
+    }
+
     async fn collect(nd: &mut UdpNetDev, n: usize) -> Vec<Vec<u8>> {
         let mut got = Vec::new();
         let wait = async {
@@ -1281,21 +1303,10 @@ mod gso_tests {
     /// a link).
     #[tokio::test]
     async fn gso_runs_arrive_as_the_datagrams_sent() {
-        let (mut a, mut b) = match (
-            UdpNetDev::bind("127.0.0.1:0".parse().unwrap()),
-            UdpNetDev::bind("127.0.0.1:0".parse().unwrap()),
-        ) {
-            (Ok(a), Ok(b)) => (a, b),
-            (a, b) => {
-                return skip_or_fail(format!(
-                    "cannot bind UDP sockets: {:?} {:?}",
-                    a.err(),
-                    b.err()
-                ))
-            }
+        let Some((mut a, mut b)) = pair() else {
+            return;
         };
         assert!(b.gro, "UDP_GRO refused");
-        a.peer_port = b.local_addr().port();
         let to = b.local_addr();
         // A datagram to another address (nobody listens there) breaks the run.
         let other = SocketAddr::new(IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2)), to.port());
@@ -1327,20 +1338,9 @@ mod gso_tests {
     /// them, behind rebuilt headers: the same datagrams `receive_batch` copies out.
     #[tokio::test]
     async fn segments_are_received_in_place() {
-        let (mut a, mut b) = match (
-            UdpNetDev::bind("127.0.0.1:0".parse().unwrap()),
-            UdpNetDev::bind("127.0.0.1:0".parse().unwrap()),
-        ) {
-            (Ok(a), Ok(b)) => (a, b),
-            (a, b) => {
-                return skip_or_fail(format!(
-                    "cannot bind UDP sockets: {:?} {:?}",
-                    a.err(),
-                    b.err()
-                ))
-            }
+        let Some((mut a, mut b)) = pair() else {
+            return;
         };
-        a.peer_port = b.local_addr().port();
         let to = b.local_addr();
         let sent = burst(a.local_addr(), to, to);
         a.transmit_batch(&outgoing(&sent)).unwrap();

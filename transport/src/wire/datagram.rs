@@ -241,13 +241,8 @@ pub fn emit_headers(
     roce_len: usize,
     buf: &mut [u8],
 ) -> Result<usize> {
-    let ip_payload = udp::HEADER_LEN + roce_len;
-    let total = ip.header_len() + ip_payload;
-    let limit = match ip {
-        IpRepr::V4(_) => usize::from(u16::MAX) - ipv4::HEADER_LEN,
-        IpRepr::V6(_) => usize::from(u16::MAX),
-    };
-    if ip_payload > limit || buf.len() < total {
+    let total = ip.header_len() + udp::HEADER_LEN + roce_len;
+    if buf.len() < total {
         return Err(Error);
     }
     emit_header_bytes(ip, src_port, dst_port, roce_len, buf)
