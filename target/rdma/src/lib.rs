@@ -24,9 +24,8 @@
 
 pub mod mem;
 
-use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -161,6 +160,38 @@ struct Op {
     read: bool,
 }
 
+/// Operations in flight by work request id: a slab whose free entries are reused, so posting
+/// and completing one neither hashes nor allocates.
+#[derive(Default)]
+struct Ops {
+    entries: Vec<Option<Op>>,
+    free: Vec<u64>,
+}
+
+impl Ops {
+    /// Stores `op`; its id (below [`TAG_OP`]).
+    fn insert(&mut self, op: Op) -> u64 {
+        match self.free.pop() {
+            Some(id) => {
+                self.entries[id as usize] = Some(op);
+                id
+            }
+            None => {
+                self.entries.push(Some(op));
+                (self.entries.len() - 1) as u64
+            }
+        }
+    }
+
+    fn remove(&mut self, id: u64) -> Option<Op> {
+        let op = self.entries.get_mut(usize::try_from(id).ok()?)?.take();
+        if op.is_some() {
+            self.free.push(id);
+        }
+        op
+    }
+}
+
 /// What an operation keeps alive until its completion.
 pub enum Hold {
     None,
@@ -184,8 +215,7 @@ pub struct Link {
     sq: Semaphore,
     /// RDMA READs in flight.
     reads: Semaphore,
-    ops: Mutex<HashMap<u64, Op>>,
-    next_op: AtomicU64,
+    ops: Mutex<Ops>,
     posted: AtomicUsize,
     closing: AtomicBool,
     close_notify: Notify,
@@ -245,8 +275,7 @@ impl Link {
             slots: Semaphore::new(r.send_slots as usize),
             sq: Semaphore::new(r.send_queue as usize),
             reads: Semaphore::new(r.rdma_read_depth as usize),
-            ops: Mutex::new(HashMap::new()),
-            next_op: AtomicU64::new(1),
+            ops: Mutex::new(Ops::default()),
             posted: AtomicUsize::new(0),
             closing: AtomicBool::new(false),
             close_notify: Notify::new(),
@@ -465,7 +494,6 @@ impl Link {
         hold: Hold,
         want: bool,
     ) -> Result<Option<oneshot::Receiver<WcStatus>>, LinkError> {
-        let id = self.next_op.fetch_add(1, Ordering::Relaxed) & !TAG_MASK;
         let read = matches!(op, SendOp::RdmaRead { .. });
         let (tx, rx) = if want {
             let (t, r) = oneshot::channel();
@@ -473,17 +501,14 @@ impl Link {
         } else {
             (None, None)
         };
-        lock(&self.ops).insert(
-            id,
-            Op {
-                done: tx,
-                _hold: hold,
-                read,
-            },
-        );
+        let id = lock(&self.ops).insert(Op {
+            done: tx,
+            _hold: hold,
+            read,
+        });
         let wr = SendWr::new(TAG_OP | id, op, sg_list);
         if let Err(e) = self.post(wr) {
-            lock(&self.ops).remove(&id);
+            lock(&self.ops).remove(id);
             if read {
                 self.reads.add_permits(1);
             }
@@ -629,7 +654,7 @@ impl Link {
         match wc.wr_id & TAG_MASK {
             TAG_SLOT => self.release_slot((wc.wr_id & !TAG_MASK) as u32),
             TAG_OP => {
-                let op = lock(&self.ops).remove(&(wc.wr_id & !TAG_MASK));
+                let op = lock(&self.ops).remove(wc.wr_id & !TAG_MASK);
                 if let Some(op) = op {
                     if op.read {
                         self.reads.add_permits(1);
@@ -700,7 +725,7 @@ pub async fn poll_send(link: Arc<Link>, cq: Cq) {
         }
     }
     // Operations that never completed (the QP vanished) fail now.
-    let ops: Vec<Op> = lock(&link.ops).drain().map(|(_, o)| o).collect();
+    let ops = std::mem::take(&mut *lock(&link.ops));
     drop(ops);
 }
 
@@ -763,6 +788,29 @@ mod tests {
 
     fn ip(last: u8) -> IpAddr {
         IpAddr::V4(Ipv4Addr::new(10, 0, 0, last))
+    }
+
+    #[test]
+    fn operation_ids_are_reused_once_free() {
+        let op = |read| Op {
+            done: None,
+            _hold: Hold::None,
+            read,
+        };
+        let mut ops = Ops::default();
+        let (a, b, c) = (
+            ops.insert(op(false)),
+            ops.insert(op(true)),
+            ops.insert(op(false)),
+        );
+        assert_eq!((a, b, c), (0, 1, 2));
+        assert!(ops.remove(b).is_some_and(|o| o.read));
+        // A completion that is not (or no longer) in flight finds nothing.
+        assert!(ops.remove(b).is_none());
+        assert!(ops.remove(7).is_none());
+        assert_eq!(ops.insert(op(false)), b);
+        assert_eq!(ops.insert(op(false)), 3);
+        assert!(ops.entries.len() == 4 && ops.free.is_empty());
     }
 
     /// Moves `ep`'s QP to RTS towards QP `dest` at `remote`, its receive ring posted.
