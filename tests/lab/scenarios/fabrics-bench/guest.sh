@@ -1,0 +1,74 @@
+#!/bin/bash
+# fio over iSCSI/TCP, then iSER, then SRP (ib_srp) against one rtgtd null LUN: four jobs each
+# (4 KiB random read and write at QD32, 128 KiB sequential read and write at QD8), timed, raw
+# device, libaio with O_DIRECT; each job is framed by events so that the host can take rtgtd's
+# CPU time over it. The figures go to $LAB_OUT/bench.txt, one line per job.
+set -euo pipefail
+portal=$LAB_HOST_IP
+node=(-m node -T "$TARGET_IQN" -p "$portal")
+job=0
+
+# fio_figures JSON: IOPS, MB/s, mean and p99 completion latency (us) and bytes of the one
+# direction the job moved, from fio's JSON output.
+fio_figures() {
+    awk '
+        /"read" : \{/ { s = "r" } /"write" : \{/ { s = "w" } /"trim" : \{|"sync" : \{/ { s = "" }
+        function v(line) { gsub(/[",]/, "", line); n = split(line, f, ":"); return f[n] + 0 }
+        s != "" && /"io_bytes" :/ && !(s in io) { io[s] = v($0) }
+        s != "" && /"bw_bytes" :/ && !(s in bw) { bw[s] = v($0) }
+        s != "" && /"iops" :/ && !(s in iops) { iops[s] = v($0) }
+        s != "" && /"lat_ns" :/ { lat[s] = 1 }
+        s != "" && lat[s] == 1 && /"mean" :/ { mean[s] = v($0); lat[s] = 2 }
+        s != "" && /"99.000000" :/ && !(s in p99) { p99[s] = v($0) }
+        END {
+            d = (io["w"] > io["r"]) ? "w" : "r"
+            printf "%.0f %.1f %.0f %.0f %.0f\n", iops[d], bw[d] / 1e6, mean[d] / 1e3, p99[d] / 1e3, io[d]
+        }' "$1"
+}
+
+# bench FABRIC DEV: the four jobs on DEV.
+bench() {
+    local fabric=$1 dev=$2 w rw bs qd out
+    for w in "randread 4k 32" "randwrite 4k 32" "read 128k 8" "write 128k 8"; do
+        read -r rw bs qd <<<"$w"
+        job=$((job + 1))
+        out=$LAB_OUT/fio-$job-$fabric-$rw-$bs.json
+        lab_step "$fabric: $rw $bs QD$qd"
+        lab_signal "start-$job"
+        fio --name=bench --filename="$dev" --rw="$rw" --bs="$bs" --iodepth="$qd" --size=1g \
+            --ioengine=libaio --direct=1 --time_based --runtime="$BENCH_SECONDS" --ramp_time=1 \
+            --output-format=json --output="$out" || lab_fail "fio $fabric $rw $bs failed"
+        lab_signal "end-$job"
+        grep -q '"error" : 0' "$out" || lab_fail "fio $fabric $rw $bs reported errors"
+        echo "$job $fabric $rw-$bs-qd$qd $(fio_figures "$out")" | tee -a "$LAB_OUT/bench.txt"
+    done
+}
+
+modprobe -a iscsi_tcp sd_mod
+lab_step "rxe0 on eth0"
+lab_rxe_add rxe0 eth0
+modprobe ib_iser
+echo "InitiatorName=iqn.2025-01.io.rtgt.lab:guest" >/etc/iscsi/initiatorname.iscsi
+iscsid
+iscsiadm -m discovery -t sendtargets -p "$portal" >"$LAB_OUT/discovery.txt"
+
+lab_step "iSCSI/TCP"
+iscsiadm "${node[@]}" --login
+dev=$(lab_iscsi_disk "$portal" "$TARGET_IQN" 0 60) || lab_fail "no disk over TCP"
+bench tcp "$dev"
+iscsiadm "${node[@]}" --logout
+
+lab_step "iSER"
+lab_iser_node "$portal" "$TARGET_IQN"
+iscsiadm "${node[@]}" --login
+iscsiadm -m session -P 1 | grep -q 'Iface Transport: iser' || lab_fail "session is not on iser"
+dev=$(lab_iscsi_disk "$portal" "$TARGET_IQN" 0 60) || lab_fail "no disk over iSER"
+bench iser "$dev"
+iscsiadm "${node[@]}" --logout
+
+lab_step "SRP"
+lab_srp_add_target "$SRP_TARGET" || lab_fail "add_target failed"
+dev=$(lab_wwn_disk "$DISK_WWN" 60) || lab_fail "no SRP disk with WWN $DISK_WWN"
+bench srp "$dev"
+lab_srp_remove_all || lab_fail "remote port not deleted"
+lab_step "fabrics-bench done"

@@ -1,0 +1,96 @@
+# shellcheck shell=bash
+# Host side of fabrics-bench: rtgtd serving one null LUN over iSCSI/TCP, iSER and SRP on the
+# tap address; while the guest runs each fio job, rtgtd's CPU time is taken from /proc, and at
+# the end the guest's figures and the CPU time make one table with the ratios to TCP.
+
+RTGT_IQN=iqn.2025-01.io.rtgt.lab:bench
+BENCH_WWN=6001405aabbccdd0011223344556677b
+# Seconds per fio job (3 fabrics x 4 jobs).
+BENCH_SECONDS=${LAB_BENCH_SECONDS:-10}
+BENCH_JOBS=12
+
+rtgtd_pid() { awk '$2 == "rtgtd" { p = $1 } END { print p }' "$LAB_WORK/daemons"; }
+# CPU time rtgtd has used so far, in clock ticks (user + system, all threads).
+rtgtd_ticks() { awk '{ print $14 + $15 }' "/proc/$(rtgtd_pid)/stat"; }
+
+host_setup() {
+    [[ -x ${RTGTD:-} ]] || lab_skip "RTGTD does not name the rtgtd binary"
+    cat >"$LAB_WORK/rtgt.yaml" <<YAML
+backstores:
+  - {name: null, type: null, size: 1GiB, block_size: 512, wwn: $BENCH_WWN}
+targets:
+  - name: $RTGT_IQN
+    portal_groups:
+      - tag: 1
+        portals: ['$LAB_HOST_IP:3260']
+        allow_any_initiator: true
+        luns: [{lun: 0, backstore: null}]
+rdma:
+  addresses: [$LAB_HOST_IP]
+  eth_mtu: $LAB_MTU
+srp:
+  - name: bench
+    listen: ['$LAB_HOST_IP:5555']
+    allow_any_initiator: true
+    luns: [{lun: 0, backstore: null}]
+YAML
+    cp "$LAB_WORK/rtgt.yaml" "$LAB_RESULTS/rtgt.yaml"
+    lab_start_daemon rtgtd "$RTGTD" --config "$LAB_WORK/rtgt.yaml" --state-dir "$LAB_WORK/state"
+    lab_wait_tcp "$LAB_HOST_IP" 3260 30
+    grep -q 'iSER portal listening' "$LAB_RESULTS/rtgtd.log" || {
+        cat "$LAB_RESULTS/rtgtd.log"
+        echo "rtgtd serves no iSER"
+        return 1
+    }
+    local add
+    add=$(lab_rtgtd_add_target rtgtd.log "$LAB_HOST_IP:5555" 30) || return 1
+    lab_guest_export TARGET_IQN="$RTGT_IQN" SRP_TARGET="$add" DISK_WWN="$BENCH_WWN" \
+        BENCH_SECONDS="$BENCH_SECONDS"
+}
+
+host_run() {
+    local n t0
+    : >"$LAB_WORK/cpu.txt"
+    for ((n = 1; n <= BENCH_JOBS; n++)); do
+        lab_wait "start-$n" 600 || return 1
+        t0=$(rtgtd_ticks)
+        lab_wait "end-$n" 600 || return 1
+        echo "$n $(($(rtgtd_ticks) - t0))" >>"$LAB_WORK/cpu.txt"
+    done
+}
+
+host_check() {
+    lab_daemon_alive rtgtd || { echo "rtgtd died"; return 1; }
+    if grep -E 'panicked|ERROR' "$LAB_RESULTS"/rtgtd*.log; then
+        echo "rtgtd logged errors"
+        return 1
+    fi
+    local figures=$LAB_SHARE/out/bench.txt
+    [[ $(wc -l <"$figures" 2>/dev/null) == "$BENCH_JOBS" ]] || {
+        echo "the guest reported $(wc -l <"$figures" 2>/dev/null || echo no) of $BENCH_JOBS runs"
+        return 1
+    }
+    cp "$LAB_WORK/cpu.txt" "$LAB_RESULTS/cpu.txt"
+    # Rows: job, fabric, workload, IOPS, MB/s, mean and p99 latency (us), bytes moved; joined
+    # with rtgtd's CPU ticks over the job.
+    lab_report "fio in the guest (TCG, rxe0, MTU $LAB_MTU), ${BENCH_SECONDS} s per job; rtgtd CPU s per GB moved"
+    awk -v hz="$(getconf CLK_TCK)" '
+        NR == FNR { cpu[$1] = $2; next }
+        {
+            key = $3; fab[FNR] = $2; wl[FNR] = key
+            iops[FNR] = $4; mbs[FNR] = $5; mean[FNR] = $6; p99[FNR] = $7
+            cpg[FNR] = ($8 > 0) ? cpu[$1] / hz / ($8 / 1e9) : 0
+            if ($2 == "tcp") { tiops[key] = $4; tcpg[key] = cpg[FNR] }
+            n = FNR
+        }
+        END {
+            printf "%-6s %-18s %10s %9s %10s %10s %9s %8s %8s\n", "fabric", "workload", "IOPS",
+                "MB/s", "mean us", "p99 us", "CPU s/GB", "IOPS/TCP", "CPU/TCP"
+            for (i = 1; i <= n; i++) {
+                k = wl[i]
+                printf "%-6s %-18s %10.0f %9.1f %10.0f %10.0f %9.2f %7.2fx %7.2fx\n", fab[i], k,
+                    iops[i], mbs[i], mean[i], p99[i], cpg[i],
+                    (tiops[k] > 0 ? iops[i] / tiops[k] : 0), (tcpg[k] > 0 ? cpg[i] / tcpg[k] : 0)
+            }
+        }' "$LAB_WORK/cpu.txt" "$figures" | while IFS= read -r line; do lab_report "$line"; done
+}
