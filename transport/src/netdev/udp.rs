@@ -489,7 +489,6 @@ impl UdpNetDev {
     /// A route or kernel that refuses GSO turns it off for the socket, and the datagrams go
     /// out one by one as before.
     fn send_gso(&mut self, msgs: &[Msg]) -> io::Result<()> {
-        let v4 = self.local.is_ipv4();
         // Runs: (first datagram, count, segment size).
         let mut runs: Vec<(usize, usize, usize)> = Vec::new();
         let mut i = 0;
@@ -511,10 +510,29 @@ impl UdpNetDev {
             runs.push((i, j - i, seg));
             i = j;
         }
+        self.send_runs(msgs, &runs)
+    }
+
+    /// `sendmmsg` of the datagrams one by one, [`BATCH`] per call; a full socket drops the
+    /// rest.
+    ///
+    /// The call goes straight to the non-blocking socket rather than through tokio's
+    /// readiness: a socket that has not been polled yet counts as not writable there, which
+    /// would drop the first datagrams of a new device (a CM REQ then waits for its
+    /// retransmission, seconds later).
+    fn send_all(&mut self, msgs: &[Msg]) -> io::Result<()> {
+        let runs: Vec<(usize, usize, usize)> = (0..msgs.len()).map(|i| (i, 1, 0)).collect();
+        self.send_runs(msgs, &runs)
+    }
+
+    /// Sends `runs` of `msgs` (first datagram, count, segment size), each as one message; a
+    /// run of more than one is cut by the kernel (UDP GSO).
+    fn send_runs(&mut self, msgs: &[Msg], runs: &[(usize, usize, usize)]) -> io::Result<()> {
+        let v4 = self.local.is_ipv4();
         // Every datagram's ICRC: its own, or for the segments after the first of an IPv4 run,
         // the one with their IP ID.
         let mut icrcs: Vec<[u8; 4]> = Vec::with_capacity(msgs.len());
-        for &(first, count, _) in &runs {
+        for &(first, count, _) in runs {
             for (k, d) in msgs[first..first + count].iter().enumerate() {
                 let icrc = if v4 && k > 0 {
                     self.icrc_as_segment(d, k as u16)
@@ -528,13 +546,12 @@ impl UdpNetDev {
         // pad, the ICRC.
         let mut pieces: Vec<&[u8]> = Vec::with_capacity(msgs.len() * 4);
         let mut sends: Vec<sys::GsoMsg> = Vec::with_capacity(runs.len());
-        for &(first, count, seg) in &runs {
+        let mut next_icrc = 0;
+        for &(first, count, seg) in runs {
             let start = pieces.len();
-            for (d, icrc) in msgs[first..first + count]
-                .iter()
-                .zip(&icrcs[first..first + count])
-            {
-                d.push_udp_payload(&mut pieces, icrc);
+            for d in &msgs[first..first + count] {
+                d.push_udp_payload(&mut pieces, &icrcs[next_icrc]);
+                next_icrc += 1;
             }
             sends.push(sys::GsoMsg {
                 pieces: start..pieces.len(),
@@ -553,38 +570,6 @@ impl UdpNetDev {
                     self.gso = false;
                     return self.send_all(&msgs[runs[done].0..]);
                 }
-                Err(e) => return Err(e),
-            }
-        }
-        Ok(())
-    }
-
-    /// `sendmmsg` of the datagrams one by one, [`BATCH`] per call; a full socket drops the
-    /// rest.
-    ///
-    /// The call goes straight to the non-blocking socket rather than through tokio's
-    /// readiness: a socket that has not been polled yet counts as not writable there, which
-    /// would drop the first datagrams of a new device (a CM REQ then waits for its
-    /// retransmission, seconds later).
-    fn send_all(&self, msgs: &[Msg]) -> io::Result<()> {
-        let icrcs: Vec<[u8; 4]> = msgs.iter().map(|d| d.icrc().to_le_bytes()).collect();
-        let mut pieces: Vec<&[u8]> = Vec::with_capacity(msgs.len() * 4);
-        let mut sends: Vec<sys::GsoMsg> = Vec::with_capacity(msgs.len());
-        for (d, icrc) in msgs.iter().zip(&icrcs) {
-            let start = pieces.len();
-            d.push_udp_payload(&mut pieces, icrc);
-            sends.push(sys::GsoMsg {
-                pieces: start..pieces.len(),
-                to: d.to,
-                segment: 0,
-            });
-        }
-        let mut done = 0;
-        while done < sends.len() {
-            let chunk = &sends[done..(done + BATCH).min(sends.len())];
-            match sys::sendmmsg_gso(&self.socket, &pieces, chunk) {
-                Ok(n) => done += n.max(1),
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
                 Err(e) => return Err(e),
             }
         }
