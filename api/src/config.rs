@@ -705,6 +705,8 @@ impl Port for SrpPort {
 
 /// The most microseconds of busy polling a setting may ask for.
 pub const MAX_BUSY_POLL_MICROS: u32 = 10_000;
+/// The most engine threads `rdma.shards` may ask for.
+pub const MAX_SHARDS: u32 = 64;
 
 /// The soft-RoCE device that iSER and SRP are served on (UDP 4791).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
@@ -724,11 +726,13 @@ pub struct Rdma {
     /// nothing when they are idle. At most 10000.
     #[serde(default = "Rdma::default_busy_poll_micros")]
     pub busy_poll_micros: u32,
-    /// Engine threads: 1 (the default) runs the device, its connection manager and every
-    /// iSER and SRP connection on a thread of their own, so a command's packets, completions
-    /// and answer never hop between cores; 0 runs them on rtgtd's shared worker threads.
-    #[serde(default = "Rdma::default_shards")]
-    pub shards: u32,
+    /// Engine threads, each with a device of its own that owns a share of the RDMA
+    /// connections (steered to it by QP number): a connection's packets, completions and
+    /// commands are handled on its thread and never hop between cores. Unset (the default):
+    /// one per CPU rtgtd may run on; 0 runs everything on rtgtd's shared worker threads.
+    /// At most 64.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shards: Option<u32>,
 }
 
 impl Rdma {
@@ -744,8 +748,13 @@ impl Rdma {
         50
     }
 
-    fn default_shards() -> u32 {
-        1
+    /// [`Rdma::shards`] as it applies on this machine.
+    pub fn engine_threads(&self) -> u32 {
+        self.shards.unwrap_or_else(|| {
+            std::thread::available_parallelism()
+                .map_or(1, |n| n.get() as u32)
+                .min(MAX_SHARDS)
+        })
     }
 
     fn validate(&self) -> Result<(), (String, String)> {
@@ -765,15 +774,8 @@ impl Rdma {
                 ),
             ));
         }
-        if self.shards > 1 {
-            return Err((
-                "shards".into(),
-                format!(
-                    "{} engine threads asked for; one device runs on at most 1 for now \
-                     (0: on the shared worker threads)",
-                    self.shards
-                ),
-            ));
+        if let Some(n) = self.shards.filter(|&n| n > MAX_SHARDS) {
+            return Err(("shards".into(), format!("{n} is more than {MAX_SHARDS}")));
         }
         let mut seen = HashSet::new();
         for (i, a) in self.addresses.iter().enumerate() {
@@ -804,7 +806,7 @@ impl Default for Rdma {
             addresses: Vec::new(),
             eth_mtu: Rdma::default_eth_mtu(),
             busy_poll_micros: Rdma::default_busy_poll_micros(),
-            shards: Rdma::default_shards(),
+            shards: None,
         }
     }
 }
@@ -1720,15 +1722,11 @@ mod tests {
             ("rdma.eth_mtu".into(), "300 is outside 336..=65535".into())
         );
         assert_eq!(c.rdma.busy_poll_micros, 50);
-        assert_eq!(c.rdma.shards, 1);
+        assert_eq!(c.rdma.shards, None);
+        assert!(c.rdma.engine_threads() >= 1);
         assert_eq!(
-            err_of("rdma: {shards: 2}\n"),
-            (
-                "rdma.shards".into(),
-                "2 engine threads asked for; one device runs on at most 1 for now \
-                 (0: on the shared worker threads)"
-                    .into()
-            )
+            err_of("rdma: {shards: 65}\n"),
+            ("rdma.shards".into(), "65 is more than 64".into())
         );
         assert_eq!(
             err_of("rdma: {busy_poll_micros: 10001}\n"),

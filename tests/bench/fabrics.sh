@@ -3,7 +3,8 @@
 # (`rtgt-iscsi bench` over TCP and with `--iser`, `rtgt-srp bench`) against a null LUN and a
 # tmpfs-backed file LUN, 4 KiB random read and write at iodepth 32 and 128 KiB sequential read
 # and write at iodepth 8, with rtgtd's CPU time per I/O for each and the ratios of both RDMA
-# fabrics to TCP; then the soft-RoCE ceiling of this machine (`rtgt-rdma bench`: RDMA
+# fabrics to TCP; two initiators at once (4 KiB random read, QD32 each: rtgtd's engine threads,
+# one per CPU, each take one connection); then the soft-RoCE ceiling of this machine (`rtgt-rdma bench`: RDMA
 # WRITE/READ bandwidth of two rtgt devices over UDP loopback, no SCSI) for the RDMA figures to
 # be read against.
 #
@@ -125,6 +126,33 @@ sbench() {
     measure "$bin/rtgt-srp" --lun "$1" --eth-mtu 9000 bench --target "$srp_target" --mode "$mode" \
         --rw "$2" --bs "$3" --iodepth "$4" --seconds "$secs"
 }
+# pair FABRIC LUN -> "IOPS MB/s TARGET_CPU_US_PER_IO" of two initiators at once (from 127.0.0.2
+# and 127.0.0.3), 4 KiB random reads at QD32 each: rtgtd's engine threads each take one.
+pair() {
+    local fab=$1 lun=$2 t0 t1 i cmd pp=()
+    t0=$(target_ticks)
+    for i in 2 3; do
+        case $fab in
+        tcp) cmd=("$bin/rtgt-iscsi") ;;
+        iser) cmd=("$bin/rtgt-iscsi" --iser "127.0.0.$i" --eth-mtu 9000) ;;
+        srp) cmd=("$bin/rtgt-srp" --local "127.0.0.$i" --initiator-id "$(printf '0x%032x' "$((0x72730 + i))")" --lun "$lun" --eth-mtu 9000) ;;
+        esac
+        if [[ $fab == srp ]]; then
+            cmd+=(bench --target "$srp_target" --mode direct)
+        else
+            cmd+=(bench --url "iscsi://127.0.0.1:$port/$iqn/$lun")
+        fi
+        "${on_initiator[@]}" "${cmd[@]}" --rw randread --bs 4k --iodepth 32 --seconds "$secs" \
+            >"$work/pair.$i" 2>>"$work/bench.err" &
+        pp+=($!)
+    done
+    wait "${pp[@]}" || true
+    t1=$(target_ticks)
+    cat "$work/pair.2" "$work/pair.3" |
+        sed -n 's/.*ios=\([0-9]*\) IOPS=\([0-9]*\) MB\/s=\([0-9.]*\).*/\1 \2 \3/p' |
+        awk -v t="$((t1 - t0))" -v hz="$hz" '{ n += $1; i += $2; m += $3 }
+            END { printf "%d %.1f %.1f\n", i, m, (n > 0 ? t * 1e6 / hz / n : 0) }'
+}
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2fx", a / b; else print "n/a" }'; }
 
 echo "IOPS, MB/s and target CPU (rtgtd's user + system time over the run, in us per I/O);"
@@ -142,6 +170,15 @@ for l in 0:null 1:tmpfs; do
             "$(ratio "${ii:-0}" "${ti:-0}")" "$(ratio "${ic:-0}" "${tc:-0}")" \
             "$(ratio "${si:-0}" "${ti:-0}")" "$(ratio "${sc:-0}" "${tc:-0}")"
     done
+done
+for l in 0:null 1:tmpfs; do
+    read -r ti tm tc <<<"$(pair tcp "${l%%:*}")" || true
+    read -r ii im ic <<<"$(pair iser "${l%%:*}")" || true
+    read -r si sm sc <<<"$(pair srp "${l%%:*}")" || true
+    printf '%-24s %27s %27s %27s %5s %5s %5s %5s\n' "${l#*:} randread 4k QD32 x2" \
+        "$(cell "$ti" "$tm" "$tc")" "$(cell "$ii" "$im" "$ic")" "$(cell "$si" "$sm" "$sc")" \
+        "$(ratio "${ii:-0}" "${ti:-0}")" "$(ratio "${ic:-0}" "${tc:-0}")" \
+        "$(ratio "${si:-0}" "${ti:-0}")" "$(ratio "${sc:-0}" "${tc:-0}")"
 done
 if grep -E 'panicked|ERROR' "$work/rtgtd.log"; then
     echo "bench: rtgtd logged errors" >&2

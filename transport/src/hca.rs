@@ -1,5 +1,6 @@
-//! A ready-to-use soft HCA: a [`Device`] serving one or more local addresses on UDP 4791,
-//! the task that drives it over its sockets, and its connection manager.
+//! A ready-to-use soft HCA: [`Device`]s serving one or more local addresses on UDP 4791 —
+//! one per engine thread, each owning a share of the QPs ([`crate::verbs::shards`]) — the
+//! tasks that drive them over their sockets, and the connection manager.
 //!
 //! The device has one GID per address, and RoCEv2 peers address it by GID, so every address
 //! initiators connect to must be bound: a wildcard (or empty) address list means every
@@ -7,13 +8,15 @@
 
 use std::io;
 use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 
 use crate::cm::{Cm, CmError, CmLimits};
 use crate::netdev::multi::MultiUdpNetDev;
 use crate::netdev::udp::UdpNetDev;
 use crate::netdev::AsyncNetDev;
 use crate::shard::Shard;
-use crate::verbs::{Device, DeviceConfig, VerbsError};
+use crate::verbs::{Device, DeviceConfig, ShardMember, ShardSet, Stats, VerbsError};
 use crate::wire::roce;
 
 /// Errors of [`Hca::open`].
@@ -36,6 +39,8 @@ pub enum HcaError {
     Cm(CmError),
     #[error("cannot start the engine thread")]
     Shard(#[source] io::Error),
+    #[error("packet socket receive needs a single engine thread")]
+    PacketRxSharded,
 }
 
 /// What to bring up.
@@ -50,13 +55,15 @@ pub struct HcaConfig {
     pub peer_port: u16,
     /// Ethernet MTU of the links: the port MTU follows (1500 gives 1024).
     pub eth_mtu: usize,
-    /// Receive through an AF_PACKET socket on this interface so that IPv4 ICRCs are checked.
+    /// Receive through an AF_PACKET socket on this interface so that IPv4 ICRCs are checked
+    /// (one engine thread at most).
     pub packet_rx: Option<String>,
     pub cm_limits: CmLimits,
     /// [`crate::verbs::DeviceConfig::busy_poll`].
     pub busy_poll: std::time::Duration,
-    /// Engine threads ([`crate::shard`]): 1 runs the device, its CM and the connections
-    /// spawned through [`Hca::spawn`] on a thread of their own; 0 on the caller's runtime.
+    /// Engine threads ([`crate::shard`]), each with a device of its own that owns a share of
+    /// the QPs ([`crate::verbs::shards`]) and the connections spawned on it
+    /// ([`Hca::spawn_at`]); 0 runs one device on the caller's runtime.
     pub shards: usize,
 }
 
@@ -76,91 +83,112 @@ impl HcaConfig {
     }
 }
 
-/// A device, its driver task and its CM; dropping it stops the task.
+/// One device of the HCA and its driver task.
+#[derive(Debug)]
+struct Member {
+    dev: Device,
+    task: tokio::task::JoinHandle<io::Result<()>>,
+    /// Live connections placed on it ([`Hca::place`]).
+    placed: Arc<AtomicUsize>,
+}
+
+/// A connection's place on one device of an [`Hca`] ([`Hca::place`]); dropping it frees it.
+#[derive(Debug)]
+pub struct Placement {
+    index: usize,
+    placed: Arc<AtomicUsize>,
+}
+
+impl Placement {
+    /// The device ([`Hca::device_at`], [`Hca::spawn_at`]).
+    pub fn index(&self) -> usize {
+        self.index
+    }
+}
+
+impl Drop for Placement {
+    fn drop(&mut self) {
+        self.placed.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// The devices (one per engine thread), their driver tasks and the CM, which runs on the
+/// first; dropping it stops the tasks and the threads.
 #[derive(Debug)]
 pub struct Hca {
-    dev: Device,
+    members: Vec<Member>,
     cm: Cm,
     addrs: Vec<IpAddr>,
     skipped: Vec<(IpAddr, String)>,
-    task: tokio::task::JoinHandle<io::Result<()>>,
-    /// The engine thread everything above runs on, if any (dropped last).
-    shard: Option<Shard>,
+    /// The engine threads the members run on, if any (dropped last).
+    threads: Vec<Shard>,
+    /// Where [`Hca::place`] starts looking next.
+    next: AtomicUsize,
 }
 
 impl Hca {
-    /// Binds the sockets, creates the device and starts its task and CM on the current
-    /// tokio runtime. With a wildcard, addresses that cannot be bound are skipped (see
-    /// [`Hca::skipped`]); an explicit address that cannot be bound is an error.
+    /// Binds the sockets, creates the devices and starts their tasks and the CM. With a
+    /// wildcard, addresses that cannot be bound are skipped (see [`Hca::skipped`]); an
+    /// explicit address that cannot be bound is an error.
     pub fn open(cfg: &HcaConfig) -> Result<Hca, HcaError> {
-        if cfg.shards == 0 {
-            return Hca::open_here(cfg);
+        let count = cfg.shards.max(1);
+        if count > 1 && cfg.packet_rx.is_some() {
+            return Err(HcaError::PacketRxSharded);
         }
-        let shard = Shard::start(&format!("{}-shard0", cfg.name)).map_err(HcaError::Shard)?;
-        // Sockets register with the shard's reactor; the runner and the CM spawn there.
-        let mut hca = {
-            let _on_shard = shard.handle().enter();
-            Hca::open_here(cfg)?
-        };
-        hca.shard = Some(shard);
-        Ok(hca)
-    }
-
-    /// [`Hca::open`] on the current runtime.
-    fn open_here(cfg: &HcaConfig) -> Result<Hca, HcaError> {
-        let wildcard = cfg.addrs.is_empty() || cfg.addrs.iter().any(|a| a.is_unspecified());
-        let addrs = if wildcard {
-            host_addrs().map_err(HcaError::HostAddrs)?
-        } else {
-            dedup(cfg.addrs.clone())
-        };
-        let mut socks = Vec::new();
-        let mut skipped = Vec::new();
-        for ip in addrs {
-            let addr = SocketAddr::new(ip, cfg.port);
-            let r = match &cfg.packet_rx {
-                Some(ifname) => UdpNetDev::bind_with_packet_rx(addr, ifname),
-                None => UdpNetDev::bind(addr),
-            };
-            match r {
-                Ok(mut nd) => {
-                    nd.peer_port = cfg.peer_port;
-                    socks.push(nd);
-                }
-                Err(e) if wildcard => skipped.push((ip, e.to_string())),
-                Err(source) => return Err(HcaError::Bind { addr, source }),
+        let (groups, skipped) = bind_groups(cfg, count)?;
+        let bound: Vec<IpAddr> = groups.iter().map(|(ip, _)| *ip).collect();
+        let set = (count > 1).then(|| ShardSet::new(count));
+        let mut per_member: Vec<Vec<std::net::UdpSocket>> =
+            (0..count).map(|_| Vec::new()).collect();
+        for (_, socks) in groups {
+            for (k, s) in socks.into_iter().enumerate() {
+                per_member[k].push(s);
             }
         }
-        if socks.is_empty() {
-            return match skipped.first() {
-                Some((ip, e)) => Err(HcaError::Bind {
-                    addr: SocketAddr::new(*ip, cfg.port),
-                    source: io::Error::other(e.clone()),
-                }),
-                None => Err(HcaError::NoAddress),
+        let mut threads = Vec::new();
+        let mut members = Vec::new();
+        let mut cm = None;
+        for (k, socks) in per_member.into_iter().enumerate() {
+            let thread = if cfg.shards == 0 {
+                None
+            } else {
+                let name = format!("{}-shard{k}", cfg.name);
+                Some(Shard::start(&name).map_err(HcaError::Shard)?)
             };
+            // Sockets register with the member's reactor; its runner (and the CM) spawn there.
+            let _on_thread = thread.as_ref().map(|t| t.handle().enter());
+            let mut dcfg = DeviceConfig::new(&cfg.name, bound.clone());
+            dcfg.eth_mtu = cfg.eth_mtu;
+            dcfg.busy_poll = cfg.busy_poll;
+            // Every ICRC is checked. A plain UDP socket cannot see the IPv4 identification and
+            // DF flag: without AF_PACKET receive, IPv4 ICRCs are checked for everything else.
+            dcfg.check_icrc = true;
+            dcfg.ipv4_header_rebuilt = cfg.packet_rx.is_none();
+            dcfg.shard = set.clone().map(|set| ShardMember { set, index: k });
+            let dev = Device::new(dcfg).map_err(HcaError::Device)?;
+            let task = spawn_runner(&dev, socks, cfg, bound[0])?;
+            if k == 0 {
+                cm = Some(Cm::start_with(&dev, cfg.cm_limits).map_err(|e| {
+                    task.abort();
+                    HcaError::Cm(e)
+                })?);
+            }
+            drop(_on_thread);
+            members.push(Member {
+                dev,
+                task,
+                placed: Arc::default(),
+            });
+            threads.extend(thread);
         }
-        let bound: Vec<IpAddr> = socks.iter().map(|s| s.local_addr().ip()).collect();
-        let mut dcfg = DeviceConfig::new(&cfg.name, bound.clone());
-        dcfg.eth_mtu = cfg.eth_mtu;
-        dcfg.busy_poll = cfg.busy_poll;
-        // Every ICRC is checked. A plain UDP socket cannot see the IPv4 identification and
-        // DF flag: without AF_PACKET receive, IPv4 ICRCs are checked for everything else.
-        dcfg.check_icrc = true;
-        dcfg.ipv4_header_rebuilt = cfg.packet_rx.is_none();
-        let dev = Device::new(dcfg).map_err(HcaError::Device)?;
-        let mut hca = if socks.len() == 1 {
-            let nd = socks.pop().ok_or(HcaError::NoAddress)?;
-            Hca::with_netdev(dev, nd, cfg.cm_limits)?
-        } else {
-            let nd = MultiUdpNetDev::new(socks).map_err(|source| HcaError::Bind {
-                addr: SocketAddr::new(bound[0], cfg.port),
-                source,
-            })?;
-            Hca::with_netdev(dev, nd, cfg.cm_limits)?
-        };
-        hca.skipped = skipped;
-        Ok(hca)
+        Ok(Hca {
+            members,
+            cm: cm.ok_or(HcaError::NoAddress)?,
+            addrs: bound,
+            skipped,
+            threads,
+            next: Default::default(),
+        })
     }
 
     /// An HCA over any netdev (a loopback pair in tests).
@@ -179,35 +207,109 @@ impl Hca {
             }
         };
         Ok(Hca {
-            dev,
+            members: vec![Member {
+                dev,
+                task,
+                placed: Arc::default(),
+            }],
             cm,
             addrs,
             skipped: Vec::new(),
-            task,
-            shard: None,
+            threads: Vec::new(),
+            next: Default::default(),
         })
     }
 
-    /// Spawns a task that serves this device (a fabric's listener or connection) where the
-    /// device runs: on its engine thread, or on the current runtime.
+    /// Spawns a task that serves this HCA (a fabric's listener) where the CM runs: on the
+    /// first engine thread, or on the current runtime.
     pub fn spawn<F>(&self, fut: F) -> tokio::task::JoinHandle<F::Output>
     where
         F: std::future::Future + Send + 'static,
         F::Output: Send + 'static,
     {
-        match &self.shard {
+        self.spawn_at(0, fut)
+    }
+
+    /// Spawns a task where device `index` runs (a connection whose QP it owns): its engine
+    /// thread, or the current runtime.
+    pub fn spawn_at<F>(&self, index: usize, fut: F) -> tokio::task::JoinHandle<F::Output>
+    where
+        F: std::future::Future + Send + 'static,
+        F::Output: Send + 'static,
+    {
+        match self.threads.get(index) {
             Some(s) => s.handle().spawn(fut),
             None => tokio::spawn(fut),
         }
     }
 
-    /// Whether the device runs on an engine thread of its own.
-    pub fn on_shard(&self) -> bool {
-        self.shard.is_some()
+    /// The runtime device `index` runs on (its engine thread's, or the current one).
+    pub fn runtime_at(&self, index: usize) -> tokio::runtime::Handle {
+        match self.threads.get(index) {
+            Some(s) => s.handle().clone(),
+            None => tokio::runtime::Handle::current(),
+        }
     }
 
+    /// Whether the devices run on engine threads of their own.
+    pub fn on_shard(&self) -> bool {
+        !self.threads.is_empty()
+    }
+
+    /// The number of devices (engine threads, or 1).
+    pub fn count(&self) -> usize {
+        self.members.len()
+    }
+
+    /// A device for a new connection: one with the fewest connections placed on it, taking
+    /// turns among equals. The connection holds the placement while it lives.
+    pub fn place(&self) -> Placement {
+        let n = self.members.len();
+        let start = self.next.fetch_add(1, Ordering::Relaxed) % n;
+        let index = (0..n)
+            .map(|i| (start + i) % n)
+            .min_by_key(|&k| self.members[k].placed.load(Ordering::Relaxed))
+            .unwrap_or(0);
+        let placed = self.members[index].placed.clone();
+        placed.fetch_add(1, Ordering::Relaxed);
+        Placement { index, placed }
+    }
+
+    /// Connections placed on each device and still alive.
+    pub fn placed(&self) -> Vec<usize> {
+        self.members
+            .iter()
+            .map(|m| m.placed.load(Ordering::Relaxed))
+            .collect()
+    }
+
+    /// The first device: the CM's (QP1), and the only one without engine threads.
     pub fn device(&self) -> &Device {
-        &self.dev
+        &self.members[0].dev
+    }
+
+    /// Device `index` (see [`Hca::count`]).
+    pub fn device_at(&self, index: usize) -> &Device {
+        &self.members[index].dev
+    }
+
+    /// Every device, in order.
+    pub fn devices(&self) -> impl Iterator<Item = &Device> {
+        self.members.iter().map(|m| &m.dev)
+    }
+
+    /// The packet counters of all devices together.
+    pub fn stats(&self) -> Stats {
+        let mut s = Stats::default();
+        for m in &self.members {
+            s += m.dev.stats();
+        }
+        s
+    }
+
+    /// Live QPs of all devices (QP1 included).
+    pub fn live_qps(&self) -> usize {
+        self.members.iter().map(|m| m.dev.live_qps()).sum()
     }
 
     pub fn cm(&self) -> &Cm {
@@ -224,30 +326,102 @@ impl Hca {
         &self.skipped
     }
 
-    /// True while the driver task runs (it ends on a socket error).
+    /// True while every driver task runs (one ends on a socket error).
     pub fn is_running(&self) -> bool {
-        !self.task.is_finished()
+        self.members.iter().all(|m| !m.task.is_finished())
     }
 
-    /// Waits (at most `limit`) until the device has nothing left to send: the last MADs of a
-    /// tool about to exit (a DREP, say) leave before the sockets close.
+    /// Waits (at most `limit`) until the devices have nothing left to send: the last MADs of
+    /// a tool about to exit (a DREP, say) leave before the sockets close.
     pub async fn drain(&self, limit: std::time::Duration) {
         let end = tokio::time::Instant::now() + limit;
-        while self.dev.has_work() && tokio::time::Instant::now() < end {
+        while self.members.iter().any(|m| m.dev.has_work()) && tokio::time::Instant::now() < end {
             tokio::time::sleep(std::time::Duration::from_millis(2)).await;
         }
     }
 
-    /// Stops the driver task; the device stops moving packets.
+    /// Stops the driver tasks; the devices stop moving packets.
     pub fn shutdown(&self) {
-        self.task.abort();
+        for m in &self.members {
+            m.task.abort();
+        }
     }
 }
 
 impl Drop for Hca {
     fn drop(&mut self) {
-        self.task.abort();
+        self.shutdown();
     }
+}
+
+/// The sockets of every address to serve, `count` per address in one steering group
+/// ([`crate::netdev::udp::bind_group`]), and the addresses a wildcard skipped.
+#[allow(clippy::type_complexity)]
+fn bind_groups(
+    cfg: &HcaConfig,
+    count: usize,
+) -> Result<
+    (
+        Vec<(IpAddr, Vec<std::net::UdpSocket>)>,
+        Vec<(IpAddr, String)>,
+    ),
+    HcaError,
+> {
+    let wildcard = cfg.addrs.is_empty() || cfg.addrs.iter().any(|a| a.is_unspecified());
+    let addrs = if wildcard {
+        host_addrs().map_err(HcaError::HostAddrs)?
+    } else {
+        dedup(cfg.addrs.clone())
+    };
+    let mut groups = Vec::new();
+    let mut skipped = Vec::new();
+    for ip in addrs {
+        let addr = SocketAddr::new(ip, cfg.port);
+        match crate::netdev::udp::bind_group(addr, count) {
+            Ok((socks, _steered)) => groups.push((ip, socks)),
+            Err(e) if wildcard => skipped.push((ip, e.to_string())),
+            Err(source) => return Err(HcaError::Bind { addr, source }),
+        }
+    }
+    if groups.is_empty() {
+        return match skipped.first() {
+            Some((ip, e)) => Err(HcaError::Bind {
+                addr: SocketAddr::new(*ip, cfg.port),
+                source: io::Error::other(e.clone()),
+            }),
+            None => Err(HcaError::NoAddress),
+        };
+    }
+    Ok((groups, skipped))
+}
+
+/// Starts the runner of `dev` over `socks` (one per address) on the current runtime.
+fn spawn_runner(
+    dev: &Device,
+    socks: Vec<std::net::UdpSocket>,
+    cfg: &HcaConfig,
+    first: IpAddr,
+) -> Result<tokio::task::JoinHandle<io::Result<()>>, HcaError> {
+    let bind_err = |source: io::Error| HcaError::Bind {
+        addr: SocketAddr::new(first, cfg.port),
+        source,
+    };
+    let mut nds = Vec::new();
+    for s in socks {
+        let mut nd = UdpNetDev::from_socket(s).map_err(bind_err)?;
+        if let Some(ifname) = &cfg.packet_rx {
+            nd.add_packet_rx(ifname).map_err(bind_err)?;
+        }
+        nd.peer_port = cfg.peer_port;
+        nds.push(nd);
+    }
+    Ok(if nds.len() == 1 {
+        let nd = nds.pop().ok_or(HcaError::NoAddress)?;
+        tokio::spawn(crate::netdev::run(dev.clone(), nd))
+    } else {
+        let nd = MultiUdpNetDev::new(nds).map_err(bind_err)?;
+        tokio::spawn(crate::netdev::run(dev.clone(), nd))
+    })
 }
 
 fn dedup(mut v: Vec<IpAddr>) -> Vec<IpAddr> {

@@ -821,6 +821,62 @@ async fn multi_address_hca_over_udp() {
     done(&ca_).await;
 }
 
+/// An HCA with two engine threads: connections placed on both devices, each QP numbered as
+/// its device owns it, traffic both ways on every connection (the kernel steers each QP's
+/// datagrams to its device; the devices pass on what a coalesced run brings to the other).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sharded_hca_over_udp() {
+    use rtgt_transport::hca::HcaConfig;
+    use rtgt_transport::verbs::shards::owner;
+    let free = |ip: [u8; 4]| {
+        std::net::UdpSocket::bind((IpAddr::from(ip), 0))
+            .and_then(|s| s.local_addr())
+            .unwrap()
+            .port()
+    };
+    let (pa, pb) = (free([127, 0, 0, 4]), free([127, 0, 0, 5]));
+    let mut ca = HcaConfig::new(vec![IpAddr::from([127, 0, 0, 4])]);
+    (ca.port, ca.peer_port, ca.shards) = (pa, pb, 2);
+    let mut cb = HcaConfig::new(vec![IpAddr::from([127, 0, 0, 5])]);
+    (cb.port, cb.peer_port) = (pb, pa);
+    let a = Hca::open(&ca).unwrap();
+    let b = Hca::open(&cb).unwrap();
+    assert_eq!(a.count(), 2);
+    assert!(a.on_shard());
+    let dst = SocketAddr::new(IpAddr::from([127, 0, 0, 4]), 7175);
+    let mut l = a.cm().listen(dst).unwrap();
+    let mut conns = Vec::new();
+    for i in 0..4u8 {
+        let ub = ulp(b.device());
+        let (cb_, accepted) = tokio::join!(b.cm().connect(&ub.qp, dst, hello()), async {
+            let req = l.accept().await.unwrap();
+            let at = a.place();
+            let ua = ulp(a.device_at(at.index()));
+            assert_eq!(owner(ua.qp.qpn(), 2), at.index(), "QP {:#x}", ua.qp.qpn());
+            let c = req.accept(&ua.qp, fast()).await;
+            (c, ua, at)
+        });
+        let (ca_, ua, at) = accepted;
+        conns.push((cb_.unwrap(), ca_.unwrap(), ua, ub, at, i));
+    }
+    assert_eq!(a.placed(), vec![2, 2]);
+    for (_, _, ua, ub, _, i) in &conns {
+        send_checked(ub, ua, 20000, *i).await;
+        send_checked(ua, ub, 20000, *i + 100).await;
+    }
+    for d in a.devices() {
+        assert!(d.stats().rx_packets > 10, "{:?}", d.stats());
+    }
+    let s = a.stats();
+    assert_eq!((s.rx_dropped, s.rx_bad_icrc), (0, 0), "{s:?}");
+    for (cb_, ca_, ..) in &conns {
+        cb_.disconnect();
+        done(ca_).await;
+    }
+    drop(conns);
+    assert_eq!(a.placed(), vec![0, 0]);
+}
+
 // ---- a Linux REQ from the capture ---------------------------------------------------------
 
 mod common;

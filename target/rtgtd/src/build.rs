@@ -97,7 +97,7 @@ fn start_rdma(rdma: &config::Rdma) -> Option<Arc<Hca>> {
     let mut cfg = HcaConfig::new(rdma.addresses.clone());
     cfg.eth_mtu = rdma.eth_mtu as usize;
     cfg.busy_poll = std::time::Duration::from_micros(rdma.busy_poll_micros.into());
-    cfg.shards = rdma.shards as usize;
+    cfg.shards = rdma.engine_threads() as usize;
     match Hca::open(&cfg) {
         Ok(hca) => {
             for (addr, why) in hca.skipped() {
@@ -107,7 +107,7 @@ fn start_rdma(rdma: &config::Rdma) -> Option<Arc<Hca>> {
             info!(
                 addresses = %addrs.join(" "),
                 path_mtu = hca.device().port_mtu().bytes(),
-                engine_thread = hca.on_shard(),
+                engine_threads = if hca.on_shard() { hca.count() } else { 0 },
                 "RDMA device ready on UDP 4791"
             );
             Some(Arc::new(hca))

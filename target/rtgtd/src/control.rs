@@ -92,6 +92,8 @@ pub struct RdmaCounters {
     pub retransmits: u64,
     pub naks_sent: u64,
     pub rnr_naks_sent: u64,
+    /// Datagrams an engine thread received for a QP of another and passed on.
+    pub passed_on: u64,
     pub cm_events: u64,
 }
 
@@ -138,7 +140,7 @@ async fn apply_live(
 fn render_rdma(devices: &[(String, RdmaCounters)]) -> String {
     let mut out = String::new();
     type Field = fn(&RdmaCounters) -> u64;
-    let families: [(&str, Field); 8] = [
+    let families: [(&str, Field); 9] = [
         ("rtgt_rdma_rx_packets_total", |c| c.rx_packets),
         ("rtgt_rdma_tx_packets_total", |c| c.tx_packets),
         ("rtgt_rdma_rx_dropped_total", |c| c.rx_dropped),
@@ -146,6 +148,7 @@ fn render_rdma(devices: &[(String, RdmaCounters)]) -> String {
         ("rtgt_rdma_retransmits_total", |c| c.retransmits),
         ("rtgt_rdma_naks_sent_total", |c| c.naks_sent),
         ("rtgt_rdma_rnr_naks_sent_total", |c| c.rnr_naks_sent),
+        ("rtgt_rdma_passed_on_total", |c| c.passed_on),
         ("rtgt_rdma_cm_events_total", |c| c.cm_events),
     ];
     if devices.is_empty() {

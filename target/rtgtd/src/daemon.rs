@@ -120,7 +120,7 @@ fn export_rdma_counters(control: &crate::control::DaemonControl, hca: &Arc<Hca>)
     control.add_rdma_device(
         &name,
         Box::new(move || {
-            let d = hca.device().stats();
+            let d = hca.stats();
             let cm = hca.cm().stats();
             let msgs = |m: &rtgt_transport::cm::MsgCounts| {
                 m.req + m.mra + m.rej + m.rep + m.rtu + m.dreq + m.drep + m.other
@@ -133,6 +133,7 @@ fn export_rdma_counters(control: &crate::control::DaemonControl, hca: &Arc<Hca>)
                 retransmits: d.retransmits,
                 naks_sent: d.naks_sent,
                 rnr_naks_sent: d.rnr_naks_sent,
+                passed_on: d.rx_passed,
                 cm_events: msgs(&cm.sent) + msgs(&cm.received),
             }
         }),

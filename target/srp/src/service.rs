@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use rtgt_backstore::BufPool;
 use rtgt_transport::cm::{CmListener, ConnParams, ConnectRequest};
-use rtgt_transport::hca::Hca;
+use rtgt_transport::hca::{Hca, Placement};
 
 use super::channel::{Channel, CloseReason};
 use super::iu::{buf_fmt, rej_reason, LoginRej, LoginReq};
@@ -305,7 +305,9 @@ async fn accept_loop(
 ) {
     while let Some(cr) = l.accept().await {
         let ports = ports.read().unwrap_or_else(|e| e.into_inner()).clone();
-        let h = tokio::spawn(connection(cr, ports, hca.clone()));
+        // The channel runs where the device that owns its QP runs.
+        let at = hca.place();
+        let h = hca.spawn_at(at.index(), connection(cr, ports, hca.clone(), at));
         let mut v = conns.lock().unwrap_or_else(|e| e.into_inner());
         v.retain(|h| !h.is_finished());
         v.push(h);
@@ -328,7 +330,7 @@ fn pick_port<'a>(ports: &'a [Arc<SrpPort>], req: &LoginReq) -> Option<&'a Arc<Sr
 }
 
 /// One connect request: login, accept or reject, then the channel until either side ends it.
-async fn connection(cr: ConnectRequest, ports: Vec<Arc<SrpPort>>, hca: Arc<Hca>) {
+async fn connection(cr: ConnectRequest, ports: Vec<Arc<SrpPort>>, hca: Arc<Hca>, at: Placement) {
     let peer = cr.peer();
     let cr_local = cr.local();
     let req = match LoginReq::parse_rdma(cr.private_data()) {
@@ -358,7 +360,7 @@ async fn connection(cr: ConnectRequest, ports: Vec<Arc<SrpPort>>, hca: Arc<Hca>)
     // The QP goes to INIT and the receive ring is posted before the REP: the initiator may
     // send as soon as it has sent its RTU.
     let built = hca
-        .device()
+        .device_at(at.index())
         .alloc_pd()
         .and_then(|pd| Channel::endpoint(&pd, &login.params));
     let started = built.map_err(|e| e.to_string()).and_then(|ep| {

@@ -118,6 +118,9 @@ pub(crate) struct Conn {
     pub peer: SocketAddr,
     /// The consumer's QP, 0 until it is known.
     pub qpn: u32,
+    /// The device of the consumer's QP (one of a set of devices, [`crate::verbs::shards`];
+    /// the CM's own until the QP is known).
+    dev: Device,
     remote_qpn: u32,
     /// The TID of the REQ, shared by REP, RTU, MRA and REJ.
     tid: u64,
@@ -563,6 +566,7 @@ impl Core {
                 local,
                 peer,
                 qpn: 0,
+                dev: self.dev.clone(),
                 remote_qpn: r.local_qpn,
                 tid,
                 last: None,
@@ -646,9 +650,9 @@ impl Core {
             reason: r.reason,
             private_data: r.private_data.to_vec(),
         };
-        let qpn = c.qpn;
+        let (qpn, qp_dev) = (c.qpn, c.dev.clone());
         c.set_phase(Phase::Failed(e));
-        self.qp_to_error(qpn);
+        qp_to_error(&qp_dev, qpn);
         self.enter_timewait(id, Instant::now());
     }
 
@@ -680,10 +684,10 @@ impl Core {
         c.remote_id = r.local_comm_id;
         c.remote_qpn = r.local_qpn;
         c.rep_private = r.private_data.to_vec().into_boxed_slice();
-        let qpn = c.qpn;
+        let (qpn, qp_dev) = (c.qpn, c.dev.clone());
         let (local, peer, tid) = (c.local, c.peer, c.tid);
         let req = *c.req;
-        let res = self.rts_active(qpn, local.ip(), peer.ip(), &req, r);
+        let res = self.rts_active(&qp_dev, qpn, local.ip(), peer.ip(), &req, r);
         if let Err(e) = res {
             // Linux answers a REP it cannot use with a consumer REJ and reports the failure.
             self.send_rej(
@@ -701,7 +705,7 @@ impl Core {
             if let Some(c) = self.conns.get_mut(&id) {
                 c.set_phase(Phase::Failed(CmError::Verbs(e)));
             }
-            self.qp_to_error(qpn);
+            qp_to_error(&qp_dev, qpn);
             self.enter_timewait(id, now);
             return;
         }
@@ -768,7 +772,7 @@ impl Core {
             _ => return,
         }
         let state = c.state;
-        let qpn = c.qpn;
+        let (qpn, qp_dev) = (c.qpn, c.dev.clone());
         if state == State::RepSent {
             c.set_phase(Phase::Failed(CmError::Disconnected));
         } else {
@@ -776,7 +780,7 @@ impl Core {
         }
         self.send(s, d, &drep(id, r.local_comm_id));
         if state != State::TimeWait {
-            self.qp_to_error(qpn);
+            qp_to_error(&qp_dev, qpn);
             self.enter_timewait(id, now);
         }
     }
@@ -811,16 +815,6 @@ impl Core {
         }
     }
 
-    fn qp_to_error(&self, qpn: u32) {
-        if qpn != 0 {
-            let a = QpAttr {
-                qp_state: Some(QpState::Err),
-                ..Default::default()
-            };
-            let _ = self.dev.modify_qp(qpn, &a, QpAttrMask::STATE);
-        }
-    }
-
     /// Passive side: an RC packet before the RTU also establishes (IBA 12.9.8.5; Linux gets
     /// `IB_EVENT_COMM_EST`). Seen as the QP's expected PSN having moved past the REP's.
     fn check_first_packet(&mut self, id: u32, now: Instant) -> bool {
@@ -830,10 +824,7 @@ impl Core {
         if c.state != State::RepSent {
             return false;
         }
-        let moved = self
-            .dev
-            .qp_psns(c.qpn)
-            .is_some_and(|(_, rq)| rq != c.rep_psn);
+        let moved = c.dev.qp_psns(c.qpn).is_some_and(|(_, rq)| rq != c.rep_psn);
         if moved {
             self.establish(id, now);
         }
@@ -892,7 +883,7 @@ impl Core {
                     return;
                 };
                 let state = c.state;
-                let qpn = c.qpn;
+                let (qpn, qp_dev) = (c.qpn, c.dev.clone());
                 if state == State::DreqSent {
                     // The peer never answered; it is gone as far as we are concerned.
                     self.enter_timewait(id, now);
@@ -917,7 +908,7 @@ impl Core {
                     RejReason::Timeout,
                     &[],
                 );
-                self.qp_to_error(qpn);
+                qp_to_error(&qp_dev, qpn);
                 if let Some(c) = self.conns.get_mut(&id) {
                     c.last = None;
                 }
@@ -964,10 +955,9 @@ impl Core {
             }
             State::Established => {
                 c.deadline = Some(now + QP_CHECK);
-                let qpn = c.qpn;
-                let ok = self
+                let ok = c
                     .dev
-                    .qp_state(qpn)
+                    .qp_state(c.qpn)
                     .is_some_and(|s| !matches!(s, QpState::Err | QpState::Reset));
                 if !ok {
                     self.disconnect(id, now);
@@ -1000,6 +990,7 @@ impl Core {
     pub fn accept(
         &mut self,
         id: u32,
+        dev: &Device,
         qpn: u32,
         p: &ConnParams,
         now: Instant,
@@ -1043,6 +1034,7 @@ impl Core {
             .min(attr.max_qp_rd_atom.min(255) as u8);
         let rep_psn = self.random() & crate::wire::U24_MASK;
         self.rts_passive(
+            dev,
             qpn,
             local.ip(),
             peer.ip(),
@@ -1077,6 +1069,7 @@ impl Core {
             return Err(CmError::Timeout);
         };
         c.qpn = qpn;
+        c.dev = dev.clone();
         c.rep_psn = rep_psn;
         c.state = State::RepSent;
         self.probe_at.get_or_insert(now + FIRST_PACKET_PROBE);
@@ -1091,6 +1084,7 @@ impl Core {
     #[allow(clippy::too_many_arguments)]
     fn rts_passive(
         &self,
+        dev: &Device,
         qpn: u32,
         local: IpAddr,
         peer: IpAddr,
@@ -1106,7 +1100,7 @@ impl Core {
             .bytes()
             .and_then(Mtu::from_bytes)
             .ok_or(VerbsError::InvalidArgument("path MTU"))?;
-        self.init_qp(qpn)?;
+        init_qp(dev, qpn)?;
         let mut av = self.av(local, peer)?;
         av.traffic_class = path.traffic_class;
         av.flow_label = path.flow_label;
@@ -1122,7 +1116,7 @@ impl Core {
             min_rnr_timer: p.min_rnr_timer.min(31),
             ..Default::default()
         };
-        self.dev.modify_qp(
+        dev.modify_qp(
             qpn,
             &a,
             M::STATE
@@ -1145,7 +1139,7 @@ impl Core {
         // The RNR retry count we announce in the REP is the one our QP uses too.
         a.rnr_retry = p.rnr_retry_count.min(7);
         a.max_rd_atomic = initiator_depth;
-        self.dev.modify_qp(
+        dev.modify_qp(
             qpn,
             &a,
             M::STATE | M::SQ_PSN | M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::MAX_QP_RD_ATOMIC,
@@ -1154,6 +1148,7 @@ impl Core {
 
     fn rts_active(
         &self,
+        dev: &Device,
         qpn: u32,
         local: IpAddr,
         peer: IpAddr,
@@ -1177,7 +1172,7 @@ impl Core {
             min_rnr_timer: 12,
             ..Default::default()
         };
-        self.dev.modify_qp(
+        dev.modify_qp(
             qpn,
             &a,
             M::STATE
@@ -1197,7 +1192,7 @@ impl Core {
             .responder_resources
             .min(req.initiator_depth)
             .min(attr.max_qp_init_rd_atom.min(255) as u8);
-        self.dev.modify_qp(
+        dev.modify_qp(
             qpn,
             &a,
             M::STATE | M::SQ_PSN | M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::MAX_QP_RD_ATOMIC,
@@ -1211,10 +1206,6 @@ impl Core {
             .gid_index(local)
             .ok_or(VerbsError::InvalidArgument("local address"))?;
         Ok(av)
-    }
-
-    fn init_qp(&self, qpn: u32) -> Result<(), VerbsError> {
-        init_qp(&self.dev, qpn)
     }
 
     /// Passive reject (REJ reason 28 with the consumer's private data).
@@ -1248,6 +1239,7 @@ impl Core {
     /// Active connect: QP to INIT, then the REQ.
     pub fn connect(
         &mut self,
+        dev: &Device,
         qpn: u32,
         local: IpAddr,
         dst: SocketAddr,
@@ -1269,7 +1261,7 @@ impl Core {
         {
             return Err(CmError::InvalidArgument("QP already connected"));
         }
-        self.init_qp(qpn).map_err(CmError::Verbs)?;
+        init_qp(dev, qpn).map_err(CmError::Verbs)?;
         let id = self.alloc_id();
         let src_port = 0xC000 | (self.random() as u16 & 0x3FFF);
         let attr = self.dev.attr().clone();
@@ -1341,6 +1333,7 @@ impl Core {
                 local: SocketAddr::new(local, src_port),
                 peer: dst,
                 qpn,
+                dev: dev.clone(),
                 remote_qpn: 0,
                 tid,
                 last: Some(bytes),
@@ -1363,7 +1356,7 @@ impl Core {
         let Some(c) = self.conns.get_mut(&id) else {
             return;
         };
-        let qpn = c.qpn;
+        let (qpn, qp_dev) = (c.qpn, c.dev.clone());
         match c.state {
             State::Established => {
                 c.set_phase(Phase::Disconnected);
@@ -1387,7 +1380,7 @@ impl Core {
                 if let Some(c) = self.conns.get_mut(&id) {
                     c.last = Some(bytes);
                 }
-                self.qp_to_error(qpn);
+                qp_to_error(&qp_dev, qpn);
             }
             State::ReqSent | State::MraRcvd | State::RepSent | State::ReqRcvd | State::MraSent => {
                 c.set_phase(Phase::Failed(CmError::Disconnected));
@@ -1417,11 +1410,22 @@ impl Core {
                 if let Some(c) = self.conns.get_mut(&id) {
                     c.last = Some(bytes);
                 }
-                self.qp_to_error(qpn);
+                qp_to_error(&qp_dev, qpn);
                 self.enter_timewait(id, now);
             }
             State::DreqSent | State::TimeWait => {}
         }
+    }
+}
+
+/// Moves QP `qpn` of `dev` to the error state (nothing for 0, a QP not known yet).
+fn qp_to_error(dev: &Device, qpn: u32) {
+    if qpn != 0 {
+        let a = QpAttr {
+            qp_state: Some(QpState::Err),
+            ..Default::default()
+        };
+        let _ = dev.modify_qp(qpn, &a, QpAttrMask::STATE);
     }
 }
 

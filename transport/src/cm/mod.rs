@@ -310,7 +310,7 @@ impl Cm {
         }
         let (id, phase) = {
             let mut core = self.shared.core();
-            let id = core.connect(qp.qpn(), local, dst, &params, Instant::now())?;
+            let id = core.connect(qp.device(), qp.qpn(), local, dst, &params, Instant::now())?;
             let phase = core.phase(id).ok_or(CmError::Stopped)?;
             self.shared.flush(&mut core);
             (id, phase)
@@ -544,7 +544,7 @@ impl ConnectRequest {
         }
         let id = self.id;
         let phase = self.cm.with_core(|c| {
-            let r = c.accept(id, qp.qpn(), &params, Instant::now());
+            let r = c.accept(id, qp.device(), qp.qpn(), &params, Instant::now());
             if r.is_err() {
                 c.reject(id, &[], Instant::now());
             }

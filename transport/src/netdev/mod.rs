@@ -94,6 +94,7 @@ impl Device {
     pub fn drive(&self, netdev: &mut dyn NetDev, now: Duration) -> usize {
         let mut eng = self.engine();
         eng.tx.ports = netdev.tx_ports();
+        let passed = eng.receive_passed(now);
         // Receive errors are transient for a datagram link; the transport retransmits.
         let received = netdev
             .receive_each(1024, &mut |head, rest| eng.receive(head, rest, now))
@@ -107,7 +108,7 @@ impl Device {
         // A full or failing link drops packets, as a NIC's wire would; the transport recovers
         // by retransmission.
         let _ = netdev.transmit_batch(&tx);
-        let moved = received + tx.len();
+        let moved = passed + received + tx.len();
         // Sent buffers go back to the engine, for reuse.
         let mut eng = self.engine();
         eng.tx.recycle(&mut tx);

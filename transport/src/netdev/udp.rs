@@ -98,7 +98,12 @@ fn setsockopt_int(fd: i32, level: i32, name: i32, value: i32) -> io::Result<()> 
 impl UdpNetDev {
     /// Binds `addr` (normally port 4791) with the options above. Needs a tokio runtime.
     pub fn bind(addr: SocketAddr) -> io::Result<UdpNetDev> {
-        let std_sock = std::net::UdpSocket::bind(addr)?;
+        UdpNetDev::from_socket(std::net::UdpSocket::bind(addr)?)
+    }
+
+    /// [`UdpNetDev::bind`] for a socket already bound (one of [`bind_group`]'s).
+    pub fn from_socket(std_sock: std::net::UdpSocket) -> io::Result<UdpNetDev> {
+        let addr = std_sock.local_addr()?;
         std_sock.set_nonblocking(true)?;
         let fd = std_sock.as_raw_fd();
         match addr.ip() {
@@ -156,6 +161,14 @@ impl UdpNetDev {
     /// `ifname` instead, so received ICRCs can be checked (see the module documentation).
     pub fn bind_with_packet_rx(addr: SocketAddr, ifname: &str) -> io::Result<UdpNetDev> {
         let mut nd = UdpNetDev::bind(addr)?;
+        nd.add_packet_rx(ifname)?;
+        Ok(nd)
+    }
+
+    /// Receives through an AF_PACKET socket on `ifname` from now on (see
+    /// [`UdpNetDev::bind_with_packet_rx`]).
+    pub fn add_packet_rx(&mut self, ifname: &str) -> io::Result<()> {
+        let nd = self;
         if nd.gro {
             // Only the packet socket's copies count, one per datagram.
             let _ = setsockopt_int(nd.socket.as_raw_fd(), libc::SOL_UDP, libc::UDP_GRO, 0);
@@ -169,7 +182,7 @@ impl UdpNetDev {
         }
         .map_err(|e| io::Error::other(e.to_string()))?;
         nd.packet_rx = Some(afd);
-        Ok(nd)
+        Ok(())
     }
 
     /// Receives whole datagrams from the packet socket: incoming only, UDP to our address and
@@ -776,6 +789,59 @@ fn rebuilt_ip(from: SocketAddr, local: SocketAddr) -> Option<IpRepr> {
     Some(ip)
 }
 
+/// Binds `count` sockets to `addr` in one `SO_REUSEPORT` group, for the devices of a
+/// [`crate::verbs::ShardSet`] in order: the kernel runs a steering program on each datagram
+/// that picks socket [`crate::verbs::shards::owner`]`(destination QP number, count)`, so a QP's
+/// packets reach the engine thread that owns it. (A run of datagrams the kernel coalesced is
+/// steered by its first; the devices pass on what is not theirs.) An address something else
+/// holds is refused, as without the option; sockets of another user cannot join the group
+/// later (Linux only groups sockets of one user ID). The flag is false when
+/// the kernel refused the program: it then spreads flows by hash, and the devices pass on
+/// every datagram that is not theirs.
+pub fn bind_group(addr: SocketAddr, count: usize) -> io::Result<(Vec<std::net::UdpSocket>, bool)> {
+    if count <= 1 {
+        return Ok((vec![std::net::UdpSocket::bind(addr)?], true));
+    }
+    // Any socket of this user with SO_REUSEPORT could join a group already bound (another
+    // rtgtd, say): bind once without it first, which fails if anything holds the address.
+    drop(std::net::UdpSocket::bind(addr)?);
+    let socks = (0..count)
+        .map(|_| sys::reuseport_socket(addr))
+        .collect::<io::Result<Vec<_>>>()?;
+    let steered = sys::attach_qpn_steering(&socks[0], count).is_ok();
+    Ok((socks, steered))
+}
+
+/// The steering program of [`bind_group`], classic BPF run on the UDP payload: the BTH's
+/// destination QP (bytes 4..8, low 24 bits); QP1 goes to socket 0, any other to
+/// `qpn % count`. A datagram too short for a BTH goes to socket 0 (the program aborts with 0).
+fn qpn_steering(count: usize) -> [libc::sock_filter; 6] {
+    let op = |code: u32, jt: u8, jf: u8, k: u32| libc::sock_filter {
+        code: code as u16,
+        jt,
+        jf,
+        k,
+    };
+    [
+        op(libc::BPF_LD | libc::BPF_W | libc::BPF_ABS, 0, 0, 4),
+        op(
+            libc::BPF_ALU | libc::BPF_AND | libc::BPF_K,
+            0,
+            0,
+            crate::wire::U24_MASK,
+        ),
+        op(libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K, 2, 0, 1),
+        op(
+            libc::BPF_ALU | libc::BPF_MOD | libc::BPF_K,
+            0,
+            0,
+            count as u32,
+        ),
+        op(libc::BPF_RET | libc::BPF_A, 0, 0, 0),
+        op(libc::BPF_RET | libc::BPF_K, 0, 0, 0),
+    ]
+}
+
 /// `sendmmsg`/`recvmmsg` through libc.
 mod sys {
     use std::io;
@@ -837,6 +903,64 @@ mod sys {
             }
             _ => None,
         }
+    }
+
+    /// A UDP socket with `SO_REUSEPORT`, bound to `addr` (blocking; the netdev makes it
+    /// non-blocking).
+    pub(super) fn reuseport_socket(addr: SocketAddr) -> io::Result<std::net::UdpSocket> {
+        use std::os::fd::FromRawFd;
+        let family = if addr.is_ipv4() {
+            libc::AF_INET
+        } else {
+            libc::AF_INET6
+        };
+        // SAFETY: plain system call with constant arguments.
+        let fd = unsafe { libc::socket(family, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: `fd` was just returned by socket() and is owned by nothing else.
+        let sock = unsafe { std::net::UdpSocket::from_raw_fd(fd) };
+        super::setsockopt_int(sock.as_raw_fd(), libc::SOL_SOCKET, libc::SO_REUSEPORT, 1)?;
+        let (st, len) = to_storage(addr);
+        // SAFETY: `st` holds a socket address of `len` bytes; the socket is open.
+        let r = unsafe {
+            libc::bind(
+                sock.as_raw_fd(),
+                (&st as *const libc::sockaddr_storage).cast(),
+                len,
+            )
+        };
+        if r < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(sock)
+    }
+
+    /// `SO_ATTACH_REUSEPORT_CBPF` (asm-generic/socket.h; libc does not export it for Linux).
+    const SO_ATTACH_REUSEPORT_CBPF: i32 = 51;
+
+    /// Attaches [`super::qpn_steering`] to the reuseport group of `sock`.
+    pub(super) fn attach_qpn_steering(sock: &impl AsRawFd, count: usize) -> io::Result<()> {
+        let mut prog = super::qpn_steering(count);
+        let fprog = libc::sock_fprog {
+            len: prog.len() as u16,
+            filter: prog.as_mut_ptr(),
+        };
+        // SAFETY: `fprog` points at `prog`, alive for the call; the kernel copies the program.
+        let r = unsafe {
+            libc::setsockopt(
+                sock.as_raw_fd(),
+                libc::SOL_SOCKET,
+                SO_ATTACH_REUSEPORT_CBPF,
+                (&fprog as *const libc::sock_fprog).cast(),
+                std::mem::size_of::<libc::sock_fprog>() as libc::socklen_t,
+            )
+        };
+        if r < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
     }
 
     /// An AF_PACKET raw socket for IPv4 on interface `ifname`, non-blocking, with a virtio-net
@@ -1173,6 +1297,47 @@ mod tests {
         );
         assert_eq!(dg.udp_repr().src_port, nd.local_addr().port());
         assert_eq!(dg.computed_icrc(), dg.wire_icrc());
+    }
+
+    /// The kernel runs the steering program on real datagrams: each reaches the socket of
+    /// the device that owns its destination QP.
+    #[test]
+    fn group_steers_by_destination_qpn() {
+        use crate::verbs::shards::owner;
+        let probe = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let addr = probe.local_addr().unwrap();
+        drop(probe);
+        let (socks, steered) = match bind_group(addr, 3) {
+            Ok(g) => g,
+            Err(e) => return skip_or_fail(format!("cannot bind a reuseport group: {e}")),
+        };
+        assert!(steered, "the kernel refused the steering program");
+        assert_eq!(socks.len(), 3);
+        for s in &socks {
+            s.set_read_timeout(Some(std::time::Duration::from_secs(5)))
+                .unwrap();
+        }
+        let tx = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        // A bare BTH with each destination QP; the last datagram is too short for one.
+        let qpns = [1u32, 2, 0x11, 0x12, 0x13, 0x00AB_CDEF, 0x00FF_FFFF];
+        for &qpn in &qpns {
+            let mut bth = [0u8; 12];
+            bth[0] = 0x04;
+            bth[4..8].copy_from_slice(&(0x5500_0000 | qpn).to_be_bytes());
+            tx.send_to(&bth, addr).unwrap();
+            let want = owner(qpn, 3);
+            let mut buf = [0u8; 64];
+            let (n, _) = socks[want]
+                .recv_from(&mut buf)
+                .unwrap_or_else(|e| panic!("QP {qpn:#x} not on socket {want}: {e}"));
+            assert_eq!(&buf[..n], &bth);
+        }
+        tx.send_to(&[1, 2, 3], addr).unwrap();
+        let mut buf = [0u8; 64];
+        assert_eq!(socks[0].recv_from(&mut buf).unwrap().0, 3);
+        // A second group (another rtgtd) cannot join this one.
+        assert!(bind_group(addr, 2).is_err());
+        assert!(bind_group(addr, 1).is_err());
     }
 }
 

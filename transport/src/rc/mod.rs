@@ -300,23 +300,32 @@ pub(crate) fn scatter(
     }
 }
 
-/// Handles one received IP datagram; false if it was dropped (rxe `rxe_rcv` checks).
-pub(crate) fn receive(eng: &mut Engine, head: &[u8], rest: &[u8], now: Duration) -> bool {
-    let Ok(d) = Datagram::split_parts(head, rest) else {
-        return false;
-    };
+/// What became of a received datagram.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Received {
+    Taken,
+    /// For a QP of another device of the set: in its inbox.
+    Passed,
+}
+
+/// Handles one received IP datagram (rxe `rxe_rcv` checks); `None` if it was dropped.
+fn receive(eng: &mut Engine, head: &[u8], rest: &[u8], now: Duration) -> Option<Received> {
+    let d = Datagram::split_parts(head, rest).ok()?;
     // The UDP destination port is the netdev's business (it binds 4791, or another port in
     // tests); the ICRC covers whatever port was used.
-    let Ok(ip) = d.ip_repr() else {
-        return false;
-    };
+    let ip = d.ip_repr().ok()?;
     let dst = crate::verbs::Gid::from_ip(ip.dst_addr());
     if !eng.gids.contains(&dst) {
-        return false;
+        return None;
     }
-    let Ok(pkt) = d.roce_packet() else {
-        return false;
-    };
+    let pkt = d.roce_packet().ok()?;
+    // Another device's QP: its owner checks the rest.
+    if let Some(m) = &eng.shard {
+        let to = crate::verbs::shards::owner(pkt.bth().dest_qp(), m.set.count());
+        if to != m.index {
+            return m.set.pass(to, &[head, rest]).then_some(Received::Passed);
+        }
+    }
     if eng.check_icrc {
         let (computed, wire) = (d.computed_icrc(), d.wire_icrc());
         let sound = computed == wire
@@ -328,26 +337,22 @@ pub(crate) fn receive(eng: &mut Engine, head: &[u8], rest: &[u8], now: Duration)
                     .is_some());
         if !sound {
             eng.stats.rx_bad_icrc += 1;
-            return false;
+            return None;
         }
     }
     let bth = pkt.bth();
     if bth.pkey() & 0x7FFF != 0x7FFF {
-        return false;
+        return None;
     }
     let qpn = bth.dest_qp();
     if qpn == 0 {
-        return false;
+        return None;
     }
-    let Some(info) = pkt.opcode_info() else {
-        return false;
-    };
-    let Some(mut qp) = eng.qps.remove(&qpn) else {
-        return false;
-    };
+    let info = pkt.opcode_info()?;
+    let mut qp = eng.qps.remove(&qpn)?;
     let ok = dispatch(eng, &mut qp, &d, ip, &pkt, info, now);
     eng.qps.insert(qpn, qp);
-    ok
+    ok.then_some(Received::Taken)
 }
 
 fn dispatch(
@@ -422,10 +427,35 @@ impl Engine {
     /// when the transport does not take it): `head` whole, or its IP and UDP headers with the
     /// UDP payload in `rest` ([`Datagram::split_parts`]).
     pub(crate) fn receive(&mut self, head: &[u8], rest: &[u8], now: Duration) {
-        self.stats.rx_packets += 1;
-        if !receive(self, head, rest, now) {
-            self.stats.rx_dropped += 1;
+        match receive(self, head, rest, now) {
+            Some(Received::Taken) => self.stats.rx_packets += 1,
+            // Counted by the device it was passed to.
+            Some(Received::Passed) => self.stats.rx_passed += 1,
+            None => {
+                self.stats.rx_packets += 1;
+                self.stats.rx_dropped += 1;
+            }
         }
+    }
+
+    /// Takes the datagrams other devices of the set passed to this one.
+    pub(crate) fn receive_passed(&mut self, now: Duration) -> usize {
+        let Some(m) = self.shard.clone() else {
+            return 0;
+        };
+        let passed = std::mem::take(
+            &mut *m
+                .set
+                .inbox(m.index)
+                .queue
+                .lock()
+                .unwrap_or_else(|e| e.into_inner()),
+        );
+        let n = passed.len();
+        for d in passed {
+            self.receive(&d, &[], now);
+        }
+        n
     }
 
     /// Sends the ACKs the received batch left owed.

@@ -13,6 +13,7 @@ pub use super::event::EventQueue;
 use super::mem::Region;
 use super::mr::{access_valid, KeyKind, MrEntry, MrState, MrTable};
 use super::qp::{modify_is_ok, QpCtx, RecvWqe, SendWqe, WqeState};
+use super::shards::{owner, ShardMember};
 pub use super::types::Ah;
 use super::types::*;
 use super::VerbsError;
@@ -37,6 +38,9 @@ pub struct DeviceConfig {
     /// How long the runner ([`crate::netdev::run`]) keeps polling the link after the last
     /// datagram moved before it sleeps (zero: it sleeps at once).
     pub busy_poll: Duration,
+    /// The set of devices this one shares its addresses and QP numbers with, and its place
+    /// in it ([`super::shards`]); `None` for a device on its own.
+    pub shard: Option<ShardMember>,
 }
 
 impl DeviceConfig {
@@ -49,6 +53,7 @@ impl DeviceConfig {
             check_icrc: true,
             ipv4_header_rebuilt: false,
             busy_poll: Duration::ZERO,
+            shard: None,
         }
     }
 }
@@ -245,6 +250,8 @@ pub(crate) struct Engine {
     pub acks: Vec<u32>,
     /// The QP numbers `poll` visits (kept for its allocation).
     pub poll_scratch: Vec<u32>,
+    /// [`DeviceConfig::shard`].
+    pub shard: Option<ShardMember>,
     next_id: u32,
     next_qpn: u32,
 }
@@ -259,6 +266,21 @@ pub struct Stats {
     pub retransmits: u64,
     pub naks_sent: u64,
     pub rnr_naks_sent: u64,
+    /// Datagrams for a QP of another device of the set, passed on to its inbox.
+    pub rx_passed: u64,
+}
+
+impl std::ops::AddAssign for Stats {
+    fn add_assign(&mut self, o: Stats) {
+        self.rx_packets += o.rx_packets;
+        self.rx_dropped += o.rx_dropped;
+        self.rx_bad_icrc += o.rx_bad_icrc;
+        self.tx_packets += o.tx_packets;
+        self.retransmits += o.retransmits;
+        self.naks_sent += o.naks_sent;
+        self.rnr_naks_sent += o.rnr_naks_sent;
+        self.rx_passed += o.rx_passed;
+    }
 }
 
 #[derive(Debug)]
@@ -270,8 +292,8 @@ pub(crate) struct DeviceInner {
     pub engine: Mutex<Engine>,
     pub live_qps: AtomicUsize,
     pub events: Arc<EventQueue>,
-    /// Wakes the runner when work was posted.
-    pub kick: tokio::sync::Notify,
+    /// Wakes the runner when work was posted (or, in a set, a datagram passed on to it).
+    pub kick: Arc<tokio::sync::Notify>,
     pub busy_poll: Duration,
 }
 
@@ -314,8 +336,13 @@ impl Device {
             cq_count: Arc::default(),
             events: events.clone(),
             stats: Stats::default(),
+            shard: config.shard.clone(),
             next_id: 1,
             next_qpn: 0x11,
+        };
+        let kick = match &config.shard {
+            Some(m) => m.set.inbox(m.index).kick.clone(),
+            None => Arc::new(tokio::sync::Notify::new()),
         };
         Ok(Device {
             inner: Arc::new(DeviceInner {
@@ -332,7 +359,7 @@ impl Device {
                 engine: Mutex::new(engine),
                 live_qps: AtomicUsize::new(0),
                 events,
-                kick: tokio::sync::Notify::new(),
+                kick,
                 busy_poll: config.busy_poll,
             }),
         })
@@ -825,10 +852,15 @@ impl Pd {
             }
             1
         } else {
+            // In a set, only the numbers this device owns (the links steer by them).
+            let (index, count) = eng
+                .shard
+                .as_ref()
+                .map_or((0, 1), |m| (m.index, m.set.count()));
             loop {
                 let n = eng.next_qpn;
                 eng.next_qpn = if n >= 0x00FF_FFFF { 0x11 } else { n + 1 };
-                if !eng.qps.contains_key(&n) {
+                if owner(n, count) == index && !eng.qps.contains_key(&n) {
                     break n;
                 }
             }

@@ -14,6 +14,7 @@ pub mod event;
 pub mod mem;
 pub mod mr;
 pub mod qp;
+pub mod shards;
 pub mod types;
 
 pub use connect::RcPath;
@@ -22,6 +23,7 @@ pub use device::{Device, DeviceConfig, Mr, Outgoing, Pd, Qp, QpInitAttr, Srq, St
 pub use event::EventQueue;
 pub use mem::Region;
 pub use mr::{KeyKind, MrError};
+pub use shards::{ShardMember, ShardSet};
 pub use types::*;
 
 /// Errors of verbs calls (the errno a NIC's provider library would return is noted).

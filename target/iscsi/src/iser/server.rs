@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rtgt_transport::cm::{prepare_qp, CmError, CmListener, ConnParams, ConnectRequest};
-use rtgt_transport::hca::Hca;
+use rtgt_transport::hca::{Hca, Placement};
 use rtgt_transport::verbs::Pd;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
@@ -28,34 +28,42 @@ pub const MAX_READ_DEPTH: u8 = 128;
 /// Queue depth used when no portal group matches the address connected to.
 const DEFAULT_QUEUE_DEPTH: u32 = 128;
 
+struct OnDevice {
+    pd: Pd,
+    pool_mrs: Option<Arc<PoolMrs>>,
+}
+
 /// Serves iSER on one soft-RoCE device, sharing sessions with the TCP server.
 #[derive(Clone)]
 pub struct IserServer {
     shared: Arc<ServerShared>,
     hca: Arc<Hca>,
-    pd: Pd,
-    pool_mrs: Option<Arc<PoolMrs>>,
+    /// Per device of the HCA: its protection domain and the buffer pool registered in it.
+    devices: Arc<[OnDevice]>,
     stats: Arc<IserStats>,
     conns: Arc<Mutex<JoinSet<()>>>,
 }
 
 impl IserServer {
-    /// Registers the buffer pool with the device (so data moves without copies; buffers
-    /// outside it are registered one by one) and prepares to listen.
+    /// Registers the buffer pool with each device of the HCA (so data moves without copies;
+    /// buffers outside it are registered one by one) and prepares to listen.
     pub fn new(shared: Arc<ServerShared>, hca: Arc<Hca>) -> Result<IserServer, CmError> {
-        let pd = hca.device().alloc_pd().map_err(CmError::Verbs)?;
-        let pool_mrs = match PoolMrs::register(&pd, &shared.pool) {
-            Ok(m) => Some(Arc::new(m)),
-            Err(e) => {
-                tracing::warn!(error = %e, "iSER: buffer pool not registered; data is registered per command");
-                None
-            }
-        };
+        let mut devices = Vec::new();
+        for dev in hca.devices() {
+            let pd = dev.alloc_pd().map_err(CmError::Verbs)?;
+            let pool_mrs = match PoolMrs::register(&pd, &shared.pool) {
+                Ok(m) => Some(Arc::new(m)),
+                Err(e) => {
+                    tracing::warn!(error = %e, "iSER: buffer pool not registered; data is registered per command");
+                    None
+                }
+            };
+            devices.push(OnDevice { pd, pool_mrs });
+        }
         Ok(IserServer {
             shared,
             hca,
-            pd,
-            pool_mrs,
+            devices: devices.into(),
             stats: Arc::new(IserStats::default()),
             conns: Arc::new(Mutex::new(JoinSet::new())),
         })
@@ -70,9 +78,9 @@ impl IserServer {
         self.shared.sessions.len()
     }
 
-    /// Live RC QPs of the device (CM's QP1 excluded).
+    /// Live RC QPs of the HCA (CM's QP1 excluded).
     pub fn live_qps(&self) -> usize {
-        self.hca.device().live_qps().saturating_sub(1)
+        self.hca.live_qps().saturating_sub(1)
     }
 
     /// Listens on `portal` until `shutdown` turns true.
@@ -113,10 +121,13 @@ impl IserServer {
                         req.reject(&CmHeader::answer(&CmHeader::parse(&[])).to_bytes());
                         continue;
                     }
+                    // The connection runs where the device that owns its QP runs.
                     let me = self.clone();
+                    let at = self.hca.place();
+                    let rt = self.hca.runtime_at(at.index());
                     let mut set = self.conns.lock().unwrap_or_else(|e| e.into_inner());
                     while set.try_join_next().is_some() {}
-                    set.spawn(async move { me.connection(req).await });
+                    set.spawn_on(async move { me.connection(req, at).await }, &rt);
                 }
                 r = shutdown.changed() => {
                     if r.is_err() || *shutdown.borrow() {
@@ -145,7 +156,8 @@ impl IserServer {
         (LOGIN_MAX_DATA as u32).max(ISER_MAX_RECV_DATA)
     }
 
-    async fn connection(self, req: ConnectRequest) {
+    async fn connection(self, req: ConnectRequest, at: Placement) {
+        let on = &self.devices[at.index()];
         let peer = req.peer();
         let local = req.local();
         let hdr = CmHeader::parse(req.private_data());
@@ -155,7 +167,7 @@ impl IserServer {
             self.max_recv_data(),
             read_depth as u32,
         );
-        let ep = match Endpoint::new(&self.pd, sizing) {
+        let ep = match Endpoint::new(&on.pd, sizing) {
             Ok(ep) => ep,
             Err(e) => {
                 tracing::warn!(%peer, error = %e, "iSER: no resources for a connection");
@@ -194,7 +206,7 @@ impl IserServer {
                 peer,
                 send_with_invalidate: !hdr.send_w_inv_not_supported,
             },
-            self.pool_mrs.clone(),
+            on.pool_mrs.clone(),
             self.stats.clone(),
             Box::pin(async move { c.disconnected().await }),
         )

@@ -14,7 +14,7 @@ use rtgt_transport::netdev::{AsyncNetDev, NetDev};
 use rtgt_transport::verbs::*;
 use rtgt_transport::wire::{datagram, icrc, ipv4, IpRepr};
 
-use super::{connect_rc, err, open_hca, Hca, Result};
+use super::{connect_rc, err, open_hca, Hca, HcaConfig, Result};
 
 #[derive(Args, Clone)]
 pub(crate) struct BenchArgs {
@@ -41,7 +41,7 @@ const REGION: usize = 16 << 20;
 const RAW_WINDOW: u64 = 512;
 
 struct End {
-    hca: Hca,
+    hca: Arc<Hca>,
     _pd: Pd,
     cq: Cq,
     qp: Qp,
@@ -52,8 +52,14 @@ struct End {
 
 fn end(rt: &tokio::runtime::Runtime, port: u16, peer: u16) -> Result<End> {
     let hca = open_hca(rt, SocketAddr::new(LO, port), 9000, None, Some(peer))?;
-    let pd = hca.device().alloc_pd().map_err(err("alloc PD"))?;
-    let cq = hca.device().create_cq(1024).map_err(err("create CQ"))?;
+    end_on(&Arc::new(hca), 0)
+}
+
+/// An endpoint (PD, CQ, QP, MR) on device `index` of `hca`.
+fn end_on(hca: &Arc<Hca>, index: usize) -> Result<End> {
+    let dev = hca.device_at(index);
+    let pd = dev.alloc_pd().map_err(err("alloc PD"))?;
+    let cq = dev.create_cq(1024).map_err(err("create CQ"))?;
     let mut init = QpInitAttr::new(QpType::Rc, &cq, &cq);
     init.cap.max_send_wr = 256;
     init.cap.max_recv_wr = 256;
@@ -63,7 +69,7 @@ fn end(rt: &tokio::runtime::Runtime, port: u16, peer: u16) -> Result<End> {
         .reg_mr(Arc::new(Region::zeroed(REGION)), access)
         .map_err(err("register MR"))?;
     Ok(End {
-        hca,
+        hca: hca.clone(),
         _pd: pd,
         cq,
         qp,
@@ -114,6 +120,18 @@ fn rdma_bw(
     depth: u32,
     secs: f64,
 ) -> Result<f64> {
+    rt.block_on(rdma_bw_async(a, b, size, op, depth, secs))
+}
+
+/// [`rdma_bw`] on the caller's runtime.
+async fn rdma_bw_async(
+    a: &End,
+    b: &End,
+    size: usize,
+    op: Op,
+    depth: u32,
+    secs: f64,
+) -> Result<f64> {
     let slots = (REGION / size).max(1);
     let post = |i: u64| {
         let off = (i as usize % slots) * size;
@@ -143,7 +161,7 @@ fn rdma_bw(
         .map_err(err("post receive"))
     };
     let stop = tokio::sync::Notify::new();
-    rt.block_on(async {
+    {
         if op == Op::Send && !b.send_recvs.replace(true) {
             for i in 0..SEND_RECVS {
                 recv(i)?;
@@ -219,7 +237,7 @@ fn rdma_bw(
             receiver
         )?;
         Ok(bw)
-    })
+    }
 }
 
 /// Mean SEND round trip of `size` bytes: `a` sends, `b` answers each receive with a SEND.
@@ -450,6 +468,44 @@ fn raw_rtt(rt: &tokio::runtime::Runtime, port: u16, n: u32) -> Result<f64> {
     })
 }
 
+/// Bytes per second of RDMA WRITEs of `size` on two connections at once between two HCAs
+/// with `shards` engine threads each (connection `i` on device `i % shards` of both).
+fn sharded_bw(
+    rt: &tokio::runtime::Runtime,
+    port: u16,
+    shards: usize,
+    size: usize,
+    depth: u32,
+    secs: f64,
+    mtu: Mtu,
+) -> Result<f64> {
+    let open = |port: u16, peer: u16| -> Result<Arc<Hca>> {
+        let _g = rt.enter();
+        let mut cfg = HcaConfig::new(vec![LO]);
+        (cfg.port, cfg.peer_port, cfg.eth_mtu, cfg.shards) = (port, peer, 9000, shards);
+        Hca::open(&cfg).map(Arc::new).map_err(|e| e.to_string())
+    };
+    let x = open(port, port + 1)?;
+    let y = open(port + 1, port)?;
+    let access = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ;
+    let mut pairs = Vec::new();
+    for i in 0..2 {
+        let k = i % x.count();
+        let (a, b) = (end_on(&x, k)?, end_on(&y, k)?);
+        connect_rc(&a.qp, LO, b.qp.qpn(), 100, 200, mtu, access)?;
+        connect_rc(&b.qp, LO, a.qp.qpn(), 200, 100, mtu, access)?;
+        pairs.push((a, b));
+    }
+    rt.block_on(async {
+        let (p0, p1) = (&pairs[0], &pairs[1]);
+        let (r0, r1) = tokio::join!(
+            rdma_bw_async(&p0.0, &p0.1, size, Op::Write, depth, secs),
+            rdma_bw_async(&p1.0, &p1.1, size, Op::Write, depth, secs)
+        );
+        Ok(r0? + r1?)
+    })
+}
+
 pub(crate) fn run_bench(rt: &tokio::runtime::Runtime, a: &BenchArgs) -> Result<()> {
     let mtu = Mtu::from_bytes(a.mtu).ok_or_else(|| format!("bad MTU {}", a.mtu))?;
     let secs = a.seconds.clamp(0.1, 600.0);
@@ -508,5 +564,22 @@ pub(crate) fn run_bench(rt: &tokio::runtime::Runtime, a: &BenchArgs) -> Result<(
         sx.naks_sent + sy.naks_sent,
         sx.rx_dropped + sy.rx_dropped
     );
+    println!("engine threads: RDMA WRITE on two connections at once, each side 1 or 2 threads");
+    println!(
+        "{:<20} {:>8} {:>14} {:>22} {:>7}",
+        "test", "size", "2 threads", "1 thread", "ratio"
+    );
+    for size in [4 << 10, 64 << 10] {
+        let one = sharded_bw(rt, p + 6, 1, size, a.depth, secs, mtu)?;
+        let two = sharded_bw(rt, p + 8, 2, size, a.depth, secs, mtu)?;
+        println!(
+            "{:<20} {:>8} {:>14} {:>22} {:>7.2}",
+            "RDMA WRITE x2",
+            format!("{} KiB", size >> 10),
+            format!("{:.0} MB/s", two / 1e6),
+            format!("{:.0} MB/s", one / 1e6),
+            two / one
+        );
+    }
     Ok(())
 }
