@@ -3,7 +3,7 @@
 # (`rtgt-iscsi bench` over TCP and with `--iser`, `rtgt-srp bench`) against a null LUN and a
 # tmpfs-backed file LUN, 4 KiB random read and write at iodepth 32 and 128 KiB sequential read
 # and write at iodepth 8, with rtgtd's CPU time per I/O for each and the ratios of both RDMA
-# fabrics to TCP; two initiators at once (4 KiB random read, QD32 each: rtgtd's engine threads,
+# fabrics to TCP, and the mean and p99 latency each initiator saw; two initiators at once (4 KiB random read, QD32 each: rtgtd's engine threads,
 # one per CPU, each take one connection); then the soft-RoCE ceiling of this machine (`rtgt-rdma bench`: RDMA
 # WRITE/READ bandwidth of two rtgt devices over UDP loopback, no SCSI) for the RDMA figures to
 # be read against.
@@ -101,19 +101,23 @@ done
 # CPU time rtgtd has used so far, in clock ticks (user + system).
 hz=$(getconf CLK_TCK)
 target_ticks() { awk '{ print $14 + $15 }' "/proc/$rtgtd_pid/stat"; }
-# measure CMD... -> "IOPS MB/s TARGET_CPU_US_PER_IO" of an initiator's bench run
+# measure CMD... -> "IOPS MB/s TARGET_CPU_US_PER_IO MEAN_US P99_US" of an initiator's bench run
 measure() {
     local t0 t1 out ios iops mbs
     t0=$(target_ticks)
-    out=$("${on_initiator[@]}" "$@" 2>>"$work/bench.err" |
-        sed -n 's/.*ios=\([0-9]*\) IOPS=\([0-9]*\) MB\/s=\([0-9.]*\).*/\1 \2 \3/p' | tail -1)
+    out=$("${on_initiator[@]}" "$@" 2>>"$work/bench.err" | parse | tail -1)
     t1=$(target_ticks)
     # The target's CPU over the whole run (login and logout included) per I/O done.
-    read -r ios iops mbs <<<"$out"
+    read -r ios iops mbs avg p99 <<<"$out"
     awk -v t="$((t1 - t0))" -v hz="$hz" -v n="${ios:-0}" -v i="${iops:-0}" -v m="${mbs:-0}" \
-        'BEGIN { printf "%s %s %.1f\n", i, m, (n > 0 ? t * 1e6 / hz / n : 0) }'
+        -v a="${avg:-0}" -v p="${p99:-0}" \
+        'BEGIN { printf "%s %s %.1f %s %s\n", i, m, (n > 0 ? t * 1e6 / hz / n : 0), a, p }'
 }
-# ibench LUN RW BS QD [--iser ...] / sbench LUN RW BS QD -> "IOPS MB/s TARGET_CPU_US_PER_IO"
+# An initiator's report line -> "IOS IOPS MB/s MEAN_US P99_US"
+parse() {
+    sed -n 's/.*ios=\([0-9]*\) IOPS=\([0-9]*\) MB\/s=\([0-9.]*\) avg_lat=\([0-9]*\)us p99_lat=\([0-9]*\)us.*/\1 \2 \3 \4 \5/p'
+}
+# ibench LUN RW BS QD [--iser ...] / sbench LUN RW BS QD -> as measure
 ibench() {
     local lun=$1 rw=$2 bs=$3 qd=$4
     shift 4
@@ -148,38 +152,49 @@ pair() {
     done
     wait "${pp[@]}" || true
     t1=$(target_ticks)
-    cat "$work/pair.2" "$work/pair.3" |
-        sed -n 's/.*ios=\([0-9]*\) IOPS=\([0-9]*\) MB\/s=\([0-9.]*\).*/\1 \2 \3/p' |
-        awk -v t="$((t1 - t0))" -v hz="$hz" '{ n += $1; i += $2; m += $3 }
-            END { printf "%d %.1f %.1f\n", i, m, (n > 0 ? t * 1e6 / hz / n : 0) }'
+    # Sums; the latencies are the worse initiator's.
+    cat "$work/pair.2" "$work/pair.3" | parse |
+        awk -v t="$((t1 - t0))" -v hz="$hz" '{ n += $1; i += $2; m += $3
+                if ($4 > a) a = $4; if ($5 > p) p = $5 }
+            END { printf "%d %.1f %.1f %d %d\n", i, m, (n > 0 ? t * 1e6 / hz / n : 0), a, p }'
 }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2fx", a / b; else print "n/a" }'; }
 
 echo "IOPS, MB/s and target CPU (rtgtd's user + system time over the run, in us per I/O);"
 echo "the ratios are IOPS and CPU per I/O of iSER and SRP to iSCSI/TCP"
-printf '%-24s %27s %27s %27s %11s %11s\n' workload "iSCSI/TCP" "iSER" "SRP" "iSER/TCP" "SRP/TCP"
+printf '%-26s %27s %27s %27s %11s %11s\n' workload "iSCSI/TCP" "iSER" "SRP" "iSER/TCP" "SRP/TCP"
 cell() { printf '%s IOPS %s MB/s %s us' "${1:-0}" "${2:-0}" "${3:-0}"; }
-for l in 0:null 1:tmpfs; do
-    for w in "randread 4k 32" "randwrite 4k 32" "read 128k 8" "write 128k 8"; do
-        read -r rw bs qd <<<"$w"
-        read -r ti tm tc <<<"$(ibench "${l%%:*}" "$rw" "$bs" "$qd")" || true
-        read -r ii im ic <<<"$(ibench "${l%%:*}" "$rw" "$bs" "$qd" --iser 127.0.0.2 --eth-mtu 9000)" || true
-        read -r si sm sc <<<"$(sbench "${l%%:*}" "$rw" "$bs" "$qd")" || true
-        printf '%-24s %27s %27s %27s %5s %5s %5s %5s\n' "${l#*:} $rw $bs QD$qd" \
-            "$(cell "$ti" "$tm" "$tc")" "$(cell "$ii" "$im" "$ic")" "$(cell "$si" "$sm" "$sc")" \
-            "$(ratio "${ii:-0}" "${ti:-0}")" "$(ratio "${ic:-0}" "${tc:-0}")" \
-            "$(ratio "${si:-0}" "${ti:-0}")" "$(ratio "${sc:-0}" "${tc:-0}")"
-    done
-done
-for l in 0:null 1:tmpfs; do
-    read -r ti tm tc <<<"$(pair tcp "${l%%:*}")" || true
-    read -r ii im ic <<<"$(pair iser "${l%%:*}")" || true
-    read -r si sm sc <<<"$(pair srp "${l%%:*}")" || true
-    printf '%-24s %27s %27s %27s %5s %5s %5s %5s\n' "${l#*:} randread 4k QD32 x2" \
+lat_rows=()
+# row NAME "TCP" "ISER" "SRP": each "IOPS MB/s CPU MEAN P99"; prints the row, keeps the latencies.
+row() {
+    local ti tm tc ta tp ii im ic ia ip si sm sc sa sp
+    read -r ti tm tc ta tp <<<"$2"
+    read -r ii im ic ia ip <<<"$3"
+    read -r si sm sc sa sp <<<"$4"
+    printf '%-26s %27s %27s %27s %5s %5s %5s %5s\n' "$1" \
         "$(cell "$ti" "$tm" "$tc")" "$(cell "$ii" "$im" "$ic")" "$(cell "$si" "$sm" "$sc")" \
         "$(ratio "${ii:-0}" "${ti:-0}")" "$(ratio "${ic:-0}" "${tc:-0}")" \
         "$(ratio "${si:-0}" "${ti:-0}")" "$(ratio "${sc:-0}" "${tc:-0}")"
+    lat_rows+=("$(printf '%-26s %10s %10s %10s %10s %10s %10s' "$1" "${ta:-0}" "${tp:-0}" \
+        "${ia:-0}" "${ip:-0}" "${sa:-0}" "${sp:-0}")")
+}
+for l in 0:null 1:tmpfs; do
+    for w in "randread 4k 32" "randwrite 4k 32" "read 128k 8" "write 128k 8"; do
+        read -r rw bs qd <<<"$w"
+        row "${l#*:} $rw $bs QD$qd" "$(ibench "${l%%:*}" "$rw" "$bs" "$qd" || true)" \
+            "$(ibench "${l%%:*}" "$rw" "$bs" "$qd" --iser 127.0.0.2 --eth-mtu 9000 || true)" \
+            "$(sbench "${l%%:*}" "$rw" "$bs" "$qd" || true)"
+    done
 done
+for l in 0:null 1:tmpfs; do
+    row "${l#*:} randread 4k QD32 x2" "$(pair tcp "${l%%:*}" || true)" \
+        "$(pair iser "${l%%:*}" || true)" "$(pair srp "${l%%:*}" || true)"
+done
+echo
+echo "latency seen by the initiator, mean and 99th percentile in us (x2: the worse of the two)"
+printf '%-26s %10s %10s %10s %10s %10s %10s\n' workload "TCP mean" "TCP p99" "iSER mean" \
+    "iSER p99" "SRP mean" "SRP p99"
+printf '%s\n' "${lat_rows[@]}"
 if grep -E 'panicked|ERROR' "$work/rtgtd.log"; then
     echo "bench: rtgtd logged errors" >&2
 fi

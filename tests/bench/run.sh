@@ -5,6 +5,9 @@
 #   page-cache: rtgtd with `direct: false` against tgtd's default (buffered rdwr backing store)
 #   direct:     rtgtd with `direct: true` against tgtd with `--bsoflags direct` (O_DIRECT)
 #
+# tgtd gets rtgtd's session limits (256 KiB data segments, 1 MiB bursts, InitialR2T=No) instead
+# of its own defaults (8 KiB segments, InitialR2T=Yes), so both move data in PDUs of one size.
+#
 # Usage: tests/bench/run.sh [--seconds N] [--rounds N] [--size MiB] [--backing disk|tmpfs]
 #                           [--dir DIR] [--mode page-cache|direct|both]
 #                           [--cpus TARGET,INITIATOR | --no-pin] [--no-srp]
@@ -159,7 +162,12 @@ stop_targets() {
     tgt_pid="" rtgt_pid=""
 }
 
-# start_tgtd MODE: tgtd with one logical unit on the file, O_DIRECT in direct mode.
+# What rtgtd answers libiscsi's and rtgt-iscsi's login proposals with (its MaxRecvDataSegmentLength,
+# MaxBurstLength and FirstBurstLength caps, InitialR2T=No): tgtd is set up to answer the same.
+tgt_params=(MaxRecvDataSegmentLength=262144 MaxXmitDataSegmentLength=262144 MaxBurstLength=1048576
+    FirstBurstLength=65536 InitialR2T=No ImmediateData=Yes)
+# start_tgtd MODE: tgtd with one logical unit on the file, O_DIRECT in direct mode, and the
+# session parameters above.
 start_tgtd() {
     local port ctl=$(($$ % 3000 * 10 + starts)) flags=() want=""
     starts=$((starts + 1))
@@ -170,6 +178,15 @@ start_tgtd() {
     for _ in $(seq 100); do tgtadm -C "$ctl" --op show --mode system >/dev/null 2>&1 && break; sleep 0.1; done
     [[ $1 == direct ]] && flags=(--bsoflags direct) want=direct
     tgtadm -C "$ctl" --lld iscsi --op new --mode target --tid 1 -T "$iqn_tgt"
+    # The session limits rtgtd offers (tgtd's defaults are 8 KiB PDUs and InitialR2T=Yes).
+    local kv
+    for kv in "${tgt_params[@]}"; do
+        tgtadm -C "$ctl" --lld iscsi --op update --mode target --tid 1 --name "${kv%=*}" --value "${kv#*=}"
+    done
+    tgtadm -C "$ctl" --lld iscsi --op show --mode target --tid 1 >"$work/tgtd-params"
+    for kv in "${tgt_params[@]}"; do
+        grep -qx "$kv" "$work/tgtd-params" || { echo "bench: tgtd did not take $kv" >&2; exit 1; }
+    done
     tgtadm -C "$ctl" --lld iscsi --op new --mode logicalunit --tid 1 --lun 1 -b "$lun" "${flags[@]}"
     tgtadm -C "$ctl" --lld iscsi --op bind --mode target --tid 1 -I ALL
     local got

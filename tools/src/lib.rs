@@ -2,6 +2,7 @@
 //! ([`srp`]), which the tests and the `rtgt-iscsi`, `rtgt-srp` command-line tools drive the
 //! targets with, and the `rtgt-rdma` RDMA test tools. Nothing in rtgtd links this crate.
 
+pub mod bench;
 pub mod iscsi;
 pub mod iser;
 pub mod srp;

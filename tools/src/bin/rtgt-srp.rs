@@ -8,13 +8,12 @@
 
 use std::io::Write as _;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use clap::{Parser, Subcommand, ValueEnum};
-use rand::Rng;
-use rtgt_tools::srp::{ConnectOptions, DescMode, Initiator, InitiatorError};
+use rtgt_tools::bench::Rw;
+use rtgt_tools::srp::{ConnectOptions, DescMode, Initiator};
 use rtgt_transport::cm::CmConn;
 use rtgt_transport::hca::{Hca, HcaConfig};
 
@@ -117,14 +116,6 @@ enum Cmd {
         #[arg(long, default_value_t = 10)]
         seconds: u64,
     },
-}
-
-#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
-enum Rw {
-    Randread,
-    Randwrite,
-    Read,
-    Write,
 }
 
 /// The target of an `add_target` string.
@@ -235,70 +226,23 @@ async fn bench(cli: &Cli, o: &Open, rw: Rw, bs: u64, iodepth: usize, seconds: u6
     }
     let per_io = (bs / u64::from(o.block)) as u32;
     let slots = (o.blocks / u64::from(per_io)).max(1);
-    let ops = Arc::new(AtomicU64::new(0));
-    let next = Arc::new(AtomicU64::new(0));
-    let lat_us = Arc::new(AtomicU64::new(0));
     let data = Arc::new(vec![0x5au8; bs as usize]);
-    let deadline = Instant::now() + Duration::from_secs(seconds);
-    let start = Instant::now();
     let mode = cli.mode.desc();
-    let mut workers = Vec::new();
-    for _ in 0..iodepth.max(1) {
-        let (ini, ops, next, lat_us, data) = (
-            o.ini.clone(),
-            ops.clone(),
-            next.clone(),
-            lat_us.clone(),
-            data.clone(),
-        );
-        let (lun, block) = (cli.lun, o.block);
-        workers.push(tokio::spawn(async move {
-            while Instant::now() < deadline {
-                let slot = match rw {
-                    Rw::Randread | Rw::Randwrite => rand::rng().random_range(0..slots),
-                    Rw::Read | Rw::Write => next.fetch_add(1, Ordering::Relaxed) % slots,
-                };
-                let lba = slot * u64::from(per_io);
-                let t = Instant::now();
-                match rw {
-                    Rw::Randread | Rw::Read => {
-                        ini.read(lun, lba, per_io, block, mode).await?;
-                    }
-                    Rw::Randwrite | Rw::Write => ini.write(lun, lba, &data, block, mode).await?,
-                }
-                lat_us.fetch_add(t.elapsed().as_micros() as u64, Ordering::Relaxed);
-                ops.fetch_add(1, Ordering::Relaxed);
+    let (ini, lun, block) = (o.ini.clone(), cli.lun, o.block);
+    let report = rtgt_tools::bench::run(rw, bs, iodepth, seconds, slots, move |slot| {
+        let (ini, data) = (ini.clone(), data.clone());
+        async move {
+            let lba = slot * u64::from(per_io);
+            if rw.is_read() {
+                ini.read(lun, lba, per_io, block, mode).await.map(drop)
+            } else {
+                ini.write(lun, lba, &data, block, mode).await
             }
-            Ok::<(), InitiatorError>(())
-        }));
-    }
-    for w in workers {
-        w.await.map_err(e("worker"))?.map_err(e("I/O"))?;
-    }
-    let secs = start.elapsed().as_secs_f64();
-    let n = ops.load(Ordering::Relaxed);
-    let iops = n as f64 / secs;
-    let lat = if n > 0 {
-        lat_us.load(Ordering::Relaxed) as f64 / n as f64
-    } else {
-        0.0
-    };
-    println!(
-        "rw={} bs={} iodepth={} time={:.1}s ios={} IOPS={:.0} MB/s={:.1} avg_lat={:.0}us",
-        match rw {
-            Rw::Randread => "randread",
-            Rw::Randwrite => "randwrite",
-            Rw::Read => "read",
-            Rw::Write => "write",
-        },
-        bs,
-        iodepth,
-        secs,
-        n,
-        iops,
-        iops * bs as f64 / 1e6,
-        lat
-    );
+        }
+    })
+    .await
+    .map_err(e("I/O"))?;
+    println!("{report}");
     Ok(())
 }
 

@@ -8,15 +8,13 @@
 mod durability;
 
 use std::io::Write as _;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{Parser, Subcommand};
 use rand::Rng;
 use rtgt_iscsi::IscsiError;
 use rtgt_scsi::core::ChapCredentials;
+use rtgt_tools::bench::Rw;
 use rtgt_tools::iscsi::{self as initiator, IscsiUrl, LoginConfig, Session};
 use rtgt_transport::hca::{Hca, HcaConfig};
 
@@ -95,14 +93,6 @@ enum Cmd {
     /// what survived.
     #[command(subcommand)]
     Durability(durability::DurabilityCmd),
-}
-
-#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
-enum Rw {
-    Randread,
-    Randwrite,
-    Read,
-    Write,
 }
 
 fn parse_size(s: &str) -> Result<u64, String> {
@@ -231,77 +221,25 @@ async fn bench(
     }
     let per_io = (bs / block as u64) as u32;
     let slots = (blocks / per_io as u64).max(1);
-    let ops = Arc::new(AtomicU64::new(0));
-    let next = Arc::new(AtomicU64::new(0));
-    let lat_us = Arc::new(AtomicU64::new(0));
     let data = Bytes::from(vec![0x5au8; bs as usize]);
-    let deadline = Instant::now() + Duration::from_secs(seconds);
-    let start = Instant::now();
-    let mut workers = Vec::new();
-    for _ in 0..iodepth.max(1) {
-        let (s, ops, next, lat_us, data) = (
-            s.clone(),
-            ops.clone(),
-            next.clone(),
-            lat_us.clone(),
-            data.clone(),
-        );
-        let lun = u.lun;
-        workers.push(tokio::spawn(async move {
-            while Instant::now() < deadline {
-                let slot = match rw {
-                    Rw::Randread | Rw::Randwrite => rand::rng().random_range(0..slots),
-                    Rw::Read | Rw::Write => next.fetch_add(1, Ordering::Relaxed) % slots,
-                };
-                let lba = slot * per_io as u64;
-                let t = Instant::now();
-                let r = match rw {
-                    Rw::Randread | Rw::Read => {
-                        s.command(lun, &rw16(0x88, lba, per_io), None, bs as u32)
-                            .await?
-                    }
-                    Rw::Randwrite | Rw::Write => {
-                        s.command(lun, &rw16(0x8a, lba, per_io), Some(data.clone()), 0)
-                            .await?
-                    }
-                };
-                check(&r)?;
-                lat_us.fetch_add(t.elapsed().as_micros() as u64, Ordering::Relaxed);
-                ops.fetch_add(1, Ordering::Relaxed);
-            }
-            Ok::<(), IscsiError>(())
-        }));
-    }
-    for w in workers {
-        w.await
-            .map_err(|_| IscsiError::Protocol("worker panicked"))??;
-    }
-    let secs = start.elapsed().as_secs_f64();
-    let n = ops.load(Ordering::Relaxed);
-    let iops = n as f64 / secs;
-    let mbs = iops * bs as f64 / 1e6;
-    let lat = if n > 0 {
-        lat_us.load(Ordering::Relaxed) as f64 / n as f64
-    } else {
-        0.0
-    };
-    println!(
-        "rw={} bs={} iodepth={} time={:.1}s ios={} IOPS={:.0} MB/s={:.1} avg_lat={:.0}us",
-        match rw {
-            Rw::Randread => "randread",
-            Rw::Randwrite => "randwrite",
-            Rw::Read => "read",
-            Rw::Write => "write",
-        },
-        bs,
-        iodepth,
-        secs,
-        n,
-        iops,
-        mbs,
-        lat
-    );
-    let _ = s.logout().await;
+    let (s, lun) = (s.clone(), u.lun);
+    let report = rtgt_tools::bench::run(rw, bs, iodepth, seconds, slots, move |slot| {
+        let (s, data) = (s.clone(), data.clone());
+        async move {
+            let lba = slot * per_io as u64;
+            let r = if rw.is_read() {
+                s.command(lun, &rw16(0x88, lba, per_io), None, bs as u32)
+                    .await?
+            } else {
+                s.command(lun, &rw16(0x8a, lba, per_io), Some(data), 0)
+                    .await?
+            };
+            check(&r)
+        }
+    })
+    .await?;
+    println!("{report}");
+    let _ = o.s.logout().await;
     Ok(())
 }
 
