@@ -385,6 +385,9 @@ pub struct Session {
     close: watch::Sender<Option<CloseReason>>,
     table: Weak<SessionTable>,
     created: Instant,
+    /// `end` has started (it runs once).
+    ending: AtomicBool,
+    /// `end` has finished: the devices know the nexus is gone.
     ended: AtomicBool,
 }
 
@@ -488,6 +491,7 @@ impl Session {
             close: watch::channel(None).0,
             table,
             created: Instant::now(),
+            ending: AtomicBool::new(false),
             ended: AtomicBool::new(false),
             params: s.params,
         }
@@ -598,7 +602,7 @@ impl Session {
     /// Ends the session after its last connection is gone: aborts and waits for tasks,
     /// reports the nexus loss to every device and leaves the session table.
     pub async fn end(self: &Arc<Self>) {
-        if self.ended.swap(true, Ordering::AcqRel) {
+        if self.ending.swap(true, Ordering::AcqRel) {
             return;
         }
         self.request_close(CloseReason::Normal);
@@ -615,6 +619,9 @@ impl Session {
         if let Some(table) = self.table.upgrade() {
             table.remove(self.tsih, self);
         }
+        // A reinstating login waits for this: its commands must not meet this nexus's
+        // reservation or PREVENT.
+        self.ended.store(true, Ordering::Release);
         tracing::info!(
             tsih = self.tsih,
             initiator = %self.params.initiator_name,
@@ -623,7 +630,7 @@ impl Session {
         );
     }
 
-    /// Whether `end` has run.
+    /// Whether `end` has run to its end (the nexus loss reported to every device).
     pub fn has_ended(&self) -> bool {
         self.ended.load(Ordering::Acquire)
     }

@@ -30,8 +30,8 @@ pub(crate) struct BenchArgs {
     /// Path MTU (the links are loopback; 4096 is what a 9000-byte Ethernet would give).
     #[arg(short = 'm', long, default_value_t = 4096)]
     pub mtu: usize,
-    /// RDMA operations kept in flight.
-    #[arg(long, default_value_t = 8)]
+    /// RDMA operations kept in flight (the raw UDP sender keeps 512 datagrams in flight).
+    #[arg(long, default_value_t = 64)]
     pub depth: u32,
 }
 
