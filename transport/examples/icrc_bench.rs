@@ -28,16 +28,10 @@ fn build(payload_len: usize) -> Vec<u8> {
         psn: 0x12_3456,
     });
     repr.payload_len = payload_len;
-    let ip = IpRepr::V4(ipv4::Repr {
-        src_addr: Ipv4Addr::new(192, 168, 1, 1),
-        dst_addr: Ipv4Addr::new(192, 168, 1, 2),
-        protocol: ipv4::PROTOCOL_UDP,
-        payload_len: 0,
-        ttl: 64,
-        tos: 0,
-        ident: 0,
-        dont_frag: true,
-    });
+    let ip = IpRepr::V4(ipv4::Repr::udp(
+        Ipv4Addr::new(192, 168, 1, 1),
+        Ipv4Addr::new(192, 168, 1, 2),
+    ));
     let mut buf = vec![0u8; ip.header_len() + 8 + repr.buffer_len()];
     let hl = datagram::emit_headers(&ip, 0xc123, roce::UDP_PORT, repr.buffer_len(), &mut buf)
         .expect("headers");

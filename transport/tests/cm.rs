@@ -777,29 +777,28 @@ async fn unanswered_req_times_out_and_table_is_bounded() {
     drop(b);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn multi_address_hca_over_udp() {
+/// Two HCAs over real UDP sockets: `a` on `a_addrs` with `a_shards` engine threads, `b` on
+/// `b_addr` on the test's runtime. Ports of their own (free ones the kernel picks), so that
+/// parallel tests and rdma_rxe on 4791 do not collide.
+fn udp_pair(a_addrs: &[[u8; 4]], b_addr: [u8; 4], a_shards: usize) -> (Hca, Hca) {
     use rtgt_transport::hca::HcaConfig;
-    // Ports of our own (free ones the kernel picks), so that parallel tests and rdma_rxe on
-    // 4791 do not collide.
     let free = |ip: [u8; 4]| {
         std::net::UdpSocket::bind((IpAddr::from(ip), 0))
             .and_then(|s| s.local_addr())
             .unwrap()
             .port()
     };
-    let (pa, pb) = (free([127, 0, 0, 2]), free([127, 0, 0, 3]));
-    let mut ca = HcaConfig::new(vec![
-        IpAddr::from([127, 0, 0, 1]),
-        IpAddr::from([127, 0, 0, 2]),
-    ]);
-    ca.port = pa;
-    ca.peer_port = pb;
-    let mut cb = HcaConfig::new(vec![IpAddr::from([127, 0, 0, 3])]);
-    cb.port = pb;
-    cb.peer_port = pa;
-    let a = Hca::open(&ca).unwrap();
-    let b = Hca::open(&cb).unwrap();
+    let (pa, pb) = (free(a_addrs[0]), free(b_addr));
+    let mut ca = HcaConfig::new(a_addrs.iter().map(|&a| IpAddr::from(a)).collect());
+    (ca.port, ca.peer_port, ca.shards) = (pa, pb, a_shards);
+    let mut cb = HcaConfig::new(vec![IpAddr::from(b_addr)]);
+    (cb.port, cb.peer_port) = (pb, pa);
+    (Hca::open(&ca).unwrap(), Hca::open(&cb).unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn multi_address_hca_over_udp() {
+    let (a, b) = udp_pair(&[[127, 0, 0, 1], [127, 0, 0, 2]], [127, 0, 0, 3], 0);
     assert_eq!(a.addrs().len(), 2);
     // b connects to a's second address: the REP and the RC traffic must come from it.
     let mut l = a
@@ -826,21 +825,8 @@ async fn multi_address_hca_over_udp() {
 /// datagrams to its device; the devices pass on what a coalesced run brings to the other).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sharded_hca_over_udp() {
-    use rtgt_transport::hca::HcaConfig;
     use rtgt_transport::verbs::shards::owner;
-    let free = |ip: [u8; 4]| {
-        std::net::UdpSocket::bind((IpAddr::from(ip), 0))
-            .and_then(|s| s.local_addr())
-            .unwrap()
-            .port()
-    };
-    let (pa, pb) = (free([127, 0, 0, 4]), free([127, 0, 0, 5]));
-    let mut ca = HcaConfig::new(vec![IpAddr::from([127, 0, 0, 4])]);
-    (ca.port, ca.peer_port, ca.shards) = (pa, pb, 2);
-    let mut cb = HcaConfig::new(vec![IpAddr::from([127, 0, 0, 5])]);
-    (cb.port, cb.peer_port) = (pb, pa);
-    let a = Hca::open(&ca).unwrap();
-    let b = Hca::open(&cb).unwrap();
+    let (a, b) = udp_pair(&[[127, 0, 0, 4]], [127, 0, 0, 5], 2);
     assert_eq!(a.count(), 2);
     assert!(a.on_shard());
     let dst = SocketAddr::new(IpAddr::from([127, 0, 0, 4]), 7175);

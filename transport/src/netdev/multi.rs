@@ -149,16 +149,7 @@ mod tests {
     use std::net::{Ipv4Addr, SocketAddr};
 
     fn datagram_from(src: Ipv4Addr, dst: Ipv4Addr, port: u16) -> Vec<u8> {
-        let ip = IpRepr::V4(ipv4::Repr {
-            src_addr: src,
-            dst_addr: dst,
-            protocol: ipv4::PROTOCOL_UDP,
-            payload_len: 0,
-            ttl: 64,
-            tos: 0,
-            ident: 0,
-            dont_frag: true,
-        });
+        let ip = IpRepr::V4(ipv4::Repr::udp(src, dst));
         let mut d = vec![0u8; 28 + 16];
         datagram::emit_headers(&ip, port, 4791, 16, &mut d).unwrap();
         d[28] = 0x04; // RC SEND_ONLY

@@ -765,16 +765,7 @@ fn wrap_into(from: SocketAddr, local: SocketAddr, payload: &[u8], out: &mut Vec<
 /// as Linux sends it: ID 0, DF, TTL 64; docs/WIRE.md §8).
 fn rebuilt_ip(from: SocketAddr, local: SocketAddr) -> Option<IpRepr> {
     let ip = match (from.ip(), local.ip()) {
-        (IpAddr::V4(s), IpAddr::V4(d)) => IpRepr::V4(ipv4::Repr {
-            src_addr: s,
-            dst_addr: d,
-            protocol: ipv4::PROTOCOL_UDP,
-            payload_len: 0,
-            ttl: 64,
-            tos: 0,
-            ident: 0,
-            dont_frag: true,
-        }),
+        (IpAddr::V4(s), IpAddr::V4(d)) => IpRepr::V4(ipv4::Repr::udp(s, d)),
         (IpAddr::V6(s), IpAddr::V6(d)) => IpRepr::V6(ipv6::Repr {
             src_addr: s,
             dst_addr: d,
@@ -1353,16 +1344,7 @@ mod gso_tests {
         let (IpAddr::V4(src), IpAddr::V4(dst)) = (from.ip(), to.ip()) else {
             panic!("IPv4 only");
         };
-        let ip = IpRepr::V4(ipv4::Repr {
-            src_addr: src,
-            dst_addr: dst,
-            protocol: ipv4::PROTOCOL_UDP,
-            payload_len: 0,
-            ttl: 64,
-            tos: 0,
-            ident: 0,
-            dont_frag: true,
-        });
+        let ip = IpRepr::V4(ipv4::Repr::udp(src, dst));
         let roce_len = 12 + payload + roce::ICRC_LEN;
         let mut d = vec![0u8; 28 + roce_len];
         datagram::emit_headers(&ip, from.port(), to.port(), roce_len, &mut d).unwrap();

@@ -130,16 +130,10 @@ mod tests {
         assert_eq!((owner(q0.qpn(), 2), owner(q1.qpn(), 2)), (0, 1));
         assert_eq!(owner(mk_qp(&d1).qpn(), 2), 1);
         // An RC SEND to d1's QP (in RESET: d1 drops it, after counting it).
-        let ip = IpRepr::V4(ipv4::Repr {
-            src_addr: Ipv4Addr::new(10, 0, 0, 2),
-            dst_addr: Ipv4Addr::new(10, 0, 0, 1),
-            protocol: ipv4::PROTOCOL_UDP,
-            payload_len: 0,
-            ttl: 64,
-            tos: 0,
-            ident: 0,
-            dont_frag: true,
-        });
+        let ip = IpRepr::V4(ipv4::Repr::udp(
+            Ipv4Addr::new(10, 0, 0, 2),
+            Ipv4Addr::new(10, 0, 0, 1),
+        ));
         let mut d = vec![0u8; 28 + 12 + 8 + 4];
         datagram::emit_headers(&ip, 0xc000, 4791, 24, &mut d).unwrap();
         d[28] = 0x04;

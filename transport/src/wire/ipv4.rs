@@ -256,6 +256,22 @@ pub struct Repr {
 }
 
 impl Repr {
+    /// The header of a UDP datagram as Linux sends RoCEv2 from an unconnected socket with
+    /// `IP_PMTUDISC_DO` (docs/WIRE.md §8): TTL 64, DF, ID 0, TOS 0; the payload length is
+    /// filled in when the datagram is emitted.
+    pub fn udp(src_addr: Ipv4Addr, dst_addr: Ipv4Addr) -> Repr {
+        Repr {
+            src_addr,
+            dst_addr,
+            protocol: PROTOCOL_UDP,
+            payload_len: 0,
+            ttl: 64,
+            tos: 0,
+            ident: 0,
+            dont_frag: true,
+        }
+    }
+
     /// Decodes the header. Fails on a version other than 4, options (rxe's ICRC covers a fixed
     /// 20-byte header, `rxe_icrc.c`), fragments and a wrong checksum.
     pub fn parse<T: AsRef<[u8]> + ?Sized>(packet: &Packet<&T>) -> Result<Repr> {

@@ -111,27 +111,7 @@ const SEND_MAX: usize = 1 << 20;
 
 /// Bytes per second of RDMA WRITE, READ or SEND of `size` from `a` to `b`, `depth` in
 /// flight (for SEND, `b` reposts each receive as it completes).
-fn rdma_bw(
-    rt: &tokio::runtime::Runtime,
-    a: &End,
-    b: &End,
-    size: usize,
-    op: Op,
-    depth: u32,
-    secs: f64,
-) -> Result<f64> {
-    rt.block_on(rdma_bw_async(a, b, size, op, depth, secs))
-}
-
-/// [`rdma_bw`] on the caller's runtime.
-async fn rdma_bw_async(
-    a: &End,
-    b: &End,
-    size: usize,
-    op: Op,
-    depth: u32,
-    secs: f64,
-) -> Result<f64> {
+async fn rdma_bw(a: &End, b: &End, size: usize, op: Op, depth: u32, secs: f64) -> Result<f64> {
     let slots = (REGION / size).max(1);
     let post = |i: u64| {
         let off = (i as usize % slots) * size;
@@ -317,16 +297,7 @@ fn send_rtt(rt: &tokio::runtime::Runtime, a: &End, b: &End, size: usize, n: u32)
 /// the netdev sends it as it is.
 fn raw_datagram(sport: u16, dport: u16, payload: usize) -> Result<Vec<u8>> {
     let roce_len = 12 + payload + 4;
-    let ip = IpRepr::V4(ipv4::Repr {
-        src_addr: Ipv4Addr::LOCALHOST,
-        dst_addr: Ipv4Addr::LOCALHOST,
-        protocol: ipv4::PROTOCOL_UDP,
-        payload_len: 0,
-        ttl: 64,
-        tos: 0,
-        ident: 0,
-        dont_frag: true,
-    });
+    let ip = IpRepr::V4(ipv4::Repr::udp(Ipv4Addr::LOCALHOST, Ipv4Addr::LOCALHOST));
     let mut d = vec![0u8; 28 + roce_len];
     datagram::emit_headers(&ip, sport, dport, roce_len, &mut d).map_err(|e| format!("{e:?}"))?;
     d[28] = 0x04; // RC SEND_ONLY
@@ -499,8 +470,8 @@ fn sharded_bw(
     rt.block_on(async {
         let (p0, p1) = (&pairs[0], &pairs[1]);
         let (r0, r1) = tokio::join!(
-            rdma_bw_async(&p0.0, &p0.1, size, Op::Write, depth, secs),
-            rdma_bw_async(&p1.0, &p1.1, size, Op::Write, depth, secs)
+            rdma_bw(&p0.0, &p0.1, size, Op::Write, depth, secs),
+            rdma_bw(&p1.0, &p1.1, size, Op::Write, depth, secs)
         );
         Ok(r0? + r1?)
     })
@@ -525,7 +496,7 @@ pub(crate) fn run_bench(rt: &tokio::runtime::Runtime, a: &BenchArgs) -> Result<(
         ("SEND", Op::Send),
     ] {
         for size in [4 << 10, 64 << 10, 1 << 20] {
-            let bw = rdma_bw(rt, &x, &y, size, op, a.depth, secs)?;
+            let bw = rt.block_on(rdma_bw(&x, &y, size, op, a.depth, secs))?;
             rows.push((
                 format!("{name} bandwidth"),
                 format!("{} KiB", size >> 10),
