@@ -121,7 +121,7 @@ pub struct Report {
     pub bs: u64,
     pub iodepth: usize,
     pub elapsed: Duration,
-    pub lat: Latencies,
+    pub lat: Arc<Latencies>,
 }
 
 impl std::fmt::Display for Report {
@@ -195,15 +195,6 @@ where
         }
     }
     let elapsed = start.elapsed();
-    let lat = Arc::try_unwrap(lat).unwrap_or_else(|shared| {
-        let copy = Latencies::default();
-        for (c, b) in copy.buckets.iter().zip(shared.buckets.iter()) {
-            c.store(b.load(Ordering::Relaxed), Ordering::Relaxed);
-        }
-        copy.sum_us
-            .store(shared.sum_us.load(Ordering::Relaxed), Ordering::Relaxed);
-        copy
-    });
     Ok(Report {
         rw,
         bs,

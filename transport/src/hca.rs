@@ -237,10 +237,7 @@ impl Hca {
         F: std::future::Future + Send + 'static,
         F::Output: Send + 'static,
     {
-        match self.threads.get(index) {
-            Some(s) => s.handle().spawn(fut),
-            None => tokio::spawn(fut),
-        }
+        self.runtime_at(index).spawn(fut)
     }
 
     /// The runtime device `index` runs on (its engine thread's, or the current one).

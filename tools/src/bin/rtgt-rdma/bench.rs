@@ -14,7 +14,7 @@ use rtgt_transport::netdev::{AsyncNetDev, NetDev};
 use rtgt_transport::verbs::*;
 use rtgt_transport::wire::{datagram, icrc, ipv4, IpRepr};
 
-use super::{connect_rc, err, open_hca, Hca, HcaConfig, Result};
+use super::{connect_rc, err, hca_config, open_config, open_hca, Hca, Result};
 
 #[derive(Args, Clone)]
 pub(crate) struct BenchArgs {
@@ -451,10 +451,9 @@ fn sharded_bw(
     mtu: Mtu,
 ) -> Result<f64> {
     let open = |port: u16, peer: u16| -> Result<Arc<Hca>> {
-        let _g = rt.enter();
-        let mut cfg = HcaConfig::new(vec![LO]);
-        (cfg.port, cfg.peer_port, cfg.eth_mtu, cfg.shards) = (port, peer, 9000, shards);
-        Hca::open(&cfg).map(Arc::new).map_err(|e| e.to_string())
+        let mut cfg = hca_config(SocketAddr::new(LO, port), 9000, None, Some(peer));
+        cfg.shards = shards;
+        open_config(rt, &cfg).map(Arc::new)
     };
     let x = open(port, port + 1)?;
     let y = open(port + 1, port)?;

@@ -318,7 +318,16 @@ pub(crate) fn open_hca(
     packet_rx: Option<&str>,
     peer_port: Option<u16>,
 ) -> Result<Hca> {
-    let _g = rt.enter();
+    open_config(rt, &hca_config(local, eth_mtu, packet_rx, peer_port))
+}
+
+/// The configuration [`open_hca`] opens.
+pub(crate) fn hca_config(
+    local: SocketAddr,
+    eth_mtu: usize,
+    packet_rx: Option<&str>,
+    peer_port: Option<u16>,
+) -> HcaConfig {
     let mut cfg = HcaConfig::new(vec![local.ip()]);
     cfg.port = local.port();
     cfg.eth_mtu = eth_mtu;
@@ -326,7 +335,13 @@ pub(crate) fn open_hca(
     if let Some(p) = peer_port {
         cfg.peer_port = p;
     }
-    Hca::open(&cfg).map_err(|e| error_chain(&e))
+    cfg
+}
+
+/// Opens `cfg` with its tasks on `rt`.
+pub(crate) fn open_config(rt: &tokio::runtime::Runtime, cfg: &HcaConfig) -> Result<Hca> {
+    let _g = rt.enter();
+    Hca::open(cfg).map_err(|e| error_chain(&e))
 }
 
 /// An error with its sources, joined.
