@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 
 use rtgt_transport::cm::{prepare_qp, Cm, CmConn, CmError, ConnParams, Reason};
-use rtgt_transport::verbs::{Access, FastReg, Mr, Pd, Region, SendOp, WcStatus};
+use rtgt_transport::verbs::{Access, FastReg, Mr, Pd, Region, SendOp};
 
 use rtgt_iscsi::conn::RxPdu;
 use rtgt_iscsi::iser::conn::{
@@ -19,6 +19,8 @@ use rtgt_iscsi::iser::Sizing;
 use rtgt_iscsi::pdu::BHS_LEN;
 use rtgt_iscsi::IscsiError;
 
+use crate::buffers::ReadBuffers;
+
 /// One iSER connection as the initiator drives it.
 pub struct IserTransport {
     link: Arc<Link>,
@@ -28,6 +30,8 @@ pub struct IserTransport {
     poller: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
     /// The CM connection, when the CM made it; dropped (disconnected) with the transport.
     cm: std::sync::Mutex<Option<Arc<CmConn>>>,
+    /// Read buffers of finished commands, for the next ones.
+    buffers: ReadBuffers,
 }
 
 impl IserTransport {
@@ -45,6 +49,7 @@ impl IserTransport {
             rx: tokio::sync::Mutex::new((Receiver::new(ep), Vec::new())),
             poller: std::sync::Mutex::new(Some(poller)),
             cm: std::sync::Mutex::new(None),
+            buffers: ReadBuffers::default(),
         }))
     }
 
@@ -101,21 +106,24 @@ impl IserTransport {
     }
 
     /// Fast-registers `region` (IB_WR_REG_MR, as ib_iser does) and returns the MR with the
-    /// key it now answers to.
+    /// key it now answers to. The registration is posted, not awaited: the send queue runs
+    /// it before anything posted after it (the command that advertises the key), and a
+    /// failure fails the connection. The work request holds the MR until it completes.
     pub async fn fast_register(
         &self,
         region: Arc<Region>,
         access: Access,
-    ) -> Result<(Mr, u32), IscsiError> {
+    ) -> Result<(Arc<Mr>, u32), IscsiError> {
         let len = region.len().max(1);
-        let mr = self
-            .pd
-            .alloc_mr(len)
-            .map_err(|_| IscsiError::Protocol("memory registration"))?;
+        let mr = Arc::new(
+            self.pd
+                .alloc_mr(len)
+                .map_err(|_| IscsiError::Protocol("memory registration"))?,
+        );
         let variant = self.variant.fetch_add(1, Ordering::Relaxed);
         let key = mr.key_with_variant(variant);
         self.link.sq_credit().await?;
-        let rx = self.link.post_op(
+        self.link.post_op(
             SendOp::FastReg(FastReg {
                 key,
                 iova: region.addr(),
@@ -125,17 +133,10 @@ impl IserTransport {
                 access: access | Access::LOCAL_WRITE,
             }),
             Vec::new(),
-            Hold::None,
-            true,
+            Hold::Mr(mr.clone()),
+            false,
         )?;
-        let status = match rx {
-            Some(rx) => rx.await.ok(),
-            None => None,
-        };
-        match status {
-            Some(WcStatus::Success) => Ok((mr, key)),
-            _ => Err(IscsiError::Protocol("fast registration failed")),
-        }
+        Ok((mr, key))
     }
 
     pub fn is_closed(&self) -> bool {
@@ -221,11 +222,13 @@ pub async fn connect(
 }
 
 /// The memory of one SCSI command on an iSER initiator: the registered read and write
-/// buffers and the iSER header that advertises them.
+/// buffers and the iSER header that advertises them. The read buffer goes back to the
+/// transport when the command is done with it.
 pub struct CommandMemory {
     pub header: [u8; HEADER_LEN],
-    pub read: Option<(Arc<Region>, Mr)>,
-    pub write: Option<Mr>,
+    read: Option<(Arc<Region>, Arc<Mr>)>,
+    _write: Option<Arc<Mr>>,
+    transport: Arc<IserTransport>,
 }
 
 impl CommandMemory {
@@ -234,7 +237,7 @@ impl CommandMemory {
     /// are fast-registered MRs, so a SCSI Response may invalidate them remotely.
     /// `corrupt_stag` advertises wrong keys (tests of the target's error handling).
     pub async fn new(
-        t: &IserTransport,
+        t: &Arc<IserTransport>,
         in_len: u32,
         data_out: Option<&[u8]>,
         unsolicited: usize,
@@ -244,7 +247,7 @@ impl CommandMemory {
         let mut read = None;
         let mut read_stag = None;
         if in_len > 0 {
-            let region = Arc::new(Region::zeroed(in_len as usize));
+            let region = t.buffers.take(in_len as usize);
             let (mr, key) = t
                 .fast_register(region.clone(), Access::REMOTE_WRITE)
                 .await?;
@@ -275,20 +278,31 @@ impl CommandMemory {
         Ok(CommandMemory {
             header,
             read,
-            write,
+            _write: write,
+            transport: t.clone(),
         })
     }
 
-    /// The first `len` bytes the target wrote into the read buffer.
-    pub fn read_data(&self, len: usize) -> Vec<u8> {
+    /// Copies the first bytes the target wrote into the read buffer to `out`; returns how
+    /// many.
+    pub fn read_into(&self, out: &mut [u8]) -> usize {
         match &self.read {
             Some((region, _)) => {
-                let n = len.min(region.len());
-                let mut v = vec![0u8; n];
-                region.read(0, &mut v);
-                v
+                let n = out.len().min(region.len());
+                region.read(0, &mut out[..n]);
+                n
             }
-            None => Vec::new(),
+            None => 0,
+        }
+    }
+}
+
+impl Drop for CommandMemory {
+    fn drop(&mut self) {
+        if let Some((region, mr)) = self.read.take() {
+            // The MR (and with it the device's reference to the region) goes first.
+            drop(mr);
+            self.transport.buffers.give(region);
         }
     }
 }

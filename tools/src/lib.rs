@@ -3,6 +3,7 @@
 //! targets with, and the `rtgt-rdma` RDMA test tools. Nothing in rtgtd links this crate.
 
 pub mod bench;
+pub mod buffers;
 pub mod iscsi;
 pub mod iser;
 pub mod srp;

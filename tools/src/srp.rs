@@ -99,6 +99,8 @@ pub struct Initiator {
     closed: AtomicBool,
     closed_notify: tokio::sync::Notify,
     pub stats: InitiatorStats,
+    /// Read buffers of finished commands, for the next ones.
+    buffers: crate::buffers::ReadBuffers,
 }
 
 const SEND_WR_BASE: u64 = 1 << 32;
@@ -302,6 +304,7 @@ impl Initiator {
             next_wr: AtomicU64::new(SEND_WR_BASE),
             closed: AtomicBool::new(false),
             closed_notify: tokio::sync::Notify::new(),
+            buffers: Default::default(),
             stats: InitiatorStats::default(),
         });
         for slot in 0..slots {
@@ -563,7 +566,7 @@ impl Initiator {
             }
         }
         if in_len > 0 {
-            let region = Arc::new(Region::zeroed(in_len as usize));
+            let region = self.buffers.take(in_len as usize);
             let mr = self.register(region.clone(), Access::REMOTE_WRITE)?;
             let (d, t) = self.describe(&mr, in_len, mode)?;
             cmd.data_in = d;
@@ -601,6 +604,7 @@ impl Initiator {
             });
             data = vec![0u8; got as usize];
             r.read(0, &mut data);
+            self.buffers.give(r);
         }
         Ok(Reply { rsp, data })
     }

@@ -1140,9 +1140,7 @@ fn scsi_response(inner: &Inner, r: ScsiResponse, data: &[u8]) {
         } else {
             want
         };
-        let got = m.read_data(n);
-        p.data_in[..got.len()].copy_from_slice(&got);
-        p.received = got.len();
+        p.received = m.read_into(&mut p.data_in[..n.min(want)]);
     }
     p.data_in.truncate(p.received);
     let _ = p.tx.send(Ok(ScsiResult {
