@@ -1140,7 +1140,7 @@ fn scsi_response(inner: &Inner, r: ScsiResponse, data: &[u8]) {
         } else {
             want
         };
-        p.received = m.read_into(&mut p.data_in[..n.min(want)]);
+        p.received = m.read_into(&mut p.data_in[..n]);
     }
     p.data_in.truncate(p.received);
     let _ = p.tx.send(Ok(ScsiResult {
