@@ -11,13 +11,17 @@ use std::time::{Duration, Instant};
 
 use common::{free_port, prerequisite, Rtgtd, TEST_IQN};
 
-/// The next notification within `within`, or a failure naming what was awaited.
-fn next(sock: &UnixDatagram, within: Duration, what: &str) -> String {
+/// The next notification within `within`, or a failure naming what was awaited, with
+/// rtgtd's log.
+fn next(sock: &UnixDatagram, within: Duration, what: &str, rtgtd: &Rtgtd) -> String {
     sock.set_read_timeout(Some(within)).unwrap();
     let mut buf = [0u8; 4096];
     match sock.recv(&mut buf) {
         Ok(n) => String::from_utf8_lossy(&buf[..n]).into_owned(),
-        Err(e) => panic!("no notification ({what}) within {within:?}: {e}"),
+        Err(e) => panic!(
+            "no notification ({what}) within {within:?}: {e}\nrtgtd's log:\n{}",
+            rtgtd.log_text()
+        ),
     }
 }
 
@@ -31,7 +35,7 @@ fn expect_line(sock: &UnixDatagram, line: &str, rtgtd: &Rtgtd) -> String {
             "no {line} within 30 s:\n{}",
             rtgtd.log_text()
         );
-        let msg = next(sock, left, line);
+        let msg = next(sock, left, line, rtgtd);
         if msg.lines().any(|l| l == line) {
             return msg;
         }

@@ -6,6 +6,7 @@ use std::io::Write;
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 /// Whether CI runs us (`CI` set, not empty, neither `false` nor `0`): there a missing
@@ -48,8 +49,28 @@ pub fn prerequisite(what: &str, probe: &[&str]) -> bool {
 
 pub const TEST_IQN: &str = "iqn.2025-01.io.rtgt:test";
 
-/// A free TCP port on 127.0.0.1.
+/// A free TCP port on 127.0.0.1, taken from below the kernel's ephemeral port range. A port
+/// from that range (what binding port 0 returns) can be given to any outgoing connection of a
+/// test running in parallel between this check and rtgtd's bind, and a connection to it while
+/// nothing listens can connect to itself: either way rtgtd then finds it in use.
 pub fn free_port() -> u16 {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let ephemeral = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse::<u32>().ok())
+        .unwrap_or(32768);
+    const LOW: u32 = 20000;
+    if ephemeral > LOW + 1000 {
+        let span = ephemeral - LOW;
+        // Test processes of one run start at different places of the range.
+        let start = std::process::id().wrapping_mul(7919);
+        for _ in 0..span {
+            let port = LOW + start.wrapping_add(NEXT.fetch_add(1, Ordering::Relaxed)) % span;
+            if TcpListener::bind(("127.0.0.1", port as u16)).is_ok() {
+                return port as u16;
+            }
+        }
+    }
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
@@ -148,8 +169,11 @@ impl Rtgtd {
     fn wait_listening(&mut self) {
         let deadline = Instant::now() + Duration::from_secs(30);
         while Instant::now() < deadline {
-            if TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
-                return;
+            // A connection to itself (same local and peer address) is not rtgtd listening.
+            if let Ok(s) = TcpStream::connect(("127.0.0.1", self.port)) {
+                if s.local_addr().ok() != s.peer_addr().ok() {
+                    return;
+                }
             }
             if let Ok(Some(status)) = self.child.try_wait() {
                 panic!("rtgtd exited with {status}:\n{}", self.log_text());
