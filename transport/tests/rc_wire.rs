@@ -184,6 +184,64 @@ fn segmentation_padding_and_ackreq() {
     assert_eq!(acked, [63, 127]);
 }
 
+/// Delivers `pkts` to `to` one by one and returns what `to` sent in answer.
+fn deliver(to: &End, pkts: &[Vec<u8>], now: Duration) -> Vec<Vec<u8>> {
+    for p in pkts {
+        to.dev.receive(p, now);
+    }
+    out(&to.dev, now)
+}
+
+#[test]
+fn unacked_window_grows_with_acks_and_halves_on_loss() {
+    // 1000 packets of 256 bytes in one SEND; the receiver has a buffer for it.
+    let (a, b) = ends(Mtu::Mtu256, 4);
+    b.qp.post_recv(RecvWr {
+        wr_id: 9,
+        sg_list: vec![b.mr.sge(0, 256 * 1000)],
+    })
+    .unwrap();
+    a.qp.post_send(SendWr::new(1, SendOp::Send, vec![a.mr.sge(0, 256 * 1000)]))
+        .unwrap();
+    let now = Duration::ZERO;
+    // The first window is rxe's 128 PSNs.
+    let burst = out(&a.dev, now);
+    assert_eq!(burst.len(), 128);
+    // Two ACKs of 64 PSNs each grow it by a quarter of that: the next burst is 160.
+    let acks = deliver(&b, &burst, now);
+    assert_eq!(acks.len(), 2);
+    let burst = deliver(&a, &acks, now);
+    assert_eq!(burst.len(), 160);
+    let first_psn = decode(&burst[0]).0.bth.psn;
+    assert_eq!(first_psn, 1128);
+    // Of these, two ACKs cover 128 (the last 32 wait for the next AckReq): the window is
+    // 192, 32 of it in flight, so 160 more go out.
+    let acks = deliver(&b, &burst, now);
+    assert_eq!(acks.len(), 2);
+    let burst = deliver(&a, &acks, now);
+    assert_eq!(burst.len(), 160);
+    assert_eq!(decode(&burst[0]).0.bth.psn, 1288);
+    // All lost: the timer resends from the oldest unacknowledged PSN (1256) in a window
+    // halved to 96, which never goes below 128.
+    let t = Duration::from_nanos(4096 << 10);
+    let resent = out(&a.dev, t);
+    let psns: Vec<u32> = resent.iter().map(|p| decode(p).0.bth.psn).collect();
+    assert_eq!(psns, (1256..1384).collect::<Vec<u32>>());
+    // The rest of the message arrives intact.
+    let mut pending = resent;
+    let mut now = t;
+    while !pending.is_empty() {
+        let acks = deliver(&b, &pending, now);
+        pending = deliver(&a, &acks, now);
+        now += Duration::from_micros(1);
+    }
+    let wc = b.cq.poll(4);
+    assert_eq!(wc.len(), 1);
+    assert_eq!(wc[0].status, WcStatus::Success);
+    assert_eq!(wc[0].byte_len, 256 * 1000);
+    assert_eq!(a.cq.poll(4)[0].status, WcStatus::Success);
+}
+
 #[test]
 fn read_consumes_psns_and_rd_atomic_limit() {
     let (a, b) = ends(Mtu::Mtu256, 2);

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use super::{ack_timeout, scatter};
+use super::{ack_timeout, scatter, window};
 use crate::verbs::device::Engine;
 use crate::verbs::qp::{QpCtx, WqeState};
 use crate::verbs::{QpState, SendFlags, SendOp, WcStatus, WorkCompletion};
@@ -263,15 +263,20 @@ fn comp_wqe(qp: &mut QpCtx, now: Duration) {
     }
     let last = wqe.last_psn;
     wqe.state = WqeState::Done(WcStatus::Success);
-    if psn_diff(psn_add(last, 1), qp.comp.psn) > 0 {
-        qp.comp.psn = psn_add(last, 1);
+    let next = psn_add(last, 1);
+    let acked = psn_diff(next, qp.comp.psn);
+    if acked > 0 {
+        qp.comp.psn = next;
+        window::grow(qp, acked as u32);
     }
     reset_retry(qp, now);
 }
 
 fn advance_psn(qp: &mut QpCtx, psn: u32, now: Duration) {
-    if psn_diff(psn, qp.comp.psn) > 0 {
+    let acked = psn_diff(psn, qp.comp.psn);
+    if acked > 0 {
         qp.comp.psn = psn;
+        window::grow(qp, acked as u32);
         reset_retry(qp, now);
     }
 }
@@ -351,6 +356,7 @@ pub(crate) fn retry(eng: &mut Engine, qp: &mut QpCtx, now: Duration, counted: bo
             qp.comp.retry_left -= 1;
         }
         qp.comp.retrying = true;
+        window::shrink(qp);
     }
     eng.stats.retransmits += 1;
     let mtu = qp.mtu.bytes();

@@ -30,8 +30,33 @@ use crate::wire::{datagram, icrc, ipv4, ipv6, roce, Datagram, IpRepr, RoceRepr};
 
 /// ACK requests are forced after this many packets without one (rxe `RXE_MAX_PKT_PER_ACK`).
 pub const MAX_PKT_PER_ACK: u32 = 64;
-/// The requester stops when this many PSNs are unacknowledged (rxe `RXE_MAX_UNACKED_PSNS`).
-pub const MAX_UNACKED_PSNS: i32 = 128;
+
+/// How many PSNs a requester may have unacknowledged. rxe stops at a fixed 128
+/// (`RXE_MAX_UNACKED_PSNS`): four 128 KiB messages at a 4 KiB MTU, so a stream of larger or
+/// more messages sends a burst, then idles a round trip for the ACK. Here the window starts
+/// at that and grows while ACKs come back, by a quarter of what each ACK acknowledges (about
+/// 1.25x per round trip), up to [`window::MAX`]; a retransmission (sequence NAK or timeout,
+/// which on this transport mean a lost packet) halves it, never below [`window::MIN`]. Go-back-N
+/// resends at most one window, and nothing is buffered for it (packets are rebuilt from the
+/// send queue), so a larger window costs no memory.
+pub mod window {
+    use crate::verbs::qp::QpCtx;
+
+    /// The starting and smallest window (rxe's fixed one).
+    pub const MIN: u32 = 128;
+    /// The largest window.
+    pub const MAX: u32 = 1024;
+
+    /// `acked` more PSNs were acknowledged.
+    pub(crate) fn grow(qp: &mut QpCtx, acked: u32) {
+        qp.req.window = (qp.req.window + acked.div_ceil(4)).min(MAX);
+    }
+
+    /// A packet was lost.
+    pub(crate) fn shrink(qp: &mut QpCtx) {
+        qp.req.window = (qp.req.window / 2).max(MIN);
+    }
+}
 /// Packets a QP may generate per poll (fairness between QPs).
 pub const POLL_BUDGET: usize = 256;
 

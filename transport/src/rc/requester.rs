@@ -1,12 +1,13 @@
 //! The requester (rxe_req.c): turns send WQEs into request packets. Segmentation at the path
 //! MTU (FIRST/MIDDLE exactly MTU, LAST 1..MTU, ONLY ≤ MTU), PSN assignment with 24-bit wrap,
 //! AckReq on the last packet of each message and every [`super::MAX_PKT_PER_ACK`] packets,
-//! READs consuming ceil(len/MTU) PSNs, the max_rd_atomic and unacked-PSN window limits, fences,
+//! READs consuming ceil(len/MTU) PSNs, the max_rd_atomic and unacked-PSN window
+//! ([`super::window`]) limits, fences,
 //! and the local operations (fast-register, local invalidate) executed in queue order.
 
 use std::time::Duration;
 
-use super::{ack_timeout, emit, gather, MAX_PKT_PER_ACK, MAX_UNACKED_PSNS};
+use super::{ack_timeout, emit, gather, MAX_PKT_PER_ACK};
 use crate::verbs::device::Engine;
 use crate::verbs::qp::{QpCtx, WqeState};
 use crate::verbs::{QpState, QpType, SendFlags, SendOp, WcStatus, GSI_QKEY};
@@ -110,7 +111,7 @@ fn check_limits(eng: &Engine, qp: &QpCtx, idx: u32, budget: usize) -> ReqState {
             return ReqState::Exit;
         }
     }
-    if psn_diff(qp.req.psn, qp.comp.psn) >= MAX_UNACKED_PSNS {
+    if psn_diff(qp.req.psn, qp.comp.psn) >= qp.req.window as i32 {
         return ReqState::Exit;
     }
     ReqState::SendPacket(idx)

@@ -119,7 +119,7 @@ pub(crate) struct RecvWqe {
 }
 
 /// Requester state (rxe `qp->req`).
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct ReqState {
     /// Absolute SQ index of the next WQE to start or continue.
     pub wqe_index: u32,
@@ -130,6 +130,21 @@ pub(crate) struct ReqState {
     pub rd_atomic_inflight: u32,
     /// Waiting for an RNR timer before retransmitting.
     pub rnr_deadline: Option<Duration>,
+    /// How many PSNs may be unacknowledged ([`crate::rc::window`]).
+    pub window: u32,
+}
+
+impl Default for ReqState {
+    fn default() -> Self {
+        ReqState {
+            wqe_index: 0,
+            psn: 0,
+            noack_pkts: 0,
+            rd_atomic_inflight: 0,
+            rnr_deadline: None,
+            window: crate::rc::window::MIN,
+        }
+    }
 }
 
 /// Completer state (rxe `qp->comp`).
