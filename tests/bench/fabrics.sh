@@ -11,7 +11,14 @@
 # SRP writes of 4 KiB carry their data in the SRP_CMD (`--mode immediate`), as Linux's ib_srp
 # does for writes up to 8 KiB; larger writes are fetched by RDMA READ.
 #
-# Usage: tests/bench/fabrics.sh [--seconds N] [--size MiB] [--cpus TARGET,INITIATOR | --no-pin]
+# The RDMA initiators poll their device for --poll microseconds (default 1000) after a datagram
+# moved before they sleep, as RDMA consumers poll their completion queues; the TCP initiator
+# sleeps at once, which measures faster for it here than polling (its receive work is the
+# kernel's, and a polling initiator takes CPU from it and from rtgtd). `--poll 0` runs all three
+# without polling.
+#
+# Usage: tests/bench/fabrics.sh [--seconds N] [--size MiB] [--poll MICROS]
+#                               [--cpus TARGET,INITIATOR | --no-pin]
 # Not pinned by default: over RDMA both ends run a soft-RoCE engine in their own process, while
 # over TCP half of the work is the kernel's; pinning each side to one CPU charges that difference
 # to the RDMA fabrics (`--cpus 1,0` pins anyway, as run.sh does).
@@ -20,7 +27,7 @@
 # Ethernet MTU of 9000 (RDMA path MTU 4096). Builds rtgtd, rtgt-iscsi and rtgt-rdma (release).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-secs=10 size_mib=1024 cpus=""
+secs=10 size_mib=1024 cpus="" poll=1000
 args=("$@")
 while (($#)); do
     case $1 in
@@ -28,7 +35,8 @@ while (($#)); do
     --size) size_mib=$2; shift ;;
     --cpus) cpus=$2; shift ;;
     --no-pin) cpus="" ;;
-    *) echo "usage: $0 [--seconds N] [--size MiB] [--cpus TARGET,INITIATOR | --no-pin]" >&2; exit 2 ;;
+    --poll) poll=$2; shift ;;
+    *) echo "usage: $0 [--seconds N] [--size MiB] [--poll MICROS] [--cpus TARGET,INITIATOR | --no-pin]" >&2; exit 2 ;;
     esac
     shift
 done
@@ -127,7 +135,7 @@ ibench() {
 sbench() {
     local mode=direct
     [[ $2 == randwrite && $3 == 4k ]] && mode=immediate
-    measure "$bin/rtgt-srp" --lun "$1" --eth-mtu 9000 bench --target "$srp_target" --mode "$mode" \
+    measure "$bin/rtgt-srp" --lun "$1" --eth-mtu 9000 --busy-poll "$poll" bench --target "$srp_target" --mode "$mode" \
         --rw "$2" --bs "$3" --iodepth "$4" --seconds "$secs"
 }
 # pair FABRIC LUN -> "IOPS MB/s TARGET_CPU_US_PER_IO" of two initiators at once (from 127.0.0.2
@@ -138,8 +146,8 @@ pair() {
     for i in 2 3; do
         case $fab in
         tcp) cmd=("$bin/rtgt-iscsi") ;;
-        iser) cmd=("$bin/rtgt-iscsi" --iser "127.0.0.$i" --eth-mtu 9000) ;;
-        srp) cmd=("$bin/rtgt-srp" --local "127.0.0.$i" --initiator-id "$(printf '0x%032x' "$((0x72730 + i))")" --lun "$lun" --eth-mtu 9000) ;;
+        iser) cmd=("$bin/rtgt-iscsi" --iser "127.0.0.$i" --eth-mtu 9000 --busy-poll "$poll") ;;
+        srp) cmd=("$bin/rtgt-srp" --local "127.0.0.$i" --initiator-id "$(printf '0x%032x' "$((0x72730 + i))")" --lun "$lun" --eth-mtu 9000 --busy-poll "$poll") ;;
         esac
         if [[ $fab == srp ]]; then
             cmd+=(bench --target "$srp_target" --mode direct)
@@ -182,7 +190,7 @@ for l in 0:null 1:tmpfs; do
     for w in "randread 4k 32" "randwrite 4k 32" "read 128k 8" "write 128k 8"; do
         read -r rw bs qd <<<"$w"
         row "${l#*:} $rw $bs QD$qd" "$(ibench "${l%%:*}" "$rw" "$bs" "$qd" || true)" \
-            "$(ibench "${l%%:*}" "$rw" "$bs" "$qd" --iser 127.0.0.2 --eth-mtu 9000 || true)" \
+            "$(ibench "${l%%:*}" "$rw" "$bs" "$qd" --iser 127.0.0.2 --eth-mtu 9000 --busy-poll "$poll" || true)" \
             "$(sbench "${l%%:*}" "$rw" "$bs" "$qd" || true)"
     done
 done

@@ -6,4 +6,5 @@ pub mod bench;
 pub mod buffers;
 pub mod iscsi;
 pub mod iser;
+pub mod poll;
 pub mod srp;

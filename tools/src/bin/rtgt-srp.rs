@@ -45,6 +45,10 @@ struct Cli {
     /// target must offer at least the same.
     #[arg(long, global = true, default_value_t = 1500)]
     eth_mtu: usize,
+    /// Microseconds the initiator's device keeps polling its UDP socket after a datagram
+    /// moved before it sleeps; 0 sleeps at once.
+    #[arg(long, global = true, default_value_t = 0)]
+    busy_poll: u64,
     #[command(subcommand)]
     cmd: Cmd,
 }
@@ -194,6 +198,7 @@ async fn open(cli: &Cli, target: &str) -> Result<Open> {
     let mut cfg = HcaConfig::new(vec![local]);
     cfg.name = "rtgt-srp".into();
     cfg.eth_mtu = cli.eth_mtu;
+    cfg.busy_poll = Duration::from_micros(cli.busy_poll);
     let hca = Hca::open(&cfg).map_err(e("RDMA device"))?;
     let mut opts = ConnectOptions::new(parse_id(&cli.initiator_id)?, t.id_ext, t.ioc_guid);
     opts.queue_depth = cli.queue_depth.max(2);

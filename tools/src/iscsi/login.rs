@@ -32,6 +32,9 @@ pub struct LoginConfig {
     pub transport: TransportKind,
     /// Extra keys to offer (tests use X- keys).
     pub extra_keys: Vec<(String, String)>,
+    /// How long the full-feature reader keeps trying a TCP connection after data arrived
+    /// before it sleeps ([`crate::poll::PollingRead`]); zero sleeps at once.
+    pub busy_poll: std::time::Duration,
 }
 
 impl Default for LoginConfig {
@@ -53,6 +56,7 @@ impl Default for LoginConfig {
             max_outstanding_r2t: 1,
             transport: TransportKind::Tcp,
             extra_keys: Vec::new(),
+            busy_poll: std::time::Duration::ZERO,
         }
     }
 }

@@ -301,8 +301,10 @@ impl Session {
             .await
             .map_err(|_| IscsiError::Timeout)??;
         let _ = stream.set_nodelay(true);
+        let busy_poll = cfg.busy_poll;
         let (params, tsih, cmd_sn, stat_sn) = login_exchange(&mut stream, cfg).await?;
         let (rd, wr) = stream.into_split();
+        let rd = crate::poll::PollingRead::new(rd, busy_poll);
         let inner = Arc::new(Inner {
             writer: tokio::sync::Mutex::new(Some(BufWriter::with_capacity(256 * 1024, wr))),
             iser: None,
@@ -894,7 +896,7 @@ pub async fn discover(
 
 async fn reader_task(
     inner: Arc<Inner>,
-    mut rd: tokio::net::tcp::OwnedReadHalf,
+    mut rd: crate::poll::PollingRead<tokio::net::tcp::OwnedReadHalf>,
     mut reader: PduReader,
 ) {
     let mut buf = BytesMut::with_capacity(256 * 1024);

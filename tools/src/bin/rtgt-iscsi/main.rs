@@ -42,6 +42,10 @@ struct Cli {
     /// Ethernet MTU of the iSER link (the RDMA path MTU follows: 1024 at 1500, 4096 from 4200).
     #[arg(long, global = true, default_value_t = 1500)]
     eth_mtu: usize,
+    /// Microseconds the initiator keeps polling its connection (the TCP socket, or the iSER
+    /// device's UDP socket) after data arrived before it sleeps; 0 sleeps at once.
+    #[arg(long, global = true, default_value_t = 0)]
+    busy_poll: u64,
     #[command(subcommand)]
     cmd: Cmd,
 }
@@ -132,6 +136,7 @@ fn login_config(cli: &Cli, url: Option<&IscsiUrl>) -> LoginConfig {
         mutual: cli.mutual.as_deref().map(creds),
         header_digest: cli.header_digest,
         data_digest: cli.data_digest,
+        busy_poll: std::time::Duration::from_micros(cli.busy_poll),
         ..LoginConfig::default()
     }
 }
@@ -152,6 +157,7 @@ async fn open(cli: &Cli, url: &str) -> Result<Opened, IscsiError> {
         Some(local) => {
             let mut hc = HcaConfig::new(vec![local]);
             hc.eth_mtu = cli.eth_mtu;
+            hc.busy_poll = std::time::Duration::from_micros(cli.busy_poll);
             let hca =
                 Hca::open(&hc).map_err(|e| IscsiError::Address(format!("RDMA device: {e}")))?;
             let pd = hca
