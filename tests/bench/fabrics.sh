@@ -208,4 +208,4 @@ if grep -E 'panicked|ERROR' "$work/rtgtd.log"; then
 fi
 echo
 echo "soft-RoCE ceiling on this machine (rtgt-rdma bench, two devices over UDP loopback, MTU 4096):"
-"$bin/rtgt-rdma" bench --seconds 2 2>&1 | sed 's/^/  /'
+"$bin/rtgt-rdma" bench --seconds 2 --busy-poll "$poll" 2>&1 | sed 's/^/  /'

@@ -1,7 +1,10 @@
 //! `rtgt-rdma bench`: two rtgt devices over UDP on 127.0.0.1 (two ports) in one process: RDMA
-//! WRITE, READ and SEND bandwidth (4 KiB, 64 KiB, 1 MiB), SEND round-trip latency, next to the ceiling of the same UDP path
-//! without the transport engine (the same netdev, `sendmmsg`/`recvmmsg` batches of 32, 4 KiB
-//! datagrams with BTH and ICRC) measured in the same run.
+//! WRITE, READ and SEND bandwidth (4 KiB, 64 KiB, 1 MiB), SEND round-trip latency, next to the
+//! ceiling of the same UDP path without the transport engine (the same netdev,
+//! `sendmmsg`/`recvmmsg` batches of 32, 4 KiB datagrams with BTH and ICRC) measured in the same
+//! run. Each device runs on an engine thread of its own, with the loop that posts and reaps its
+//! work requests on that thread, as rtgtd runs a device and the connections on it; devices and
+//! the raw receiver poll their sockets for `--busy-poll` after traffic before they sleep.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -14,7 +17,7 @@ use rtgt_transport::netdev::{AsyncNetDev, NetDev};
 use rtgt_transport::verbs::*;
 use rtgt_transport::wire::{datagram, icrc, ipv4, IpRepr};
 
-use super::{connect_rc, err, hca_config, open_config, open_hca, Hca, Result};
+use super::{connect_rc, err, hca_config, open_config, Hca, Result};
 
 #[derive(Args, Clone)]
 pub(crate) struct BenchArgs {
@@ -33,7 +36,16 @@ pub(crate) struct BenchArgs {
     /// RDMA operations kept in flight (the raw UDP sender keeps 512 datagrams in flight).
     #[arg(long, default_value_t = 64)]
     pub depth: u32,
+    /// Microseconds each device (and the raw UDP receiver) keeps polling its socket after a
+    /// datagram moved before it sleeps; rtgtd's default is 50 (`rdma.busy_poll_micros`).
+    #[arg(long, default_value_t = RTGTD_BUSY_POLL)]
+    pub busy_poll: u64,
 }
+
+/// rtgtd's default `rdma.busy_poll_micros`, which the engine-thread rows run with whatever
+/// `--busy-poll` says: with two threads on each side, polling longer only takes the CPU from
+/// the other threads on a machine with fewer cores than four.
+const RTGTD_BUSY_POLL: u64 = 50;
 
 const LO: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
 const REGION: usize = 16 << 20;
@@ -42,17 +54,42 @@ const RAW_WINDOW: u64 = 512;
 
 struct End {
     hca: Arc<Hca>,
+    /// The device of `hca` the QP is on.
+    index: usize,
     _pd: Pd,
     cq: Cq,
     qp: Qp,
     mr: Mr,
     /// Whether the receives of the SEND bandwidth measurements are posted.
-    send_recvs: std::cell::Cell<bool>,
+    send_recvs: AtomicBool,
 }
 
-fn end(rt: &tokio::runtime::Runtime, port: u16, peer: u16) -> Result<End> {
-    let hca = open_hca(rt, SocketAddr::new(LO, port), 9000, None, Some(peer))?;
-    end_on(&Arc::new(hca), 0)
+impl End {
+    /// Runs `fut` where the device of this end runs (its engine thread), as rtgtd runs a
+    /// fabric connection next to its QP's device.
+    async fn run_here<T: Send + 'static>(
+        &self,
+        fut: impl std::future::Future<Output = Result<T>> + Send + 'static,
+    ) -> Result<T> {
+        self.hca
+            .runtime_at(self.index)
+            .spawn(fut)
+            .await
+            .map_err(|e| format!("bench task: {e}"))?
+    }
+}
+
+/// An endpoint on a device of its own, run by one engine thread as rtgtd runs its devices.
+fn end(
+    rt: &tokio::runtime::Runtime,
+    port: u16,
+    peer: u16,
+    busy_poll: Duration,
+) -> Result<Arc<End>> {
+    let mut cfg = hca_config(SocketAddr::new(LO, port), 9000, None, Some(peer));
+    cfg.shards = 1;
+    cfg.busy_poll = busy_poll;
+    end_on(&Arc::new(open_config(rt, &cfg)?), 0).map(Arc::new)
 }
 
 /// An endpoint (PD, CQ, QP, MR) on device `index` of `hca`.
@@ -70,11 +107,12 @@ fn end_on(hca: &Arc<Hca>, index: usize) -> Result<End> {
         .map_err(err("register MR"))?;
     Ok(End {
         hca: hca.clone(),
+        index,
         _pd: pd,
         cq,
         qp,
         mr,
-        send_recvs: std::cell::Cell::new(false),
+        send_recvs: AtomicBool::new(false),
     })
 }
 
@@ -110,46 +148,28 @@ const SEND_RECVS: u64 = 128;
 const SEND_MAX: usize = 1 << 20;
 
 /// Bytes per second of RDMA WRITE, READ or SEND of `size` from `a` to `b`, `depth` in
-/// flight (for SEND, `b` reposts each receive as it completes).
-async fn rdma_bw(a: &End, b: &End, size: usize, op: Op, depth: u32, secs: f64) -> Result<f64> {
+/// flight (for SEND, `b` reposts each receive as it completes). Each side's loop runs on its
+/// device's engine thread.
+async fn rdma_bw(
+    a: &Arc<End>,
+    b: &Arc<End>,
+    size: usize,
+    op: Op,
+    depth: u32,
+    secs: f64,
+) -> Result<f64> {
     let slots = (REGION / size).max(1);
-    let post = |i: u64| {
-        let off = (i as usize % slots) * size;
-        let remote_addr = b.mr.iova() + off as u64;
-        let op = match op {
-            Op::Read => SendOp::RdmaRead {
-                remote_addr,
-                rkey: b.mr.rkey(),
-            },
-            Op::Write => SendOp::RdmaWrite {
-                remote_addr,
-                rkey: b.mr.rkey(),
-            },
-            Op::Send => SendOp::Send,
-        };
-        a.qp.post_send(SendWr::new(i, op, vec![a.mr.sge(off, size as u32)]))
-            .map_err(err("post send"))
-    };
-    // Receives take the largest SEND measured, so that those left posted by one measurement
-    // serve the next.
-    let recv = |i: u64| {
-        let off = (i as usize % (REGION / SEND_MAX)) * SEND_MAX;
-        b.qp.post_recv(RecvWr {
-            wr_id: i,
-            sg_list: vec![b.mr.sge(off, SEND_MAX as u32)],
-        })
-        .map_err(err("post receive"))
-    };
-    let stop = tokio::sync::Notify::new();
-    {
-        if op == Op::Send && !b.send_recvs.replace(true) {
-            for i in 0..SEND_RECVS {
-                recv(i)?;
-            }
+    if op == Op::Send && !b.send_recvs.swap(true, Ordering::Relaxed) {
+        for i in 0..SEND_RECVS {
+            post_big_recv(b, i)?;
         }
-        // The receiving side reposts what completes until the sender is done (its last SEND
-        // completed, so every receive it consumed has completed too).
-        let receiver = async {
+    }
+    let stop = Arc::new(tokio::sync::Notify::new());
+    // The receiving side reposts what completes until the sender is done (its last SEND
+    // completed, so every receive it consumed has completed too).
+    let receiver = {
+        let (b, stop) = (b.clone(), stop.clone());
+        async move {
             if op != Op::Send {
                 return Ok(());
             }
@@ -169,7 +189,7 @@ async fn rdma_bw(a: &End, b: &End, size: usize, op: Op, depth: u32, secs: f64) -
                         if wc.status != WcStatus::Success {
                             return Err(format!("receive completion {:?}", wc.status));
                         }
-                        recv(next)?;
+                        post_big_recv(&b, next)?;
                         next += 1;
                     }
                 }
@@ -177,47 +197,77 @@ async fn rdma_bw(a: &End, b: &End, size: usize, op: Op, depth: u32, secs: f64) -
                     return Ok::<(), String>(());
                 }
             }
-        };
-        let sender = async {
-            let mut posted = 0u64;
-            for _ in 0..depth {
-                post(posted)?;
-                posted += 1;
-            }
-            let start = Instant::now();
-            let until = Duration::from_secs_f64(secs);
-            let mut done = 0u64;
-            let mut wcs = Vec::new();
-            while start.elapsed() < until {
-                let w = tokio::time::timeout(Duration::from_secs(10), a.cq.wait_nonempty()).await;
-                if w.is_err() {
-                    return Err(format!("stalled after {done} operations"));
-                }
-                wcs.clear();
-                a.cq.poll_into(&mut wcs, 64);
-                for wc in &wcs {
-                    if wc.status != WcStatus::Success {
-                        return Err(format!("completion {:?}", wc.status));
-                    }
-                    done += 1;
+        }
+    };
+    let sender = {
+        let (a, b, stop) = (a.clone(), b.clone(), stop.clone());
+        async move {
+            let post = |i: u64| {
+                let off = (i as usize % slots) * size;
+                let remote_addr = b.mr.iova() + off as u64;
+                let op = match op {
+                    Op::Read => SendOp::RdmaRead {
+                        remote_addr,
+                        rkey: b.mr.rkey(),
+                    },
+                    Op::Write => SendOp::RdmaWrite {
+                        remote_addr,
+                        rkey: b.mr.rkey(),
+                    },
+                    Op::Send => SendOp::Send,
+                };
+                a.qp.post_send(SendWr::new(i, op, vec![a.mr.sge(off, size as u32)]))
+                    .map_err(err("post send"))
+            };
+            let run = async {
+                let mut posted = 0u64;
+                for _ in 0..depth {
                     post(posted)?;
                     posted += 1;
                 }
-            }
-            let elapsed = start.elapsed().as_secs_f64();
-            reap(&a.cq, (posted - done) as usize).await?;
-            Ok(done as f64 * size as f64 / elapsed)
-        };
-        let (bw, ()) = tokio::try_join!(
-            async {
-                let r = sender.await;
-                stop.notify_one();
-                r
-            },
-            receiver
-        )?;
-        Ok(bw)
-    }
+                let start = Instant::now();
+                let until = Duration::from_secs_f64(secs);
+                let mut done = 0u64;
+                let mut wcs = Vec::new();
+                while start.elapsed() < until {
+                    let w =
+                        tokio::time::timeout(Duration::from_secs(10), a.cq.wait_nonempty()).await;
+                    if w.is_err() {
+                        return Err(format!("stalled after {done} operations"));
+                    }
+                    wcs.clear();
+                    a.cq.poll_into(&mut wcs, 64);
+                    for wc in &wcs {
+                        if wc.status != WcStatus::Success {
+                            return Err(format!("completion {:?}", wc.status));
+                        }
+                        done += 1;
+                        post(posted)?;
+                        posted += 1;
+                    }
+                }
+                let elapsed = start.elapsed().as_secs_f64();
+                reap(&a.cq, (posted - done) as usize).await?;
+                Ok(done as f64 * size as f64 / elapsed)
+            };
+            let r = run.await;
+            stop.notify_one();
+            r
+        }
+    };
+    let (bw, ()) = tokio::try_join!(a.run_here(sender), b.run_here(receiver))?;
+    Ok(bw)
+}
+
+/// Posts a receive on `b` for the largest SEND measured, so that those left posted by one
+/// measurement serve the next.
+fn post_big_recv(b: &End, i: u64) -> Result<()> {
+    let off = (i as usize % (REGION / SEND_MAX)) * SEND_MAX;
+    b.qp.post_recv(RecvWr {
+        wr_id: i,
+        sg_list: vec![b.mr.sge(off, SEND_MAX as u32)],
+    })
+    .map_err(err("post receive"))
 }
 
 /// Mean SEND round trip of `size` bytes: `a` sends, `b` answers each receive with a SEND.
@@ -318,7 +368,7 @@ fn raw_pair(rt: &tokio::runtime::Runtime, port: u16) -> Result<(UdpNetDev, UdpNe
 }
 
 /// Bytes per second of 4 KiB payloads through the bare netdevs (sendmmsg batches of 32).
-fn raw_bw(rt: &tokio::runtime::Runtime, port: u16, secs: f64) -> Result<f64> {
+fn raw_bw(rt: &tokio::runtime::Runtime, port: u16, secs: f64, poll: Duration) -> Result<f64> {
     let (mut a, mut b) = raw_pair(rt, port)?;
     let batch: Vec<Outgoing> = (0..32)
         .map(|_| raw_datagram(port, port + 1, 4096).map(Outgoing::whole))
@@ -330,9 +380,15 @@ fn raw_bw(rt: &tokio::runtime::Runtime, port: u16, secs: f64) -> Result<f64> {
         let (stop, bytes, count) = (stop.clone(), bytes.clone(), count.clone());
         rt.spawn(async move {
             let mut got = Vec::new();
+            let mut last = Instant::now();
             while !stop.load(Ordering::Relaxed) {
-                let _ = tokio::time::timeout(Duration::from_millis(50), AsyncNetDev::readable(&b))
-                    .await;
+                // Polls as the devices do, then sleeps until readable.
+                if last.elapsed() < poll {
+                    tokio::task::yield_now().await;
+                } else {
+                    let wait = AsyncNetDev::readable(&b);
+                    let _ = tokio::time::timeout(Duration::from_millis(50), wait).await;
+                }
                 got.clear();
                 while b.receive_batch(&mut got, 32).unwrap_or(0) > 0 {
                     let n: usize = got.iter().map(|d| d.len().saturating_sub(28 + 16)).sum();
@@ -340,6 +396,7 @@ fn raw_bw(rt: &tokio::runtime::Runtime, port: u16, secs: f64) -> Result<f64> {
                     count.fetch_add(got.len() as u64, Ordering::Relaxed);
                     // Buffers go back to the netdev, as the device does with what it received.
                     b.recycle(&mut got);
+                    last = Instant::now();
                 }
             }
         })
@@ -443,16 +500,18 @@ fn raw_rtt(rt: &tokio::runtime::Runtime, port: u16, n: u32) -> Result<f64> {
 /// with `shards` engine threads each (connection `i` on device `i % shards` of both).
 fn sharded_bw(
     rt: &tokio::runtime::Runtime,
+    a: &BenchArgs,
     port: u16,
     shards: usize,
     size: usize,
-    depth: u32,
     secs: f64,
     mtu: Mtu,
 ) -> Result<f64> {
+    let depth = a.depth;
     let open = |port: u16, peer: u16| -> Result<Arc<Hca>> {
         let mut cfg = hca_config(SocketAddr::new(LO, port), 9000, None, Some(peer));
         cfg.shards = shards;
+        cfg.busy_poll = Duration::from_micros(RTGTD_BUSY_POLL);
         open_config(rt, &cfg).map(Arc::new)
     };
     let x = open(port, port + 1)?;
@@ -461,7 +520,7 @@ fn sharded_bw(
     let mut pairs = Vec::new();
     for i in 0..2 {
         let k = i % x.count();
-        let (a, b) = (end_on(&x, k)?, end_on(&y, k)?);
+        let (a, b) = (Arc::new(end_on(&x, k)?), Arc::new(end_on(&y, k)?));
         connect_rc(&a.qp, LO, b.qp.qpn(), 100, 200, mtu, access)?;
         connect_rc(&b.qp, LO, a.qp.qpn(), 200, 100, mtu, access)?;
         pairs.push((a, b));
@@ -481,10 +540,11 @@ pub(crate) fn run_bench(rt: &tokio::runtime::Runtime, a: &BenchArgs) -> Result<(
     let secs = a.seconds.clamp(0.1, 600.0);
     let rtts = a.rtts.max(10);
     let p = a.port;
-    let raw = raw_bw(rt, p + 2, secs)?;
+    let poll = Duration::from_micros(a.busy_poll);
+    let raw = raw_bw(rt, p + 2, secs, poll)?;
     let raw_rt = raw_rtt(rt, p + 4, rtts)?;
-    let x = end(rt, p, p + 1)?;
-    let y = end(rt, p + 1, p)?;
+    let x = end(rt, p, p + 1, poll)?;
+    let y = end(rt, p + 1, p, poll)?;
     let access = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ;
     connect_rc(&x.qp, LO, y.qp.qpn(), 100, 200, mtu, access)?;
     connect_rc(&y.qp, LO, x.qp.qpn(), 200, 100, mtu, access)?;
@@ -516,10 +576,12 @@ pub(crate) fn run_bench(rt: &tokio::runtime::Runtime, a: &BenchArgs) -> Result<(
     let sx = x.hca.device().stats();
     let sy = y.hca.device().stats();
     println!(
-        "rtgt-rdma bench: 127.0.0.1 UDP ports {p}/{}, path MTU {}, {} in flight, {secs} s each",
+        "rtgt-rdma bench: 127.0.0.1 UDP ports {p}/{}, path MTU {}, {} in flight, {secs} s each, \
+         each device on an engine thread of its own polling {} us",
         p + 1,
         mtu.bytes(),
-        a.depth
+        a.depth,
+        a.busy_poll
     );
     println!(
         "{:<20} {:>8} {:>14} {:>22} {:>7}",
@@ -534,14 +596,17 @@ pub(crate) fn run_bench(rt: &tokio::runtime::Runtime, a: &BenchArgs) -> Result<(
         sx.naks_sent + sy.naks_sent,
         sx.rx_dropped + sy.rx_dropped
     );
-    println!("engine threads: RDMA WRITE on two connections at once, each side 1 or 2 threads");
+    println!(
+        "engine threads: RDMA WRITE on two connections at once, each side 1 or 2 threads \
+         (polling {RTGTD_BUSY_POLL} us)"
+    );
     println!(
         "{:<20} {:>8} {:>14} {:>22} {:>7}",
         "test", "size", "2 threads", "1 thread", "ratio"
     );
     for size in [4 << 10, 64 << 10] {
-        let one = sharded_bw(rt, p + 6, 1, size, a.depth, secs, mtu)?;
-        let two = sharded_bw(rt, p + 8, 2, size, a.depth, secs, mtu)?;
+        let one = sharded_bw(rt, a, p + 6, 1, size, secs, mtu)?;
+        let two = sharded_bw(rt, a, p + 8, 2, size, secs, mtu)?;
         println!(
             "{:<20} {:>8} {:>14} {:>22} {:>7.2}",
             "RDMA WRITE x2",
