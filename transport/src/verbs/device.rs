@@ -233,7 +233,9 @@ pub(crate) struct Engine {
     pub gids: Vec<Gid>,
     pub pds: HashMap<u32, ()>,
     pub mrs: MrTable,
-    pub qps: HashMap<u32, QpCtx>,
+    /// Boxed: a packet takes its QP out of the table while the engine handles it, and
+    /// moving a pointer costs less than moving the QP.
+    pub qps: HashMap<u32, Box<QpCtx>>,
     pub srqs: HashMap<u32, SrqCtx>,
     pub tx: Tx,
     pub check_icrc: bool,
@@ -898,7 +900,7 @@ impl Pd {
             comp: Default::default(),
             resp: Default::default(),
         };
-        eng.qps.insert(qpn, ctx);
+        eng.qps.insert(qpn, Box::new(ctx));
         dev.inner.live_qps.fetch_add(1, Ordering::AcqRel);
         Ok(Qp {
             dev: dev.clone(),
