@@ -243,6 +243,39 @@ fn unacked_window_grows_with_acks_and_halves_on_loss() {
 }
 
 #[test]
+fn qps_stopped_by_a_full_transmit_queue_send_later_and_timers_come_due() {
+    // 40 QPs of one device, each with a 128-packet SEND: 5120 packets for a transmit queue
+    // of 4096. Each QP is posted to once; those the full queue stopped go on by themselves.
+    let a = end(ip(1));
+    let pd = a.dev.alloc_pd().unwrap();
+    let cq = a.dev.create_cq(64).unwrap();
+    let mr = pd.reg_mr(a.region.clone(), Access::LOCAL_WRITE).unwrap();
+    let qps: Vec<Qp> = (0..40)
+        .map(|i| {
+            let qp = pd.create_qp(QpInitAttr::new(QpType::Rc, &cq, &cq)).unwrap();
+            connect(&qp, ip(2), 7000 + i, Mtu::Mtu256, 1000, 2000, 1);
+            qp.post_send(SendWr::new(1, SendOp::Send, vec![mr.sge(0, 256 * 128)]))
+                .unwrap();
+            qp
+        })
+        .collect();
+    let first = out(&a.dev, Duration::ZERO);
+    assert_eq!(first.len(), 4096);
+    let second = out(&a.dev, Duration::ZERO);
+    assert_eq!(second.len(), 5120 - 4096);
+    // Every QP now waits for its ACKs: nothing more until the retransmit timer, which is
+    // what the device says it waits for.
+    assert!(out(&a.dev, Duration::ZERO).is_empty());
+    let t = Duration::from_nanos(4096 << 10);
+    assert_eq!(a.dev.next_deadline(), Some(t));
+    assert!(out(&a.dev, t - Duration::from_nanos(1)).is_empty());
+    // Go-back-N for all 40 (the queue takes 4096 of their 5120 again, the rest follow).
+    assert_eq!(out(&a.dev, t).len(), 4096);
+    assert_eq!(out(&a.dev, t).len(), 5120 - 4096);
+    drop(qps);
+}
+
+#[test]
 fn read_consumes_psns_and_rd_atomic_limit() {
     let (a, b) = ends(Mtu::Mtu256, 2);
     for _ in 0..3 {

@@ -376,7 +376,11 @@ fn receive(eng: &mut Engine, head: &[u8], rest: &[u8], now: Duration) -> Option<
     let info = pkt.opcode_info()?;
     let mut qp = eng.qps.remove(&qpn)?;
     let ok = dispatch(eng, &mut qp, &d, ip, &pkt, info, now);
+    eng.note_timers(&qp);
     eng.qps.insert(qpn, qp);
+    // What the packet did (an ACK that opens the window, a READ to answer, a NAK to act on)
+    // is followed up by the next `poll`.
+    eng.mark_ready(qpn);
     ok.then_some(Received::Taken)
 }
 
@@ -495,18 +499,39 @@ impl Engine {
         self.acks = acks;
     }
 
-    /// Timers, completions and the send side of every QP.
+    /// Timers, completions and the send side of the QPs on the ready list, and of every
+    /// running QP once a timer may be due.
     pub(crate) fn poll(&mut self, now: Duration) {
         let mut qpns = std::mem::take(&mut self.poll_scratch);
         qpns.clear();
-        // QPs that are not running have nothing to do (and are not taken out of the table).
-        qpns.extend(self.qps.iter().filter_map(|(n, q)| {
-            (!matches!(q.state, QpState::Reset | QpState::Err | QpState::Init)).then_some(*n)
-        }));
+        if now >= self.timers_from {
+            // Every QP with a deadline is visited; the pass makes `timers_from` exact again.
+            self.timers_from = Duration::MAX;
+            // QPs that are not running have nothing to do (and are not taken out of the
+            // table).
+            qpns.extend(self.qps.iter().filter_map(|(n, q)| {
+                (!matches!(q.state, QpState::Reset | QpState::Err | QpState::Init)).then_some(*n)
+            }));
+            // The ready ones that are not running still get their flag cleared.
+            qpns.append(&mut self.ready);
+        } else {
+            qpns.append(&mut self.ready);
+        }
         for &qpn in &qpns {
             if let Some(mut qp) = self.qps.remove(&qpn) {
-                poll_qp(self, &mut qp, now);
+                let queued = self.tx.queue.len();
+                if qp.ready || !matches!(qp.state, QpState::Reset | QpState::Err | QpState::Init) {
+                    qp.ready = false;
+                    poll_qp(self, &mut qp, now);
+                }
+                self.note_timers(&qp);
+                // A QP that sent may have more to send (its budget or the transmit queue
+                // stopped it); one that could not send for want of room must try again.
+                let again = self.tx.queue.len() > queued || !self.tx.has_room();
                 self.qps.insert(qpn, qp);
+                if again {
+                    self.mark_ready(qpn);
+                }
             }
         }
         self.poll_scratch = qpns;

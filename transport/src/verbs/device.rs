@@ -252,6 +252,14 @@ pub(crate) struct Engine {
     pub acks: Vec<u32>,
     /// The QP numbers `poll` visits (kept for its allocation).
     pub poll_scratch: Vec<u32>,
+    /// QPs that may have work for `poll`: posted work requests, received packets, state
+    /// changes, or packets they could not all send in their last pass. `poll` visits these,
+    /// not every QP.
+    pub ready: Vec<u32>,
+    /// No QP's timer (retransmission, RNR) is due before this: a lower bound, lowered
+    /// whenever a QP the engine handled has an earlier deadline, made exact by the pass over
+    /// every QP that `poll` makes once it is reached.
+    pub timers_from: Duration,
     /// [`DeviceConfig::shard`].
     pub shard: Option<ShardMember>,
     next_id: u32,
@@ -332,6 +340,8 @@ impl Device {
             tx_scratch: Vec::new(),
             acks: Vec::new(),
             poll_scratch: Vec::new(),
+            ready: Vec::new(),
+            timers_from: Duration::MAX,
             check_icrc: config.check_icrc,
             ipv4_header_rebuilt: config.ipv4_header_rebuilt,
             unknown_ipv4: crate::wire::icrc::UnknownIpv4Fields::new(),
@@ -642,6 +652,7 @@ impl Device {
             QpState::Err if cur != QpState::Err => qp.enter_error(),
             s => qp.state = s,
         }
+        eng.mark_ready(qpn);
         drop(eng);
         self.kick();
         Ok(())
@@ -680,12 +691,30 @@ impl Engine {
         id
     }
 
+    /// When `poll` next has timers to run (possibly earlier than any QP's deadline, never
+    /// later).
     fn next_deadline(&self) -> Option<Duration> {
-        self.qps
-            .values()
-            .flat_map(|q| [q.comp.deadline, q.req.rnr_deadline])
+        (self.timers_from != Duration::MAX).then_some(self.timers_from)
+    }
+
+    /// Puts QP `qpn` on the ready list, once.
+    pub(crate) fn mark_ready(&mut self, qpn: u32) {
+        if let Some(qp) = self.qps.get_mut(&qpn) {
+            if !qp.ready {
+                qp.ready = true;
+                self.ready.push(qpn);
+            }
+        }
+    }
+
+    /// Lowers [`Engine::timers_from`] to `qp`'s deadlines.
+    pub(crate) fn note_timers(&mut self, qp: &QpCtx) {
+        for d in [qp.comp.deadline, qp.req.rnr_deadline]
+            .into_iter()
             .flatten()
-            .min()
+        {
+            self.timers_from = self.timers_from.min(d);
+        }
     }
 
     fn has_work(&self) -> bool {
@@ -899,6 +928,7 @@ impl Pd {
             req: Default::default(),
             comp: Default::default(),
             resp: Default::default(),
+            ready: false,
         };
         eng.qps.insert(qpn, Box::new(ctx));
         dev.inner.live_qps.fetch_add(1, Ordering::AcqRel);
@@ -1272,6 +1302,7 @@ impl Qp {
             qp.flush();
             return Ok(());
         }
+        eng.mark_ready(self.qpn);
         drop(eng);
         self.dev.kick();
         Ok(())

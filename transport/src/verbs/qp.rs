@@ -243,6 +243,8 @@ pub(crate) struct QpCtx {
     pub req: ReqState,
     pub comp: CompState,
     pub resp: RespState,
+    /// On the engine's ready list ([`crate::verbs::device::Engine::mark_ready`]).
+    pub ready: bool,
 }
 
 impl QpCtx {
