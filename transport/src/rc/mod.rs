@@ -505,25 +505,26 @@ impl Engine {
         let mut qpns = std::mem::take(&mut self.poll_scratch);
         qpns.clear();
         if now >= self.timers_from {
-            // Every QP with a deadline is visited; the pass makes `timers_from` exact again.
+            // Every running QP is visited, so every QP with a deadline: the pass makes
+            // `timers_from` exact again. QPs that are not running have nothing to do (and are
+            // not taken out of the table).
             self.timers_from = Duration::MAX;
-            // QPs that are not running have nothing to do (and are not taken out of the
-            // table).
+            for qpn in self.ready.drain(..) {
+                if let Some(qp) = self.qps.get_mut(&qpn) {
+                    qp.ready = false;
+                }
+            }
             qpns.extend(self.qps.iter().filter_map(|(n, q)| {
                 (!matches!(q.state, QpState::Reset | QpState::Err | QpState::Init)).then_some(*n)
             }));
-            // The ready ones that are not running still get their flag cleared.
-            qpns.append(&mut self.ready);
         } else {
             qpns.append(&mut self.ready);
         }
         for &qpn in &qpns {
             if let Some(mut qp) = self.qps.remove(&qpn) {
                 let queued = self.tx.queue.len();
-                if qp.ready || !matches!(qp.state, QpState::Reset | QpState::Err | QpState::Init) {
-                    qp.ready = false;
-                    poll_qp(self, &mut qp, now);
-                }
+                qp.ready = false;
+                poll_qp(self, &mut qp, now);
                 self.note_timers(&qp);
                 // A QP that sent may have more to send (its budget or the transmit queue
                 // stopped it); one that could not send for want of room must try again.
