@@ -1069,6 +1069,7 @@ async fn full_feature(
     mut buf: BytesMut,
 ) {
     let p = &session.params;
+    session.watch_peer(&stream);
     let (mut rd, wr) = stream.into_split();
     let driver = Arc::new(TcpDriver {
         out: Outbox {

@@ -5,6 +5,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
@@ -389,6 +390,9 @@ pub struct Session {
     ending: AtomicBool,
     /// `end` has finished: the devices know the nexus is gone.
     ended: AtomicBool,
+    /// A duplicate of the TCP connection's socket while it serves the session, for
+    /// [`Session::peer_closed`]; `end` drops it.
+    peer_socket: Mutex<Option<OwnedFd>>,
 }
 
 impl std::fmt::Debug for Session {
@@ -493,6 +497,7 @@ impl Session {
             created: Instant::now(),
             ending: AtomicBool::new(false),
             ended: AtomicBool::new(false),
+            peer_socket: Mutex::new(None),
             params: s.params,
         }
     }
@@ -599,12 +604,50 @@ impl Session {
         out
     }
 
+    /// Keeps a duplicate of the socket that serves this session (TCP), so that
+    /// [`Session::peer_closed`] can look at it from another connection's task.
+    pub fn watch_peer(&self, socket: impl AsFd) {
+        if let Ok(fd) = socket.as_fd().try_clone_to_owned() {
+            *lock(&self.peer_socket) = Some(fd);
+        }
+    }
+
+    /// Whether the initiator closed (or reset) the session's TCP connection although its
+    /// task has not seen it yet: the end of the stream (or an error) is all that is left to
+    /// read. False for sessions on other transports, and while data is still queued.
+    pub fn peer_closed(&self) -> bool {
+        let guard = lock(&self.peer_socket);
+        let Some(fd) = guard.as_ref() else {
+            return false;
+        };
+        let mut byte = 0u8;
+        // SAFETY: recv(2) with MSG_PEEK writes at most one byte into `byte`, which lives for
+        // the call; `fd` is a socket this session owns a duplicate of.
+        let n = unsafe {
+            libc::recv(
+                fd.as_raw_fd(),
+                (&mut byte as *mut u8).cast(),
+                1,
+                libc::MSG_PEEK | libc::MSG_DONTWAIT,
+            )
+        };
+        match n {
+            0 => true,
+            n if n > 0 => false,
+            _ => !matches!(
+                std::io::Error::last_os_error().kind(),
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted
+            ),
+        }
+    }
+
     /// Ends the session after its last connection is gone: aborts and waits for tasks,
     /// reports the nexus loss to every device and leaves the session table.
     pub async fn end(self: &Arc<Self>) {
         if self.ending.swap(true, Ordering::AcqRel) {
             return;
         }
+        lock(&self.peer_socket).take();
         self.request_close(CloseReason::Normal);
         let tasks = self.tasks.abort_all();
         for d in self.devices() {
@@ -762,6 +805,15 @@ impl SessionTable {
                     && s.session_type == kind
             })
             .cloned()
+    }
+
+    /// The sessions of initiator `initiator`.
+    pub fn of_initiator(&self, initiator: &str) -> Vec<Arc<Session>> {
+        lock(&self.sessions)
+            .values()
+            .filter(|s| s.params.initiator_name == initiator)
+            .cloned()
+            .collect()
     }
 
     /// Creates a session with a fresh non-zero TSIH; `None` when the table is full.

@@ -22,6 +22,16 @@ pub const MAX_SESSIONS: usize = 4096;
 /// How long a reinstatement waits for the old session to end.
 const REINSTATE_WAIT: Duration = Duration::from_secs(10);
 
+/// Waits up to [`REINSTATE_WAIT`] for `old` to end (its devices told of the nexus loss);
+/// whether it did.
+async fn wait_ended(old: &Session) -> bool {
+    let deadline = tokio::time::Instant::now() + REINSTATE_WAIT;
+    while !old.has_ended() && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    old.has_ended()
+}
+
 /// State shared by every connection driver of a server (TCP and iSER).
 pub struct ServerShared {
     pub registry: Arc<Registry>,
@@ -81,17 +91,23 @@ impl ServerShared {
             return Err(status::SERVICE_UNAVAILABLE);
         }
         let target_name = o.params.target_name.clone();
+        // An initiator that dropped a connection and logs in again must not meet what its
+        // old nexus held (a PREVENT, an SPC-2 reservation) because that connection's task has
+        // not yet read the end of its stream: sessions of this initiator whose peer is gone
+        // end first.
+        for old in self.sessions.of_initiator(&o.initiator_name) {
+            if old.peer_closed() {
+                old.request_close(CloseReason::Normal);
+                wait_ended(&old).await;
+            }
+        }
         if let Some(old) =
             self.sessions
                 .find(&o.initiator_name, &o.isid, &target_name, o.session_type)
         {
             tracing::info!(tsih = old.tsih, initiator = %o.initiator_name, "reinstating iSCSI session");
             old.request_close(CloseReason::Reinstated);
-            let deadline = tokio::time::Instant::now() + REINSTATE_WAIT;
-            while !old.has_ended() && tokio::time::Instant::now() < deadline {
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-            if !old.has_ended() {
+            if !wait_ended(&old).await {
                 tracing::warn!(tsih = old.tsih, "old session did not end in time");
                 return Err(status::SERVICE_UNAVAILABLE);
             }
