@@ -13,8 +13,8 @@
 #
 # The RDMA initiators poll their device for --poll microseconds (default 1000) after a datagram
 # moved before they sleep, as RDMA consumers poll their completion queues; the TCP initiator
-# sleeps at once, which measures faster for it here than polling (its receive work is the
-# kernel's, and a polling initiator takes CPU from it and from rtgtd). `--poll 0` runs all three
+# sleeps at once (its receive work is the kernel's: polling gave it -11% to +15% here, and a
+# polling initiator takes CPU from the kernel and from rtgtd). `--poll 0` runs all three
 # without polling.
 #
 # Usage: tests/bench/fabrics.sh [--seconds N] [--size MiB] [--poll MICROS]
