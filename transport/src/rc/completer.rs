@@ -263,22 +263,25 @@ fn comp_wqe(qp: &mut QpCtx, now: Duration) {
     }
     let last = wqe.last_psn;
     wqe.state = WqeState::Done(WcStatus::Success);
-    let next = psn_add(last, 1);
-    let acked = psn_diff(next, qp.comp.psn);
-    if acked > 0 {
-        qp.comp.psn = next;
-        window::grow(qp, acked as u32);
-    }
+    acknowledge(qp, psn_add(last, 1));
     reset_retry(qp, now);
 }
 
 fn advance_psn(qp: &mut QpCtx, psn: u32, now: Duration) {
+    if acknowledge(qp, psn) {
+        reset_retry(qp, now);
+    }
+}
+
+/// Everything before `psn` is acknowledged: moves the oldest unacknowledged PSN there and
+/// grows the window by what that acknowledges; false if `psn` is not beyond it.
+fn acknowledge(qp: &mut QpCtx, psn: u32) -> bool {
     let acked = psn_diff(psn, qp.comp.psn);
     if acked > 0 {
         qp.comp.psn = psn;
         window::grow(qp, acked as u32);
-        reset_retry(qp, now);
     }
+    acked > 0
 }
 
 /// Progress: fresh retry budgets and a fresh timer.
