@@ -186,7 +186,7 @@ impl Bed {
         if qp
             .post_recv(RecvWr {
                 wr_id,
-                sg_list: vec![self.mr.sge(off, RECV_LEN)],
+                sg_list: self.mr.sge(off, RECV_LEN).into(),
             })
             .is_ok()
         {

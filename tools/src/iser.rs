@@ -132,7 +132,7 @@ impl IserTransport {
                 length: len,
                 access: access | Access::LOCAL_WRITE,
             }),
-            Vec::new(),
+            rtgt_transport::verbs::SgList::new(),
             Hold::Mr(mr.clone()),
             false,
         )?;

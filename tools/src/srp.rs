@@ -337,7 +337,7 @@ impl Initiator {
         let len = self.login.max_ti_iu_len.max(64);
         self.qp.post_recv(RecvWr {
             wr_id: u64::from(slot),
-            sg_list: vec![self.recv_mr.sge(slot as usize * len as usize, len)],
+            sg_list: self.recv_mr.sge(slot as usize * len as usize, len).into(),
         })
     }
 
@@ -443,7 +443,7 @@ impl Initiator {
             let mr = self
                 .pd
                 .reg_mr(Arc::new(Region::from_vec(iu)), Access::LOCAL_WRITE)?;
-            let wr = SendWr::new(id, SendOp::Send, vec![mr.sge(0, len)]);
+            let wr = SendWr::new(id, SendOp::Send, mr.sge(0, len));
             lock(&self.inner).send_mrs.insert(id, mr);
             wr
         };

@@ -120,7 +120,7 @@ fn run(kind: Kind, size: usize, mtu: Mtu, secs: f64) -> f64 {
             Kind::Send => {
                 b.qp.post_recv(RecvWr {
                     wr_id: n,
-                    sg_list: vec![b.mr.sge(off, size as u32)],
+                    sg_list: b.mr.sge(off, size as u32).into(),
                 })
                 .unwrap();
                 SendOp::Send

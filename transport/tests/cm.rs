@@ -100,7 +100,7 @@ async fn send_checked(a: &Ulp, b: &Ulp, len: usize, seed: u8) {
     a.region.write(BUF, &data);
     b.qp.post_recv(RecvWr {
         wr_id: 7,
-        sg_list: vec![b.mr.sge(0, BUF as u32)],
+        sg_list: b.mr.sge(0, BUF as u32).into(),
     })
     .unwrap();
     a.qp.post_send(SendWr::new(
@@ -1018,7 +1018,7 @@ async fn first_packet_establishes_without_rtu() {
     ub.qp
         .post_recv(RecvWr {
             wr_id: 5,
-            sg_list: vec![ub.mr.sge(0, BUF as u32)],
+            sg_list: ub.mr.sge(0, BUF as u32).into(),
         })
         .unwrap();
     let (ca, cb) = tokio::join!(

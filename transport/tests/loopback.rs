@@ -134,7 +134,7 @@ fn send_wr(id: u64, op: SendOp, sge: Sge) -> SendWr {
 fn post_recv(s: &Side, id: u64, off: usize, len: u32) {
     s.qp.post_recv(RecvWr {
         wr_id: id,
-        sg_list: vec![s.mr.sge(off, len)],
+        sg_list: s.mr.sge(off, len).into(),
     })
     .unwrap();
 }
@@ -567,7 +567,7 @@ fn flush_on_error_and_post_in_error() {
 fn post_validation() {
     let p = pair(Mtu::Mtu1024);
     let qp = &p.a.qp;
-    let many = (0..5).map(|i| p.a.mr.sge(i * 8, 8)).collect();
+    let many: Vec<_> = (0..5).map(|i| p.a.mr.sge(i * 8, 8)).collect();
     assert_eq!(
         qp.post_send(SendWr::new(1, SendOp::Send, many))
             .unwrap_err(),
@@ -688,14 +688,14 @@ fn srq_shared_by_two_qps() {
     for i in 0..4 {
         srq.post_recv(RecvWr {
             wr_id: 100 + i,
-            sg_list: vec![p.b.mr.sge(i as usize * 4096, 4096)],
+            sg_list: p.b.mr.sge(i as usize * 4096, 4096).into(),
         })
         .unwrap();
     }
     assert!(qb2
         .post_recv(RecvWr {
             wr_id: 1,
-            sg_list: vec![]
+            sg_list: Default::default()
         })
         .is_err());
     p.a.region.write(0, b"via srq");
@@ -755,7 +755,7 @@ fn ud_and_gsi() {
     }
     gb.post_recv(RecvWr {
         wr_id: 1,
-        sg_list: vec![mrb.sge(0, 40 + 256)],
+        sg_list: mrb.sge(0, 40 + 256).into(),
     })
     .unwrap();
     ra.write(0, &[0x01; 256]);
@@ -998,7 +998,7 @@ fn cq_overflow_raises_event() {
         post_recv(&p.a, i, 0, 8);
         qp.post_recv(RecvWr {
             wr_id: i,
-            sg_list: vec![p.a.mr.sge(0, 8)],
+            sg_list: p.a.mr.sge(0, 8).into(),
         })
         .unwrap();
     }
@@ -1138,7 +1138,7 @@ async fn async_runner_over_faulty_loopback() {
     ra.write(0, &data);
     qpb.post_recv(RecvWr {
         wr_id: 1,
-        sg_list: vec![mrb.sge(0, 1 << 20)],
+        sg_list: mrb.sge(0, 1 << 20).into(),
     })
     .unwrap();
     qpa.post_send(send_wr(1, SendOp::Send, mra.sge(0, 1 << 20)))
@@ -1183,7 +1183,7 @@ fn late_ack_after_timeout_completes_the_send() {
     connect_qp(&qpb, ip(1), qpa.qpn(), Mtu::Mtu1024, 200, 100);
     qpb.post_recv(RecvWr {
         wr_id: 1,
-        sg_list: vec![mrb.sge(0, 8192)],
+        sg_list: mrb.sge(0, 8192).into(),
     })
     .unwrap();
     qpa.post_send(send_wr(7, SendOp::Send, mra.sge(0, 3000)))

@@ -198,7 +198,7 @@ fn unacked_window_grows_with_acks_and_halves_on_loss() {
     let (a, b) = ends(Mtu::Mtu256, 4);
     b.qp.post_recv(RecvWr {
         wr_id: 9,
-        sg_list: vec![b.mr.sge(0, 256 * 1000)],
+        sg_list: b.mr.sge(0, 256 * 1000).into(),
     })
     .unwrap();
     a.qp.post_send(SendWr::new(1, SendOp::Send, vec![a.mr.sge(0, 256 * 1000)]))
@@ -522,7 +522,7 @@ fn rnr_nak_on_the_wire() {
     assert_eq!(again, pkts, "resent after the RNR timer");
     b.qp.post_recv(RecvWr {
         wr_id: 5,
-        sg_list: vec![b.mr.sge(0, 64)],
+        sg_list: b.mr.sge(0, 64).into(),
     })
     .unwrap();
     b.dev.receive(&again[0], Duration::ZERO);
@@ -580,7 +580,7 @@ fn ud_qkey_mismatch_is_dropped() {
     for _ in 0..2 {
         qpb.post_recv(RecvWr {
             wr_id: 1,
-            sg_list: vec![mrb.sge(0, 1024)],
+            sg_list: mrb.sge(0, 1024).into(),
         })
         .unwrap();
     }

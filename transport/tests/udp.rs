@@ -118,7 +118,7 @@ async fn rc_over_udp(packet_rx: bool, base: u8) {
     ra.write(0, &data);
     qpb.post_recv(RecvWr {
         wr_id: 1,
-        sg_list: vec![mrb.sge(0, 200_000)],
+        sg_list: mrb.sge(0, 200_000).into(),
     })
     .unwrap();
     qpa.post_send(SendWr::new(1, SendOp::Send, vec![mra.sge(0, 100_000)]))

@@ -33,7 +33,7 @@ use bytes::Bytes;
 use rtgt_backstore::IoBuf;
 use rtgt_transport::verbs::{
     Access, Cq, Mr, Pd, Qp, QpAttr, QpAttrMask, QpInitAttr, QpState, QpType, RecvWr, Region,
-    SendOp, SendWr, Sge, VerbsError, WcOpcode, WcStatus, WorkCompletion,
+    SendOp, SendWr, SgList, Sge, VerbsError, WcOpcode, WcStatus, WorkCompletion,
 };
 use tokio::sync::{oneshot, Notify, Semaphore};
 use tokio::time::Instant;
@@ -132,7 +132,7 @@ impl Endpoint {
         let len = self.rings.recv_slot_len;
         self.qp.post_recv(RecvWr {
             wr_id: slot as u64,
-            sg_list: vec![self.recv_mr.sge(slot as usize * len, len as u32)],
+            sg_list: self.recv_mr.sge(slot as usize * len, len as u32).into(),
         })
     }
 
@@ -196,6 +196,8 @@ impl Ops {
 pub enum Hold {
     None,
     Buf(#[allow(dead_code)] Arc<IoBuf>),
+    /// A buffer only this work request uses (no reference count to allocate).
+    OneBuf(#[allow(dead_code)] IoBuf),
     Mr(#[allow(dead_code)] Arc<Mr>),
     Landing(#[allow(dead_code)] Arc<Landing>),
 }
@@ -459,7 +461,7 @@ impl Link {
         let wr = SendWr::new(
             TAG_SLOT | slot as u64,
             op,
-            vec![self.send_mr.sge(start, n as u32)],
+            self.send_mr.sge(start, n as u32),
         );
         if let Some(held) = lock(&self.held).as_mut() {
             if !self.is_closing() {
@@ -490,7 +492,7 @@ impl Link {
     pub fn post_op(
         &self,
         op: SendOp,
-        sg_list: Vec<Sge>,
+        sg_list: SgList,
         hold: Hold,
         want: bool,
     ) -> Result<Option<oneshot::Receiver<WcStatus>>, LinkError> {
@@ -529,11 +531,18 @@ impl Link {
     pub async fn rdma_write(&self, buf: IoBuf, remotes: &[Remote]) -> Result<u32, LinkError> {
         enum Src {
             Pool(Arc<IoBuf>),
+            /// In the slabs and sent by one work request, which holds it alone.
+            PoolOnce(Option<IoBuf>),
             Owned(Arc<Mr>),
         }
         let len = buf.len();
-        let src = if self.pool_sge(&buf, 0, 0).is_some() {
-            Src::Pool(Arc::new(buf))
+        let one_wr = len <= RDMA_CHUNK && remotes.first().is_some_and(|r| r.len as usize >= len);
+        let mut src = if self.pool_sge(&buf, 0, 0).is_some() {
+            if one_wr {
+                Src::PoolOnce(Some(buf))
+            } else {
+                Src::Pool(Arc::new(buf))
+            }
         } else {
             // Outside the slabs: a region that owns the buffer.
             let mr = mem::owned_mr(&self.pd, buf).map_err(|e| {
@@ -548,21 +557,25 @@ impl Link {
             while done < r.len as usize && off < len {
                 let n = RDMA_CHUNK.min(r.len as usize - done).min(len - off);
                 self.sq_credit().await?;
-                let (sge, hold) = match &src {
-                    Src::Pool(b) => match self.pool_sge(b, off, n as u32) {
-                        Some(sge) => (sge, Hold::Buf(b.clone())),
-                        None => {
-                            self.sq.add_permits(1);
-                            return Err(LinkError::Registration);
-                        }
-                    },
-                    Src::Owned(m) => (m.sge(off, n as u32), Hold::Mr(m.clone())),
+                let n32 = n as u32;
+                let sge_hold = match &mut src {
+                    Src::Pool(b) => self
+                        .pool_sge(b, off, n32)
+                        .map(|s| (s, Hold::Buf(b.clone()))),
+                    Src::PoolOnce(b) => b
+                        .take()
+                        .and_then(|b| self.pool_sge(&b, off, n32).map(|s| (s, Hold::OneBuf(b)))),
+                    Src::Owned(m) => Some((m.sge(off, n32), Hold::Mr(m.clone()))),
+                };
+                let Some((sge, hold)) = sge_hold else {
+                    self.sq.add_permits(1);
+                    return Err(LinkError::Registration);
                 };
                 let op = SendOp::RdmaWrite {
                     remote_addr: r.addr.wrapping_add(done as u64),
                     rkey: r.rkey,
                 };
-                self.post_op(op, vec![sge], hold, false)?;
+                self.post_op(op, sge.into(), hold, false)?;
                 done += n;
                 off += n;
             }
@@ -624,7 +637,7 @@ impl Link {
                     remote_addr: r.addr.wrapping_add(done as u64),
                     rkey: r.rkey,
                 };
-                match self.post_op(op, vec![sge], Hold::Landing(landing.clone()), true) {
+                match self.post_op(op, sge.into(), Hold::Landing(landing.clone()), true) {
                     Ok(Some(rx)) => waits.push(rx),
                     Ok(None) => {}
                     Err(e) => {
@@ -907,7 +920,7 @@ mod tests {
             };
             let sge = source_mr.sge(0, 5);
             let done = link
-                .post_op(op, vec![sge], Hold::Mr(source_mr.clone()), true)
+                .post_op(op, sge.into(), Hold::Mr(source_mr.clone()), true)
                 .unwrap()
                 .unwrap();
             let status = tokio::time::timeout(wait, done).await.unwrap().unwrap();

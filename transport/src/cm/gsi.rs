@@ -82,7 +82,7 @@ impl Gsi {
     fn repost(&self, slot: u64) -> Result<(), VerbsError> {
         self.qp.post_recv(RecvWr {
             wr_id: slot,
-            sg_list: vec![self.mr.sge(slot as usize * SLOT, SLOT as u32)],
+            sg_list: self.mr.sge(slot as usize * SLOT, SLOT as u32).into(),
         })
     }
 
@@ -123,7 +123,7 @@ impl Gsi {
         let Ok(ah) = self.dev.create_ah(&self.pd, av) else {
             return false;
         };
-        let mut wr = SendWr::new(0, SendOp::Send, Vec::new());
+        let mut wr = SendWr::new(0, SendOp::Send, crate::verbs::SgList::new());
         wr.flags = SendFlags::INLINE;
         wr.inline_data = mad.to_vec();
         wr.ud = Some(UdDest {

@@ -8,7 +8,7 @@ use std::time::Duration;
 use super::cq::Cq;
 use super::mem::Region;
 use super::types::{
-    Access, AddressVector, Mtu, QpAttrMask as M, QpCap, QpState, QpType, SendWr, Sge, WcStatus,
+    Access, AddressVector, Mtu, QpAttrMask as M, QpCap, QpState, QpType, SendWr, SgList, WcStatus,
     WorkCompletion,
 };
 use crate::ring::Ring;
@@ -113,7 +113,7 @@ pub(crate) struct SendWqe {
 #[derive(Debug, Clone)]
 pub(crate) struct RecvWqe {
     pub wr_id: u64,
-    pub sg_list: Vec<Sge>,
+    pub sg_list: SgList,
     #[allow(dead_code)]
     pub total_len: usize,
 }

@@ -409,12 +409,22 @@ pub struct UdDest {
     pub remote_qkey: u32,
 }
 
+/// The scatter/gather list of a work request: up to two SGEs are held inline, so posting the
+/// usual one-buffer request allocates nothing.
+pub type SgList = smallvec::SmallVec<[Sge; 2]>;
+
+impl From<Sge> for SgList {
+    fn from(sge: Sge) -> SgList {
+        smallvec::smallvec![sge]
+    }
+}
+
 /// A send work request.
 #[derive(Debug, Clone)]
 pub struct SendWr {
     pub wr_id: u64,
     pub op: SendOp,
-    pub sg_list: Vec<Sge>,
+    pub sg_list: SgList,
     pub flags: SendFlags,
     /// Inline data, sent instead of the SGE list when `flags` has INLINE.
     pub inline_data: Vec<u8>,
@@ -423,11 +433,11 @@ pub struct SendWr {
 }
 
 impl SendWr {
-    pub fn new(wr_id: u64, op: SendOp, sg_list: Vec<Sge>) -> SendWr {
+    pub fn new(wr_id: u64, op: SendOp, sg_list: impl Into<SgList>) -> SendWr {
         SendWr {
             wr_id,
             op,
-            sg_list,
+            sg_list: sg_list.into(),
             flags: SendFlags::SIGNALED,
             inline_data: Vec::new(),
             ud: None,
@@ -439,7 +449,7 @@ impl SendWr {
 #[derive(Debug, Clone)]
 pub struct RecvWr {
     pub wr_id: u64,
-    pub sg_list: Vec<Sge>,
+    pub sg_list: SgList,
 }
 
 /// Work completion status (`ib_wc_status`).

@@ -216,7 +216,7 @@ async fn rdma_bw(
                     },
                     Op::Send => SendOp::Send,
                 };
-                a.qp.post_send(SendWr::new(i, op, vec![a.mr.sge(off, size as u32)]))
+                a.qp.post_send(SendWr::new(i, op, a.mr.sge(off, size as u32)))
                     .map_err(err("post send"))
             };
             let run = async {
@@ -265,7 +265,7 @@ fn post_big_recv(b: &End, i: u64) -> Result<()> {
     let off = (i as usize % (REGION / SEND_MAX)) * SEND_MAX;
     b.qp.post_recv(RecvWr {
         wr_id: i,
-        sg_list: vec![b.mr.sge(off, SEND_MAX as u32)],
+        sg_list: b.mr.sge(off, SEND_MAX as u32).into(),
     })
     .map_err(err("post receive"))
 }
@@ -276,7 +276,7 @@ fn send_rtt(rt: &tokio::runtime::Runtime, a: &End, b: &End, size: usize, n: u32)
         for i in 0..64u64 {
             e.qp.post_recv(RecvWr {
                 wr_id: i,
-                sg_list: vec![e.mr.sge(REGION / 2 + i as usize * size, size as u32)],
+                sg_list: e.mr.sge(REGION / 2 + i as usize * size, size as u32).into(),
             })
             .map_err(err("post receive"))?;
         }
@@ -324,7 +324,10 @@ fn send_rtt(rt: &tokio::runtime::Runtime, a: &End, b: &End, size: usize, n: u32)
             // the repost takes one of the 64 slots.
             b.qp.post_recv(RecvWr {
                 wr_id: r,
-                sg_list: vec![b.mr.sge(REGION / 2 + (r as usize % 64) * size, size as u32)],
+                sg_list: b
+                    .mr
+                    .sge(REGION / 2 + (r as usize % 64) * size, size as u32)
+                    .into(),
             })
             .map_err(err("post receive"))?;
             send(b, i)?;
@@ -332,7 +335,10 @@ fn send_rtt(rt: &tokio::runtime::Runtime, a: &End, b: &End, size: usize, n: u32)
             let r = step(a, true).await?;
             a.qp.post_recv(RecvWr {
                 wr_id: r,
-                sg_list: vec![a.mr.sge(REGION / 2 + (r as usize % 64) * size, size as u32)],
+                sg_list: a
+                    .mr
+                    .sge(REGION / 2 + (r as usize % 64) * size, size as u32)
+                    .into(),
             })
             .map_err(err("post receive"))?;
         }

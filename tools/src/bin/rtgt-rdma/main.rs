@@ -505,7 +505,7 @@ fn pingpong(rt: &tokio::runtime::Runtime, a: &PpArgs, qp_type: QpType) -> Result
     for i in 0..depth as u64 {
         qp.post_recv(RecvWr {
             wr_id: i,
-            sg_list: vec![recv_sge(i)],
+            sg_list: recv_sge(i).into(),
         })
         .map_err(err("post receive"))?;
     }
@@ -680,7 +680,7 @@ fn pingpong(rt: &tokio::runtime::Runtime, a: &PpArgs, qp_type: QpType) -> Result
                 pending_recv = false;
                 qp.post_recv(RecvWr {
                     wr_id: i,
-                    sg_list: vec![recv_sge(i)],
+                    sg_list: recv_sge(i).into(),
                 })
                 .map_err(err("post receive"))?;
             }

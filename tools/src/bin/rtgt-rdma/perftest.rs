@@ -234,7 +234,7 @@ pub(crate) fn run_perftest(rt: &tokio::runtime::Runtime, a: &PerftestArgs) -> Re
         for i in 0..recv_slots as u64 {
             qp.post_recv(RecvWr {
                 wr_id: i,
-                sg_list: vec![mr.sge(i as usize * size, size as u32)],
+                sg_list: mr.sge(i as usize * size, size as u32).into(),
             })
             .map_err(err("post receive"))?;
         }
@@ -343,7 +343,7 @@ pub(crate) fn run_perftest(rt: &tokio::runtime::Runtime, a: &PerftestArgs) -> Re
                     let i = wc.wr_id;
                     qp.post_recv(RecvWr {
                         wr_id: i,
-                        sg_list: vec![mr.sge(i as usize * size, size as u32)],
+                        sg_list: mr.sge(i as usize * size, size as u32).into(),
                     })
                     .map_err(err("post receive"))?;
                 }

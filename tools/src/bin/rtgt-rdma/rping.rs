@@ -187,7 +187,7 @@ impl Conn {
         self.qp
             .post_recv(RecvWr {
                 wr_id: 1,
-                sg_list: vec![self.mr.sge(RECV_OFF, INFO_LEN as u32)],
+                sg_list: self.mr.sge(RECV_OFF, INFO_LEN as u32).into(),
             })
             .map_err(err("post receive"))
     }
