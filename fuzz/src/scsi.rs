@@ -90,7 +90,7 @@ impl Lab {
     fn execute(&self, n: u8, cdb: Vec<u8>, data_out: &[u8], expected_in_len: u32) -> Response {
         let nexus = &self.nexuses[usize::from(n % NEXUSES)];
         let cmd = Command {
-            cdb,
+            cdb: cdb.into(),
             data_out: (!data_out.is_empty()).then(|| IoBuf::from_slice(data_out)),
             expected_in_len,
             attr: TaskAttr::Simple,

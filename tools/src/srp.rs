@@ -535,7 +535,7 @@ impl Initiator {
             tag,
             lun: lun_to_bytes(lun),
             task_attr: 0,
-            cdb: cdb.to_vec(),
+            cdb: cdb.into(),
             data_out: DataDesc::None,
             data_in: DataDesc::None,
         };

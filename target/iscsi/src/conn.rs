@@ -528,7 +528,7 @@ impl Conn {
                 me.session.window().finish_task();
             }
         };
-        let mut cdb = c.cdb.to_vec();
+        let mut cdb = rtgt_scsi::CdbBytes::from_slice(&c.cdb);
         let mut bidi = None;
         match Ahs::parse_all(&pdu.ahs) {
             Ok(segs) => {

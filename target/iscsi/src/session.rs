@@ -192,7 +192,7 @@ pub struct Task {
     pub immediate: bool,
     /// Expected read length of a bidirectional command (AHS type 2).
     pub bidi_read_len: Option<u32>,
-    pub cdb: Vec<u8>,
+    pub cdb: rtgt_scsi::CdbBytes,
     pub xfer: Mutex<Xfer>,
 }
 
@@ -218,7 +218,7 @@ pub struct TaskHeader {
 
 impl Task {
     /// A task of `h` on `device` (what the session's LUN map holds at its LUN).
-    pub fn new(h: TaskHeader, device: Option<Arc<Device>>, cdb: Vec<u8>) -> Task {
+    pub fn new(h: TaskHeader, device: Option<Arc<Device>>, cdb: rtgt_scsi::CdbBytes) -> Task {
         let lun = rtgt_scsi::lun_from_bytes(&h.lun_bytes);
         Task {
             core: CoreTask::new(u64::from(h.itt), lun, h.attr, device),

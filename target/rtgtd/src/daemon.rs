@@ -273,7 +273,7 @@ mod tests {
 
     fn cmd(cdb: &[u8], in_len: u32) -> Command {
         Command {
-            cdb: cdb.to_vec(),
+            cdb: cdb.into(),
             data_out: None,
             expected_in_len: in_len,
             attr: Default::default(),

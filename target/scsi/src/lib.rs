@@ -93,10 +93,14 @@ pub struct Nexus {
     pub port_group: u16,
 }
 
+/// A CDB as a fabric received it: up to 16 bytes held inline (every fixed-length CDB), so
+/// passing a command on allocates nothing; variable-length and extended CDBs spill to the heap.
+pub type CdbBytes = smallvec::SmallVec<[u8; 16]>;
+
 /// A SCSI command as delivered by a fabric.
 #[derive(Debug)]
 pub struct Command {
-    pub cdb: Vec<u8>,
+    pub cdb: CdbBytes,
     /// Data-out received for the command (length = what the fabric received, at most EDTL).
     /// Commands that move blocks process the whole blocks received (an initiator whose
     /// expected length is shorter than the CDB's gets only those written, as iSCSI

@@ -220,7 +220,7 @@ mod tests {
     #[test]
     fn unmapped_answers() {
         let mk = |cdb: Vec<u8>| Command {
-            cdb,
+            cdb: cdb.into(),
             data_out: None,
             expected_in_len: 255,
             attr: Default::default(),

@@ -148,7 +148,7 @@ async fn run(dev: &Device, n: &Nexus, cdb: &[u8], out: Option<&[u8]>, edtl: u32)
     dev.execute(
         n,
         Command {
-            cdb: cdb.to_vec(),
+            cdb: cdb.into(),
             data_out: out.map(IoBuf::from_slice),
             expected_in_len: edtl,
             attr: TaskAttr::Simple,
@@ -387,7 +387,7 @@ async fn capacity_and_luns_changed_ua() {
             &n,
             0,
             Command {
-                cdb: vec![0xa0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0],
+                cdb: [0xa0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0][..].into(),
                 data_out: None,
                 expected_in_len: 256,
                 attr: TaskAttr::Simple,
@@ -2033,7 +2033,7 @@ async fn lun_map_report_luns_and_unmapped() {
                 &n,
                 lun,
                 Command {
-                    cdb,
+                    cdb: cdb.into(),
                     data_out: None,
                     expected_in_len: edtl,
                     attr: TaskAttr::Simple,
@@ -2475,7 +2475,7 @@ async fn sanitize_waits_until_aborted() {
             dev.execute(
                 &n,
                 Command {
-                    cdb: c,
+                    cdb: c.into(),
                     data_out: Some(IoBuf::from_slice(&p)),
                     expected_in_len: 0,
                     attr: TaskAttr::Simple,

@@ -649,7 +649,7 @@ pub struct Cmd {
     /// TASK ATTRIBUTE: 0 simple, 1 head of queue, 2 ordered, 4 ACA.
     pub task_attr: u8,
     /// The CDB: 16 bytes plus the additional CDB bytes.
-    pub cdb: Vec<u8>,
+    pub cdb: rtgt_scsi::CdbBytes,
     pub data_out: DataDesc,
     pub data_in: DataDesc,
 }
@@ -681,7 +681,7 @@ impl Cmd {
         check_opcode(b, opcode::CMD, cmd::LEN)?;
         let fmt = b[cmd::BUF_FMT];
         let add = usize::from(b[cmd::ADD_CDB_LEN] & !3);
-        let mut cdb = b[cmd::CDB].to_vec();
+        let mut cdb = rtgt_scsi::CdbBytes::from_slice(&b[cmd::CDB]);
         cdb.extend_from_slice(b.get(cmd::LEN..cmd::LEN + add).ok_or(IuError::Truncated)?);
         let mut at = cmd::LEN + add;
         let (out_fmt, in_fmt) = (fmt >> 4, fmt & 0xf);
@@ -1030,7 +1030,7 @@ mod tests {
             tag: 1,
             lun: [0; 8],
             task_attr: 0,
-            cdb: vec![0x28; 16],
+            cdb: [0x28; 16][..].into(),
             data_out: DataDesc::None,
             data_in: DataDesc::Indirect {
                 table: DirectBuf {
@@ -1118,7 +1118,7 @@ mod tests {
             tag: 9,
             lun: [0; 8],
             task_attr: 0,
-            cdb: vec![0x2a; 10],
+            cdb: [0x2a; 10][..].into(),
             data_out: DataDesc::Immediate { len: 8 },
             data_in: DataDesc::None,
         };

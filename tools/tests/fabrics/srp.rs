@@ -364,7 +364,7 @@ async fn immediate_data_needs_the_login_grant() {
             let mut c = vec![0u8; 16];
             c[0] = 0x8a;
             c[13] = 1;
-            c
+            c.into()
         },
         data_out: iu::DataDesc::Immediate { len: 512 },
         data_in: iu::DataDesc::None,
@@ -421,7 +421,7 @@ async fn residuals_and_bad_descriptors() {
         tag: 0x99,
         lun: [0; 8],
         task_attr: 0,
-        cdb: cdb.to_vec(),
+        cdb: cdb.into(),
         data_out: iu::DataDesc::None,
         data_in: iu::DataDesc::Indirect {
             table: iu::DirectBuf {
@@ -537,7 +537,7 @@ async fn task_attributes_order_commands() {
             tag,
             lun: [0; 8],
             task_attr,
-            cdb: vec![0u8; 16],
+            cdb: [0u8; 16][..].into(),
             data_out: iu::DataDesc::None,
             data_in: iu::DataDesc::None,
         };
@@ -782,7 +782,7 @@ async fn tags_are_reusable_after_the_response() {
         tag: 0x42,
         lun: [0; 8],
         task_attr: 0,
-        cdb,
+        cdb: cdb.into(),
         data_out: iu::DataDesc::None,
         data_in: iu::DataDesc::Direct(iu::DirectBuf {
             va: mr.iova(),
