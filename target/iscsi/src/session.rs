@@ -924,4 +924,101 @@ mod tests {
         // Short names are padded to the 20-byte minimum.
         assert_eq!(transport_id("a,i,0x1").len(), 24);
     }
+
+    fn setup(initiator: &str) -> SessionSetup {
+        SessionSetup {
+            isid: [0x80, 0, 0, 0, 0, 1],
+            session_type: SessionType::Normal,
+            params: SessionParams {
+                initiator_name: initiator.into(),
+                ..SessionParams::default()
+            },
+            luns: LunMap::default(),
+            exp_cmd_sn: 1,
+            queue_depth: 4,
+            transport: TransportKind::Tcp,
+            peer: "127.0.0.1:1".parse().unwrap(),
+            local: "127.0.0.1:3260".parse().unwrap(),
+            registry: Registry::new(),
+            pool: BufPool::new(1 << 20),
+            nopin_interval: 0,
+            nopin_timeout: 0,
+            busy_poll_micros: 0,
+            zero_copy_reads: false,
+        }
+    }
+
+    /// What a login checks of the other sessions of its initiator: a session whose TCP peer
+    /// closed or reset its connection shows it before its own task reads the end of stream,
+    /// and not while bytes are still queued or the connection is open.
+    #[tokio::test]
+    async fn a_session_sees_its_peer_gone_before_its_task_does() {
+        use std::io::Write;
+        let table = SessionTable::new(8);
+        let a = table.create(setup("iqn.2025-01.test:a")).unwrap();
+        let b = table.create(setup("iqn.2025-01.test:b")).unwrap();
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (served, _) = listener.accept().unwrap();
+        // No socket watched (iSER, or before full feature phase): never "closed".
+        assert!(!a.peer_closed());
+        a.watch_peer(&served);
+        assert!(!a.peer_closed(), "open and idle");
+        client.write_all(b"x").unwrap();
+        client.flush().unwrap();
+        assert!(!a.peer_closed(), "a byte is queued");
+        drop(client);
+        // The FIN is behind the queued byte: still data to read.
+        assert!(!a.peer_closed());
+        let mut one = [0u8; 1];
+        std::io::Read::read_exact(&mut &served, &mut one).unwrap();
+        assert!(
+            eventually(|| a.peer_closed()).await,
+            "end of stream is all that is left"
+        );
+        assert!(!b.peer_closed(), "b watches no socket yet");
+        let mine = table.of_initiator("iqn.2025-01.test:a");
+        assert_eq!(mine.len(), 1);
+        assert_eq!(mine[0].tsih, a.tsih);
+        assert!(table.of_initiator("iqn.2025-01.test:c").is_empty());
+
+        // A reset (SO_LINGER 0) reads as an error, which counts as gone too.
+        let client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (served, _) = listener.accept().unwrap();
+        b.watch_peer(&served);
+        let sock = socket_linger_zero(client);
+        drop(sock);
+        assert!(eventually(|| b.peer_closed()).await, "reset");
+    }
+
+    /// Whether `f` holds within a second (the kernel delivers a FIN or RST asynchronously).
+    async fn eventually(f: impl Fn() -> bool) -> bool {
+        for _ in 0..100 {
+            if f() {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        f()
+    }
+
+    fn socket_linger_zero(s: std::net::TcpStream) -> std::net::TcpStream {
+        let l = libc::linger {
+            l_onoff: 1,
+            l_linger: 0,
+        };
+        // SAFETY: setsockopt reads `size_of::<linger>()` bytes from `l`, which lives for the
+        // call; the descriptor is the open socket `s` owns.
+        let r = unsafe {
+            libc::setsockopt(
+                s.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_LINGER,
+                (&l as *const libc::linger).cast(),
+                std::mem::size_of::<libc::linger>() as libc::socklen_t,
+            )
+        };
+        assert_eq!(r, 0);
+        s
+    }
 }
