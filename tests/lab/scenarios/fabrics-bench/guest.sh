@@ -2,7 +2,10 @@
 # fio over iSCSI/TCP, then iSER, then SRP (ib_srp) against one rtgtd null LUN: four jobs each
 # (4 KiB random read and write at QD32, 128 KiB sequential read and write at QD8), timed, raw
 # device, libaio with O_DIRECT; each job is framed by events so that the host can take rtgtd's
-# CPU time over it. The figures go to $LAB_OUT/bench.txt, one line per job.
+# CPU time over it. The figures go to $LAB_OUT/bench.txt, one line per job. Then, rtgtd
+# stopped, the guest's rxe alone: ib_read_bw and ib_write_bw (128 KiB messages) against
+# `rtgt-rdma perftest` on the host, the ceiling of what the guest's rxe receives and sends
+# with no SCSI on top; their figures go to $LAB_OUT/ceiling.txt.
 set -euo pipefail
 portal=$LAB_HOST_IP
 node=(-m node -T "$TARGET_IQN" -p "$portal")
@@ -71,4 +74,26 @@ lab_srp_add_target "$SRP_TARGET" || lab_fail "add_target failed"
 dev=$(lab_wwn_disk "$DISK_WWN" 60) || lab_fail "no SRP disk with WWN $DISK_WWN"
 bench srp "$dev"
 lab_srp_remove_all || lab_fail "remote port not deleted"
+
+lab_step "rxe0 alone: ib_read_bw and ib_write_bw, $CEILING_SIZE bytes"
+lab_signal ceiling
+for t in read write; do
+    lab_wait "host-ready-$t" 120 || lab_fail "the host did not start rtgt-rdma perftest ($t)"
+    log=$LAB_OUT/ib_${t}_bw.log
+    ok=0
+    for ((try = 0; try < 20; try++)); do
+        if timeout 300 "ib_${t}_bw" -d rxe0 -x 1 -F -n "$CEILING_ITERS" -s "$CEILING_SIZE" \
+            --report_gbits "$portal" >"$log" 2>&1; then
+            ok=1
+            break
+        fi
+        grep -q "Couldn't connect\|Unable to open file descriptor" "$log" || break
+        sleep 0.5
+    done
+    cat "$log"
+    [[ $ok == 1 ]] || lab_fail "ib_${t}_bw failed"
+    mbs=$(awk -v s="$CEILING_SIZE" '$1 == s { printf "%.1f", $4 * 1000 / 8; found = 1 }
+        END { exit !found }' "$log") || lab_fail "ib_${t}_bw: no result line for $CEILING_SIZE bytes"
+    echo "$t $mbs" | tee -a "$LAB_OUT/ceiling.txt"
+done
 lab_step "fabrics-bench done"

@@ -1,13 +1,18 @@
 # shellcheck shell=bash
 # Host side of fabrics-bench: rtgtd serving one null LUN over iSCSI/TCP, iSER and SRP on the
 # tap address; while the guest runs each fio job, rtgtd's CPU time is taken from /proc, and at
-# the end the guest's figures and the CPU time make one table with the ratios to TCP.
+# the end the guest's figures and the CPU time make one table with the ratios to TCP. Then
+# rtgtd stops and `rtgt-rdma perftest` serves the guest's ib_read_bw and ib_write_bw, the
+# guest's rxe alone, for the ratios of the 128 KiB rows to what that rxe moves at all.
 
 RTGT_IQN=iqn.2025-01.io.rtgt.lab:bench
 BENCH_WWN=6001405aabbccdd0011223344556677b
 # Seconds per fio job (3 fabrics x 4 jobs).
 BENCH_SECONDS=${LAB_BENCH_SECONDS:-10}
 BENCH_JOBS=12
+# The rxe ceiling: message size and iterations of ib_read_bw / ib_write_bw.
+CEILING_SIZE=131072
+CEILING_ITERS=${LAB_CEILING_ITERS:-400}
 
 rtgtd_pid() { awk '$2 == "rtgtd" { p = $1 } END { print p }' "$LAB_WORK/daemons"; }
 # CPU time rtgtd has used so far, in clock ticks (user + system, all threads).
@@ -15,6 +20,12 @@ rtgtd_ticks() { awk '{ print $14 + $15 }' "/proc/$(rtgtd_pid)/stat"; }
 
 host_setup() {
     [[ -x ${RTGTD:-} ]] || lab_skip "RTGTD does not name the rtgtd binary"
+    RTGT_RDMA=${RTGT_RDMA:-$(dirname "$RTGTD")/rtgt-rdma}
+    [[ -x $RTGT_RDMA ]] || {
+        echo "no rtgt-rdma next to rtgtd (set RTGT_RDMA) for the rxe ceiling"
+        return 1
+    }
+    echo "RTGT_RDMA=$RTGT_RDMA" >"$LAB_WORK/rtgt-rdma.env"
     cat >"$LAB_WORK/rtgt.yaml" <<YAML
 backstores:
   - {name: null, type: null, size: 1GiB, block_size: 512, wwn: $BENCH_WWN}
@@ -45,7 +56,7 @@ YAML
     local add
     add=$(lab_rtgtd_add_target rtgtd.log "$LAB_HOST_IP:5555" 30) || return 1
     lab_guest_export TARGET_IQN="$RTGT_IQN" SRP_TARGET="$add" DISK_WWN="$BENCH_WWN" \
-        BENCH_SECONDS="$BENCH_SECONDS"
+        BENCH_SECONDS="$BENCH_SECONDS" CEILING_SIZE="$CEILING_SIZE" CEILING_ITERS="$CEILING_ITERS"
 }
 
 host_run() {
@@ -57,11 +68,28 @@ host_run() {
         lab_wait "end-$n" 600 || return 1
         echo "$n $(($(rtgtd_ticks) - t0))" >>"$LAB_WORK/cpu.txt"
     done
+    # The rxe ceiling needs UDP 4791 of the host address: rtgtd, alive through every job,
+    # makes way for rtgt-rdma perftest.
+    lab_wait ceiling 600 || return 1
+    lab_daemon_alive rtgtd || { echo "rtgtd died"; return 1; }
+    lab_stop_daemon rtgtd 10
+    # shellcheck source=/dev/null
+    source "$LAB_WORK/rtgt-rdma.env"
+    local t status
+    for t in read write; do
+        lab_start_daemon "perftest-$t" "$RTGT_RDMA" perftest --test "$t" --local "$LAB_HOST_IP" \
+            -s "$CEILING_SIZE" -m 4096 --eth-mtu "$LAB_MTU" --timeout 240
+        lab_signal "host-ready-$t"
+        status=$(lab_daemon_status "perftest-$t" 260) || {
+            echo "rtgt-rdma perftest ($t) did not finish"
+            return 1
+        }
+        ((status == 0)) || { echo "rtgt-rdma perftest ($t) failed with status $status"; return 1; }
+    done
 }
 
 host_check() {
-    lab_daemon_alive rtgtd || { echo "rtgtd died"; return 1; }
-    if grep -E 'panicked|ERROR' "$LAB_RESULTS"/rtgtd*.log; then
+    if grep -E 'panicked|ERROR' "$LAB_RESULTS"/rtgtd*.log "$LAB_RESULTS"/perftest-*.log; then
         echo "rtgtd logged errors"
         return 1
     fi
@@ -93,4 +121,22 @@ host_check() {
                     (tiops[k] > 0 ? iops[i] / tiops[k] : 0), (tcpg[k] > 0 ? cpg[i] / tcpg[k] : 0)
             }
         }' "$LAB_WORK/cpu.txt" "$figures" | while IFS= read -r line; do lab_report "$line"; done
+    # The 128 KiB rows against the guest's rxe alone: reads move data to the guest (as
+    # ib_read_bw does), writes from it (as ib_write_bw does).
+    local ceiling=$LAB_SHARE/out/ceiling.txt
+    [[ $(wc -l <"$ceiling" 2>/dev/null) == 2 ]] || {
+        echo "the guest reported no rxe ceiling"
+        return 1
+    }
+    awk 'NR == FNR { c[$1] = $2; next }
+        $3 ~ /^(read|write)-128k/ { split($3, w, "-"); m[$2 " " w[1]] = $5 }
+        END {
+            printf "guest rxe alone (ib_*_bw, 128 KiB): receives %.1f MB/s, sends %.1f MB/s\n", c["read"], c["write"]
+            split("tcp iser srp", fabs, " "); split("read write", dirs, " ")
+            for (i = 1; i <= 3; i++) for (j = 1; j <= 2; j++) {
+                f = fabs[i] " " dirs[j]
+                if ((f in m) && c[dirs[j]] > 0)
+                    printf "  %-5s 128 KiB %-5s %6.1f MB/s = %4.2fx of the rxe alone\n", fabs[i], dirs[j], m[f], m[f] / c[dirs[j]]
+            }
+        }' "$ceiling" "$figures" | while IFS= read -r line; do lab_report "$line"; done
 }
