@@ -155,3 +155,20 @@ lab_rping() {
     fi
     return "$status"
 }
+
+# lab_perftest LOG CMD...: run a perftest client (CMD) into LOG, retrying while its server on
+# the host is not yet listening; prints LOG; fails if the client failed.
+lab_perftest() {
+    local log=$1 try
+    shift
+    for ((try = 0; try < 20; try++)); do
+        if timeout 300 "$@" >"$log" 2>&1; then
+            cat "$log"
+            return 0
+        fi
+        grep -q "Couldn't connect\|Unable to open file descriptor" "$log" || break
+        sleep 0.5
+    done
+    cat "$log"
+    return 1
+}

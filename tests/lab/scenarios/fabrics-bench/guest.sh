@@ -80,18 +80,8 @@ lab_signal ceiling
 for t in read write; do
     lab_wait "host-ready-$t" 120 || lab_fail "the host did not start rtgt-rdma perftest ($t)"
     log=$LAB_OUT/ib_${t}_bw.log
-    ok=0
-    for ((try = 0; try < 20; try++)); do
-        if timeout 300 "ib_${t}_bw" -d rxe0 -x 1 -F -n "$CEILING_ITERS" -s "$CEILING_SIZE" \
-            --report_gbits "$portal" >"$log" 2>&1; then
-            ok=1
-            break
-        fi
-        grep -q "Couldn't connect\|Unable to open file descriptor" "$log" || break
-        sleep 0.5
-    done
-    cat "$log"
-    [[ $ok == 1 ]] || lab_fail "ib_${t}_bw failed"
+    lab_perftest "$log" "ib_${t}_bw" -d rxe0 -x 1 -F -n "$CEILING_ITERS" -s "$CEILING_SIZE" \
+        --report_gbits "$portal" || lab_fail "ib_${t}_bw failed"
     mbs=$(awk -v s="$CEILING_SIZE" '$1 == s { printf "%.1f", $4 * 1000 / 8; found = 1 }
         END { exit !found }' "$log") || lab_fail "ib_${t}_bw: no result line for $CEILING_SIZE bytes"
     echo "$t $mbs" | tee -a "$LAB_OUT/ceiling.txt"

@@ -28,17 +28,7 @@ for t in $PT_TESTS; do
     lab_step "$tool against rtgt"
     lab_wait "host-ready-$t" 300 || lab_fail "the host did not start rtgt-rdma perftest ($t)"
     log=$LAB_OUT/$tool.log
-    ok=0
-    for ((try = 0; try < 20; try++)); do
-        if timeout 300 "$tool" "${perf[@]}" "$LAB_HOST_IP" >"$log" 2>&1; then
-            ok=1
-            break
-        fi
-        grep -q "Couldn't connect\|Unable to open file descriptor" "$log" || break
-        sleep 0.5
-    done
-    cat "$log"
-    [[ $ok == 1 ]] || { dump_state; lab_fail "$tool failed"; }
+    lab_perftest "$log" "$tool" "${perf[@]}" "$LAB_HOST_IP" || { dump_state; lab_fail "$tool failed"; }
     awk -v s="$size" '$1 == s && $2 == '"$iters"' { found = 1 } END { exit !found }' "$log" ||
         lab_fail "$tool: no result line for $size bytes x $iters"
 done
