@@ -3,8 +3,8 @@
 
 use rtgt_transport::wire::cm::{self, AttributeId, CmMessage};
 use rtgt_transport::wire::{
-    cma, datagram, icrc, mad, CmaHdrPacket, CmaHdrRepr, Datagram, EthernetFrame, EthernetRepr,
-    MadPacket, MadRepr, RocePacket, RoceRepr,
+    cma, datagram, icrc, mad, roce, CmaHdrPacket, CmaHdrRepr, Datagram, EthernetFrame,
+    EthernetRepr, MadPacket, MadRepr, RocePacket, RoceRepr,
 };
 
 /// MADs, CM messages and the rdma_cm header from arbitrary bytes: parse, emit, and re-parse to
@@ -140,6 +140,24 @@ fn exercise_packet(bytes: &[u8]) {
     assert_eq!(q.payload(), p.payload());
 }
 
+/// In three parts, as a link hands over a packet whose payload it received in place: the
+/// same lengths and ICRC as whole.
+fn exercise_placed(d: &Datagram<'_>) {
+    let Ok(pkt) = d.roce_packet() else {
+        return;
+    };
+    let (h, end) = (pkt.header_len(), d.roce.len() - roce::ICRC_LEN);
+    if pkt.pad_len() != 0 || h >= end {
+        return;
+    }
+    let rest = [&d.roce[..h], &d.roce[end..]].concat();
+    let head = [d.ip_header, d.udp_header].concat();
+    let p = Datagram::split_placed(&head, &rest, &d.roce[h..end]).expect("placed parts");
+    assert_eq!(p.computed_icrc(), d.computed_icrc());
+    assert_eq!((p.wire_icrc(), p.udp_repr()), (d.wire_icrc(), d.udp_repr()));
+    assert_eq!(p.icrc_covered_len(), d.icrc_covered_len());
+}
+
 fn exercise_datagram(bytes: &[u8]) {
     let _ = icrc::check(bytes);
     // In two parts, as a link hands over what it received in place: the same datagram or
@@ -154,6 +172,7 @@ fn exercise_datagram(bytes: &[u8]) {
     let Ok(d) = Datagram::split(bytes) else {
         return;
     };
+    exercise_placed(&d);
     let udp = d.udp_repr();
     let _ = (d.computed_icrc(), d.wire_icrc());
     exercise_packet(d.roce);

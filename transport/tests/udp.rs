@@ -17,6 +17,87 @@ fn addr(last: u8) -> IpAddr {
     IpAddr::V4(Ipv4Addr::new(127, 0, 0, last))
 }
 
+const ACCESS: Access = Access::LOCAL_WRITE
+    .union(Access::REMOTE_WRITE)
+    .union(Access::REMOTE_READ);
+
+/// Takes `qp` through INIT and RTR to RTS, connected to QP `dest` at `remote`.
+fn connect(qp: &Qp, remote: IpAddr, dest: u32, mtu: Mtu) {
+    use QpAttrMask as M;
+    let mut a = QpAttr {
+        qp_state: Some(QpState::Init),
+        qp_access_flags: Some(ACCESS),
+        port_num: 1,
+        ..Default::default()
+    };
+    qp.modify(&a, M::STATE | M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS)
+        .unwrap();
+    a.qp_state = Some(QpState::Rtr);
+    a.av = AddressVector::new(remote);
+    a.path_mtu = Some(mtu);
+    a.dest_qp_num = dest;
+    a.max_dest_rd_atomic = 4;
+    a.min_rnr_timer = 1;
+    qp.modify(
+        &a,
+        M::STATE
+            | M::AV
+            | M::PATH_MTU
+            | M::DEST_QPN
+            | M::RQ_PSN
+            | M::MAX_DEST_RD_ATOMIC
+            | M::MIN_RNR_TIMER,
+    )
+    .unwrap();
+    a.qp_state = Some(QpState::Rts);
+    a.timeout = 12;
+    a.retry_cnt = 7;
+    a.rnr_retry = 7;
+    a.max_rd_atomic = 4;
+    qp.modify(
+        &a,
+        M::STATE | M::SQ_PSN | M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::MAX_QP_RD_ATOMIC,
+    )
+    .unwrap();
+}
+
+/// Two UDP links on 127.0.0.`base` and 127.0.0.`base + 1`, port 4791 (distinct per test:
+/// tests run in parallel and each binds port 4791; and not 127.0.0.1, where a local rtgtd may
+/// serve); `None` (after skipping, or failing in CI) where they cannot be bound.
+fn bind_pair(base: u8, packet_rx: bool) -> Option<(UdpNetDev, UdpNetDev)> {
+    let bind = |last| {
+        let a = SocketAddr::new(addr(last), 4791);
+        if packet_rx {
+            UdpNetDev::bind_with_packet_rx(a, "lo")
+        } else {
+            UdpNetDev::bind(a)
+        }
+    };
+    match (bind(base), bind(base + 1)) {
+        (Ok(a), Ok(b)) => Some((a, b)),
+        (a, b) => {
+            // Packet sockets need CAP_NET_RAW; CI runs as root, where this must work.
+            skip_or_fail(format!(
+                "cannot bind UDP 4791 on 127.0.0.{base}/{}: {:?} {:?}",
+                base + 1,
+                a.err(),
+                b.err()
+            ));
+            None
+        }
+    }
+}
+
+/// A PD, a CQ, an RC QP on it and a registered region of `len` zero bytes on `d`.
+fn end(d: &Device, len: usize) -> (Pd, Cq, Qp, Arc<Region>, Mr) {
+    let pd = d.alloc_pd().unwrap();
+    let cq = d.create_cq(64).unwrap();
+    let qp = pd.create_qp(QpInitAttr::new(QpType::Rc, &cq, &cq)).unwrap();
+    let region = Arc::new(Region::zeroed(len));
+    let mr = pd.reg_mr(region.clone(), ACCESS).unwrap();
+    (pd, cq, qp, region, mr)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rc_over_udp_sockets() {
     rc_over_udp(false, 11).await;
@@ -28,28 +109,10 @@ async fn rc_over_udp_with_packet_rx() {
     rc_over_udp(true, 13).await;
 }
 
-/// Devices on 127.0.0.`base` and 127.0.0.`base + 1` (distinct per test: tests run in
-/// parallel and each binds port 4791; and not 127.0.0.1, where a local rtgtd may serve).
+/// Devices on 127.0.0.`base` and 127.0.0.`base + 1` ([`bind_pair`]).
 async fn rc_over_udp(packet_rx: bool, base: u8) {
-    let bind = |last| {
-        let a = SocketAddr::new(addr(last), 4791);
-        if packet_rx {
-            UdpNetDev::bind_with_packet_rx(a, "lo")
-        } else {
-            UdpNetDev::bind(a)
-        }
-    };
-    let (na, nb) = match (bind(base), bind(base + 1)) {
-        (Ok(a), Ok(b)) => (a, b),
-        (a, b) => {
-            // Packet sockets need CAP_NET_RAW; CI runs as root, where this must work.
-            return skip_or_fail(format!(
-                "cannot bind UDP 4791 on 127.0.0.{base}/{}: {:?} {:?}",
-                base + 1,
-                a.err(),
-                b.err()
-            ));
-        }
+    let Some((na, nb)) = bind_pair(base, packet_rx) else {
+        return;
     };
     let mk = |last| {
         let mut cfg = DeviceConfig::new("udp", vec![addr(last)]);
@@ -62,58 +125,11 @@ async fn rc_over_udp(packet_rx: bool, base: u8) {
     let (da, db) = (mk(base), mk(base + 1));
     let ta = tokio::spawn(run(da.clone(), na));
     let tb = tokio::spawn(run(db.clone(), nb));
-    let access = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ;
-    let setup = |d: &Device| {
-        let pd = d.alloc_pd().unwrap();
-        let cq = d.create_cq(64).unwrap();
-        let qp = pd.create_qp(QpInitAttr::new(QpType::Rc, &cq, &cq)).unwrap();
-        let region = Arc::new(Region::zeroed(1 << 20));
-        let mr = pd.reg_mr(region.clone(), access).unwrap();
-        (pd, cq, qp, region, mr)
-    };
+    let setup = |d: &Device| end(d, 1 << 20);
     let (_pa, cqa, qpa, ra, mra) = setup(&da);
     let (_pb, cqb, qpb, rb, mrb) = setup(&db);
-    for (qp, remote, dest) in [
-        (&qpa, addr(base + 1), qpb.qpn()),
-        (&qpb, addr(base), qpa.qpn()),
-    ] {
-        use QpAttrMask as M;
-        let mut a = QpAttr {
-            qp_state: Some(QpState::Init),
-            qp_access_flags: Some(access),
-            port_num: 1,
-            ..Default::default()
-        };
-        qp.modify(&a, M::STATE | M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS)
-            .unwrap();
-        a.qp_state = Some(QpState::Rtr);
-        a.av = AddressVector::new(remote);
-        a.path_mtu = Some(Mtu::Mtu1024);
-        a.dest_qp_num = dest;
-        a.max_dest_rd_atomic = 4;
-        a.min_rnr_timer = 1;
-        qp.modify(
-            &a,
-            M::STATE
-                | M::AV
-                | M::PATH_MTU
-                | M::DEST_QPN
-                | M::RQ_PSN
-                | M::MAX_DEST_RD_ATOMIC
-                | M::MIN_RNR_TIMER,
-        )
-        .unwrap();
-        a.qp_state = Some(QpState::Rts);
-        a.timeout = 12;
-        a.retry_cnt = 7;
-        a.rnr_retry = 7;
-        a.max_rd_atomic = 4;
-        qp.modify(
-            &a,
-            M::STATE | M::SQ_PSN | M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::MAX_QP_RD_ATOMIC,
-        )
-        .unwrap();
-    }
+    connect(&qpa, addr(base + 1), qpb.qpn(), Mtu::Mtu1024);
+    connect(&qpb, addr(base), qpa.qpn(), Mtu::Mtu1024);
     let data: Vec<u8> = (0..100_000u32).map(|i| (i * 7) as u8).collect();
     ra.write(0, &data);
     qpb.post_recv(RecvWr {
@@ -194,54 +210,11 @@ async fn rc_over_udp_ipv6_checks_icrc() {
     let (da, db) = (mk(), mk());
     let ta = tokio::spawn(run(da.clone(), na));
     let tb = tokio::spawn(run(db.clone(), nb));
-    let access = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ;
-    let setup = |d: &Device| {
-        let pd = d.alloc_pd().unwrap();
-        let cq = d.create_cq(64).unwrap();
-        let qp = pd.create_qp(QpInitAttr::new(QpType::Rc, &cq, &cq)).unwrap();
-        let region = Arc::new(Region::zeroed(1 << 18));
-        let mr = pd.reg_mr(region.clone(), access).unwrap();
-        (pd, cq, qp, region, mr)
-    };
+    let setup = |d: &Device| end(d, 1 << 18);
     let (_pa, cqa, qpa, ra, mra) = setup(&da);
     let (_pb, _cqb, qpb, rb, mrb) = setup(&db);
-    for (qp, dest) in [(&qpa, qpb.qpn()), (&qpb, qpa.qpn())] {
-        use QpAttrMask as M;
-        let mut a = QpAttr {
-            qp_state: Some(QpState::Init),
-            qp_access_flags: Some(access),
-            port_num: 1,
-            ..Default::default()
-        };
-        qp.modify(&a, M::STATE | M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS)
-            .unwrap();
-        a.qp_state = Some(QpState::Rtr);
-        a.av = AddressVector::new(lo);
-        a.path_mtu = Some(Mtu::Mtu4096);
-        a.dest_qp_num = dest;
-        a.max_dest_rd_atomic = 4;
-        qp.modify(
-            &a,
-            M::STATE
-                | M::AV
-                | M::PATH_MTU
-                | M::DEST_QPN
-                | M::RQ_PSN
-                | M::MAX_DEST_RD_ATOMIC
-                | M::MIN_RNR_TIMER,
-        )
-        .unwrap();
-        a.qp_state = Some(QpState::Rts);
-        a.timeout = 12;
-        a.retry_cnt = 7;
-        a.rnr_retry = 7;
-        a.max_rd_atomic = 4;
-        qp.modify(
-            &a,
-            M::STATE | M::SQ_PSN | M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::MAX_QP_RD_ATOMIC,
-        )
-        .unwrap();
-    }
+    connect(&qpa, lo, qpb.qpn(), Mtu::Mtu4096);
+    connect(&qpb, lo, qpa.qpn(), Mtu::Mtu4096);
     let data: Vec<u8> = (0..50_000u32).map(|i| (i * 13) as u8).collect();
     rb.write(0, &data);
     qpa.post_send(SendWr::new(
@@ -264,6 +237,89 @@ async fn rc_over_udp_ipv6_checks_icrc() {
     ra.read(0, &mut got);
     assert!(got == data);
     assert_eq!(da.stats().rx_bad_icrc, 0);
+    ta.abort();
+    tb.abort();
+}
+
+/// Long RDMA WRITEs and READs (1 MiB at path MTU 4096, as rtgtd runs) arrive intact, with
+/// payloads received straight into registered memory on both sides: the WRITEs' middle and
+/// last packets at the responder, the READ responses at the requester.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn long_messages_are_received_in_place() {
+    const MIB: usize = 1 << 20;
+    let (base, n) = (15u8, 4);
+    let Some((na, nb)) = bind_pair(base, false) else {
+        return;
+    };
+    let mk = |last| {
+        let mut cfg = DeviceConfig::new("udp", vec![addr(last)]);
+        cfg.check_icrc = true;
+        cfg.ipv4_header_rebuilt = true;
+        cfg.eth_mtu = 9000;
+        Device::new(cfg).unwrap()
+    };
+    let (da, db) = (mk(base), mk(base + 1));
+    let ta = tokio::spawn(run(da.clone(), na));
+    let tb = tokio::spawn(run(db.clone(), nb));
+    let setup = |d: &Device| end(d, 2 * n * MIB);
+    let (_pa, cqa, qpa, ra, mra) = setup(&da);
+    let (_pb, _cqb, qpb, rb, mrb) = setup(&db);
+    connect(&qpa, addr(base + 1), qpb.qpn(), Mtu::Mtu4096);
+    connect(&qpb, addr(base), qpa.qpn(), Mtu::Mtu4096);
+    for round in 0..4u32 {
+        let data: Vec<u8> = (0..(n * MIB) as u32)
+            .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8 ^ round as u8)
+            .collect();
+        ra.write(0, &data);
+        // WRITEs of a's first half to b, then READs of them back into a's second half.
+        for k in 0..n {
+            qpa.post_send(SendWr::new(
+                k as u64,
+                SendOp::RdmaWrite {
+                    remote_addr: mrb.iova() + (k * MIB) as u64,
+                    rkey: mrb.rkey(),
+                },
+                vec![mra.sge(k * MIB, MIB as u32)],
+            ))
+            .unwrap();
+        }
+        for k in 0..n {
+            qpa.post_send(SendWr::new(
+                (n + k) as u64,
+                SendOp::RdmaRead {
+                    remote_addr: mrb.iova() + (k * MIB) as u64,
+                    rkey: mrb.rkey(),
+                },
+                vec![mra.sge((n + k) * MIB, MIB as u32)],
+            ))
+            .unwrap();
+        }
+        let mut got = Vec::new();
+        tokio::time::timeout(std::time::Duration::from_secs(30), async {
+            while got.len() < 2 * n {
+                cqa.wait_nonempty().await;
+                got.extend(cqa.poll(16));
+            }
+        })
+        .await
+        .expect("timed out");
+        assert!(got.iter().all(|w| w.status == WcStatus::Success), "{got:?}");
+        let mut check = vec![0u8; n * MIB];
+        rb.read(0, &mut check);
+        assert!(check == data, "round {round}: WRITE data differs");
+        ra.read(n * MIB, &mut check);
+        assert!(check == data, "round {round}: READ data differs");
+    }
+    let (sa, sb) = (da.stats(), db.stats());
+    assert_eq!(sa.rx_bad_icrc + sb.rx_bad_icrc, 0);
+    assert!(
+        sb.rx_placed > 0,
+        "no WRITE packet received in place: {sb:?}"
+    );
+    assert!(
+        sa.rx_placed > 0,
+        "no READ response received in place: {sa:?}"
+    );
     ta.abort();
     tb.abort();
 }

@@ -94,6 +94,8 @@ pub struct RdmaCounters {
     pub rnr_naks_sent: u64,
     /// Datagrams an engine thread received for a QP of another and passed on.
     pub passed_on: u64,
+    /// Received datagrams whose payload the link placed straight into registered memory.
+    pub placed: u64,
     pub cm_events: u64,
 }
 
@@ -140,7 +142,7 @@ async fn apply_live(
 fn render_rdma(devices: &[(String, RdmaCounters)]) -> String {
     let mut out = String::new();
     type Field = fn(&RdmaCounters) -> u64;
-    let families: [(&str, Field); 9] = [
+    let families: [(&str, Field); 10] = [
         ("rtgt_rdma_rx_packets_total", |c| c.rx_packets),
         ("rtgt_rdma_tx_packets_total", |c| c.tx_packets),
         ("rtgt_rdma_rx_dropped_total", |c| c.rx_dropped),
@@ -149,6 +151,7 @@ fn render_rdma(devices: &[(String, RdmaCounters)]) -> String {
         ("rtgt_rdma_naks_sent_total", |c| c.naks_sent),
         ("rtgt_rdma_rnr_naks_sent_total", |c| c.rnr_naks_sent),
         ("rtgt_rdma_passed_on_total", |c| c.passed_on),
+        ("rtgt_rdma_rx_placed_total", |c| c.placed),
         ("rtgt_rdma_cm_events_total", |c| c.cm_events),
     ];
     if devices.is_empty() {
@@ -1047,12 +1050,14 @@ mod tests {
             rx_packets: 10,
             icrc_errors: 2,
             retransmits: 3,
+            placed: 7,
             ..Default::default()
         };
         let text = render_rdma(&[("rtgt0".into(), c)]);
         assert!(text.contains("# TYPE rtgt_rdma_icrc_errors_total counter"));
         assert!(text.contains("rtgt_rdma_rx_packets_total{device=\"rtgt0\"} 10"));
         assert!(text.contains("rtgt_rdma_retransmits_total{device=\"rtgt0\"} 3"));
+        assert!(text.contains("rtgt_rdma_rx_placed_total{device=\"rtgt0\"} 7"));
         assert!(text.contains("rtgt_rdma_rnr_naks_sent_total{device=\"rtgt0\"} 0"));
     }
 }

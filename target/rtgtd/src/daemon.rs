@@ -134,6 +134,7 @@ fn export_rdma_counters(control: &crate::control::DaemonControl, hca: &Arc<Hca>)
                 naks_sent: d.naks_sent,
                 rnr_naks_sent: d.rnr_naks_sent,
                 passed_on: d.rx_passed,
+                placed: d.rx_placed,
                 cm_events: msgs(&cm.sent) + msgs(&cm.received),
             }
         }),

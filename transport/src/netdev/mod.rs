@@ -21,7 +21,7 @@ use std::io;
 use std::time::Duration;
 
 use crate::verbs::Device;
-pub use crate::verbs::Outgoing;
+pub use crate::verbs::{Expected, Outgoing, RxSink};
 
 /// A link that carries whole IP datagrams.
 pub trait NetDev: Send {
@@ -72,6 +72,15 @@ pub trait NetDev: Send {
         Ok(n)
     }
 
+    /// [`NetDev::receive_each`] into `sink`. A link that can receive straight into memory
+    /// first asks the sink where the payloads of the datagrams it expects next go
+    /// ([`RxSink::expect`]) and receives them there; a datagram that turns out to be another
+    /// is handed over whole, as without placing, and the memory it passed through zeroed.
+    /// The default places nothing.
+    fn receive_into(&mut self, max: usize, sink: &mut dyn RxSink) -> io::Result<usize> {
+        self.receive_each(max, &mut |head, rest| sink.datagram(head, rest, &[]))
+    }
+
     /// Appends up to `max` waiting datagrams to `out`; returns how many. A link that receives
     /// datagrams coalesced (UDP GRO) may return up to one system call's worth more.
     fn receive_batch(&mut self, out: &mut Vec<Vec<u8>>, max: usize) -> io::Result<usize> {
@@ -87,6 +96,23 @@ pub trait NetDev: Send {
     }
 }
 
+/// The engine as a receiving link sees it: where payloads are expected, and where
+/// datagrams go.
+struct EngineRx<'a> {
+    eng: &'a mut crate::verbs::device::Engine,
+    now: Duration,
+}
+
+impl RxSink for EngineRx<'_> {
+    fn expect(&mut self) -> Option<(std::net::IpAddr, &[Expected])> {
+        self.eng.expect()
+    }
+
+    fn datagram(&mut self, head: &[u8], rest: &[u8], placed: &[u8]) {
+        self.eng.receive(head, rest, placed, self.now);
+    }
+}
+
 // Defined with the links rather than in the verbs layer, which knows none.
 impl Device {
     /// Receive from `netdev`, run the engine and transmit, once. Returns the number of
@@ -97,7 +123,7 @@ impl Device {
         let passed = eng.receive_passed(now);
         // Receive errors are transient for a datagram link; the transport retransmits.
         let received = netdev
-            .receive_each(1024, &mut |head, rest| eng.receive(head, rest, now))
+            .receive_into(1024, &mut EngineRx { eng: &mut eng, now })
             .unwrap_or(0);
         eng.flush_acks();
         eng.poll(now);

@@ -123,6 +123,10 @@ impl NetDev for MultiUdpNetDev {
         self.take_turns(max, |dev, room| dev.receive_each(room, f))
     }
 
+    fn receive_into(&mut self, max: usize, sink: &mut dyn super::RxSink) -> io::Result<usize> {
+        self.take_turns(max, |dev, room| dev.receive_into(room, sink))
+    }
+
     fn receive_batch(&mut self, out: &mut Vec<Vec<u8>>, max: usize) -> io::Result<usize> {
         self.take_turns(max, |dev, room| dev.receive_batch(out, room))
     }

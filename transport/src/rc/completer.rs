@@ -50,6 +50,7 @@ pub(crate) fn on_response(
     eng: &mut Engine,
     qp: &mut QpCtx,
     pkt: &RocePacket<&[u8]>,
+    payload: &[u8],
     now: Duration,
 ) {
     let Some(info) = pkt.opcode_info() else {
@@ -67,7 +68,7 @@ pub(crate) fn on_response(
         operation: info.operation,
         position: info.position,
         syndrome,
-        payload: pkt.payload(),
+        payload,
         atomic_orig: pkt.atomic_ack_eth().map(|a| a.orig()),
     };
     // First, last and only READ responses carry an ACK-type AETH (IBA 9.2.1 Table 38, rxe

@@ -13,6 +13,7 @@
 //! lengths and offsets are checked before use.
 
 pub mod completer;
+mod place;
 pub mod requester;
 pub mod responder;
 pub mod ud;
@@ -334,8 +335,14 @@ enum Received {
 }
 
 /// Handles one received IP datagram (rxe `rxe_rcv` checks); `None` if it was dropped.
-fn receive(eng: &mut Engine, head: &[u8], rest: &[u8], now: Duration) -> Option<Received> {
-    let d = Datagram::split_parts(head, rest).ok()?;
+fn receive(
+    eng: &mut Engine,
+    head: &[u8],
+    rest: &[u8],
+    placed: &[u8],
+    now: Duration,
+) -> Option<Received> {
+    let d = Datagram::split_placed(head, rest, placed).ok()?;
     // The UDP destination port is the netdev's business (it binds 4791, or another port in
     // tests); the ICRC covers whatever port was used.
     let ip = d.ip_repr().ok()?;
@@ -348,7 +355,12 @@ fn receive(eng: &mut Engine, head: &[u8], rest: &[u8], now: Duration) -> Option<
     if let Some(m) = &eng.shard {
         let to = crate::verbs::shards::owner(pkt.bth().dest_qp(), m.set.count());
         if to != m.index {
-            return m.set.pass(to, &[head, rest]).then_some(Received::Passed);
+            // (`split_placed` made sure `rest` ends with the ICRC when `placed` is not empty.)
+            let (hdr, icrc) = rest.split_at(rest.len() - d.placed.len().min(roce::ICRC_LEN));
+            return m
+                .set
+                .pass(to, &[head, hdr, placed, icrc])
+                .then_some(Received::Passed);
         }
     }
     if eng.check_icrc {
@@ -376,6 +388,9 @@ fn receive(eng: &mut Engine, head: &[u8], rest: &[u8], now: Duration) -> Option<
     let info = pkt.opcode_info()?;
     let mut qp = eng.qps.remove(&qpn)?;
     let ok = dispatch(eng, &mut qp, &d, ip, &pkt, info, now);
+    if ok {
+        eng.note_received(qpn, pkt.opcode());
+    }
     eng.note_timers(&qp);
     eng.qps.insert(qpn, qp);
     // What the packet did (an ACK that opens the window, a READ to answer, a NAK to act on)
@@ -404,7 +419,8 @@ fn dispatch(
             ) {
                 return false;
             }
-            ud::on_receive(eng, qp, d, ip, pkt)
+            // Payloads are placed for RC messages only.
+            d.placed.is_empty() && ud::on_receive(eng, qp, d, ip, pkt)
         }
         QpType::Rc => {
             if ip.src_addr() != qp.av.dest {
@@ -414,7 +430,7 @@ fn dispatch(
                 if !matches!(qp.state, QpState::Rts | QpState::Sqd) {
                     return false;
                 }
-                completer::on_response(eng, qp, pkt, now);
+                completer::on_response(eng, qp, pkt, payload(d, pkt), now);
                 true
             } else {
                 if !matches!(
@@ -423,10 +439,19 @@ fn dispatch(
                 ) {
                     return false;
                 }
-                responder::on_request(eng, qp, pkt, now);
+                responder::on_request(eng, qp, pkt, payload(d, pkt), now);
                 true
             }
         }
+    }
+}
+
+/// A received packet's payload: where the link placed it, or in the packet.
+fn payload<'a>(d: &Datagram<'a>, pkt: &'a roce::Packet<&[u8]>) -> &'a [u8] {
+    if d.placed.is_empty() {
+        pkt.payload()
+    } else {
+        d.placed
     }
 }
 
@@ -454,9 +479,13 @@ pub(crate) fn poll_qp(eng: &mut Engine, qp: &mut QpCtx, now: Duration) {
 impl Engine {
     /// Hands one received IP datagram to the transport, counting it (and counting it dropped
     /// when the transport does not take it): `head` whole, or its IP and UDP headers with the
-    /// UDP payload in `rest` ([`Datagram::split_parts`]).
-    pub(crate) fn receive(&mut self, head: &[u8], rest: &[u8], now: Duration) {
-        match receive(self, head, rest, now) {
+    /// UDP payload in `rest` ([`Datagram::split_parts`]), or with the payload placed in
+    /// memory by the link ([`Datagram::split_placed`]).
+    pub(crate) fn receive(&mut self, head: &[u8], rest: &[u8], placed: &[u8], now: Duration) {
+        if !placed.is_empty() {
+            self.stats.rx_placed += 1;
+        }
+        match receive(self, head, rest, placed, now) {
             Some(Received::Taken) => self.stats.rx_packets += 1,
             // Counted by the device it was passed to.
             Some(Received::Passed) => self.stats.rx_passed += 1,
@@ -482,7 +511,7 @@ impl Engine {
         );
         let n = passed.len();
         for d in passed {
-            self.receive(&d, &[], now);
+            self.receive(&d, &[], &[], now);
         }
         n
     }
@@ -543,7 +572,7 @@ impl Device {
     /// Hands one received IP datagram (starting at the IP header) to the engine.
     pub fn receive(&self, datagram: &[u8], now: Duration) {
         let mut eng = self.engine();
-        eng.receive(datagram, &[], now);
+        eng.receive(datagram, &[], &[], now);
         eng.flush_acks();
     }
 

@@ -62,6 +62,7 @@ pub(crate) fn on_request(
     eng: &mut Engine,
     qp: &mut QpCtx,
     pkt: &RocePacket<&[u8]>,
+    payload: &[u8],
     _now: Duration,
 ) {
     let Some(info) = pkt.opcode_info() else {
@@ -79,7 +80,7 @@ pub(crate) fn on_request(
         psn: bth.psn(),
         ack_req: bth.ack_req(),
         solicited: bth.solicited(),
-        payload: pkt.payload(),
+        payload,
         reth: pkt.reth().map(|h| (h.va(), h.rkey(), h.dma_len())),
         atomic: pkt
             .atomic_eth()

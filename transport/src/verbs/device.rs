@@ -90,6 +90,53 @@ pub struct Outgoing {
     pub payload: Option<Payload>,
 }
 
+/// Where a link hands what it receives ([`crate::netdev::NetDev::receive_into`]).
+pub trait RxSink {
+    /// The datagrams expected next from one peer, in order, with where their payloads go
+    /// (empty if none is expected).
+    fn expect(&mut self) -> Option<(std::net::IpAddr, &[Expected])>;
+
+    /// A received datagram: `(head, rest)` as [`crate::netdev::NetDev::receive_each`] hands them, or, with
+    /// `placed` not empty, its IP and UDP headers in `head`, its transport headers and ICRC in
+    /// `rest` and its payload in `placed`, where [`RxSink::expect`] said it goes.
+    fn datagram(&mut self, head: &[u8], rest: &[u8], placed: &[u8]);
+}
+
+/// A RoCEv2 packet a link expects and where its payload goes: the packet is the one expected
+/// if its BTH has this opcode, destination QP and PSN, and its UDP payload is `header_len`
+/// bytes of transport headers, `len` bytes of payload and the ICRC.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Expected {
+    pub opcode: u8,
+    pub qpn: u32,
+    pub psn: u32,
+    pub header_len: usize,
+    /// Registered memory of the operation the packet belongs to (an RDMA READ's destination,
+    /// the rest of an RDMA WRITE), valid for writes of `len` bytes for as long as the engine
+    /// that gave it out is not run again.
+    pub dst: std::ptr::NonNull<u8>,
+    pub len: usize,
+}
+
+// SAFETY: an `Expected` is an address the engine gave out with its rules (see `dst`); it is
+// dereferenced only by the link the engine hands it to, on the thread driving both.
+unsafe impl Send for Expected {}
+
+impl Expected {
+    /// The UDP payload length of the expected packet.
+    pub fn udp_payload_len(&self) -> usize {
+        self.header_len + self.len + crate::wire::roce::ICRC_LEN
+    }
+
+    /// Whether `bth` (a received packet's first bytes) is the expected packet's.
+    pub fn matches(&self, bth: &[u8]) -> bool {
+        bth.len() >= crate::wire::bth::HEADER_LEN
+            && bth[0] == self.opcode
+            && bth[5..8] == self.qpn.to_be_bytes()[1..]
+            && bth[9..12] == self.psn.to_be_bytes()[1..]
+    }
+}
+
 /// Where an [`Outgoing`] datagram's payload is.
 #[derive(Debug, Clone)]
 pub struct Payload {
@@ -262,6 +309,10 @@ pub(crate) struct Engine {
     pub timers_from: Duration,
     /// [`DeviceConfig::shard`].
     pub shard: Option<ShardMember>,
+    /// The QP whose next packets a link is told to expect (the last to receive part of a
+    /// long message), and the list it is told (kept for its allocation).
+    pub rx_hint: Option<u32>,
+    pub expected: Vec<Expected>,
     next_id: u32,
     next_qpn: u32,
 }
@@ -278,6 +329,9 @@ pub struct Stats {
     pub rnr_naks_sent: u64,
     /// Datagrams for a QP of another device of the set, passed on to its inbox.
     pub rx_passed: u64,
+    /// Received datagrams whose payload the link placed straight into the memory it was for
+    /// (counted in `rx_packets` as well).
+    pub rx_placed: u64,
 }
 
 impl std::ops::AddAssign for Stats {
@@ -290,6 +344,7 @@ impl std::ops::AddAssign for Stats {
         self.naks_sent += o.naks_sent;
         self.rnr_naks_sent += o.rnr_naks_sent;
         self.rx_passed += o.rx_passed;
+        self.rx_placed += o.rx_placed;
     }
 }
 
@@ -349,6 +404,8 @@ impl Device {
             events: events.clone(),
             stats: Stats::default(),
             shard: config.shard.clone(),
+            rx_hint: None,
+            expected: Vec::new(),
             next_id: 1,
             next_qpn: 0x11,
         };

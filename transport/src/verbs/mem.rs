@@ -134,16 +134,32 @@ impl Region {
         Some(unsafe { std::slice::from_raw_parts(self.ptr.as_ptr().add(offset), len) })
     }
 
-    /// Copies `data` into the region at `offset`; false if out of bounds.
+    /// Copies `data` into the region at `offset`; false if out of bounds. Data that is
+    /// already there (a payload the link received in place, [`Region::place`]) is not moved.
     pub fn write(&self, offset: usize, data: &[u8]) -> bool {
         if !self.check(offset, data.len()) {
             return false;
+        }
+        if std::ptr::eq(data.as_ptr(), self.ptr.as_ptr().wrapping_add(offset)) {
+            return true;
         }
         // SAFETY: in bounds (checked) and valid for writes per the constructors' contracts;
         // `data` is a Rust slice and cannot alias the region's bytes mutably (the region is
         // never handed out as `&mut [u8]`), and copy handles an overlapping shared borrow.
         unsafe { std::ptr::copy(data.as_ptr(), self.ptr.as_ptr().add(offset), data.len()) };
         true
+    }
+
+    /// Where `len` bytes at `offset` lie, for a link to receive a payload into them in place
+    /// ([`crate::verbs::Expected`]); `None` if out of bounds. The bytes are those of an
+    /// outstanding operation (an RDMA READ's destination, the rest of an RDMA WRITE), whose
+    /// contents are undefined until it completes.
+    pub(crate) fn place(&self, offset: usize, len: usize) -> Option<NonNull<u8>> {
+        if !self.check(offset, len) {
+            return None;
+        }
+        // SAFETY: in bounds (checked) of the region's allocation.
+        Some(unsafe { self.ptr.add(offset) })
     }
 
     /// Fills `len` bytes at `offset` with `value`; false if out of bounds.

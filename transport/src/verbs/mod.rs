@@ -19,7 +19,9 @@ pub mod types;
 
 pub use connect::RcPath;
 pub use cq::{Cq, NotifyKind};
-pub use device::{Device, DeviceConfig, Mr, Outgoing, Pd, Qp, QpInitAttr, Srq, Stats, GSI_QKEY};
+pub use device::{
+    Device, DeviceConfig, Expected, Mr, Outgoing, Pd, Qp, QpInitAttr, RxSink, Srq, Stats, GSI_QKEY,
+};
 pub use event::EventQueue;
 pub use mem::Region;
 pub use mr::{KeyKind, MrError};

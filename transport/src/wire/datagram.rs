@@ -70,8 +70,12 @@ pub struct Datagram<'a> {
     pub ip_header: &'a [u8],
     /// The 8-byte UDP header.
     pub udp_header: &'a [u8],
-    /// The UDP payload: BTH through ICRC.
+    /// The UDP payload: BTH through ICRC; without the payload when that is in `placed`.
     pub roce: &'a [u8],
+    /// The payload, when the link put it elsewhere (straight into the memory it was for):
+    /// it then lies between the headers at the start of `roce` and the ICRC at its end, and
+    /// the packet has no pad. Empty otherwise.
+    pub placed: &'a [u8],
 }
 
 impl<'a> Datagram<'a> {
@@ -113,6 +117,7 @@ impl<'a> Datagram<'a> {
             ip_header,
             udp_header: &ip_payload[..udp::HEADER_LEN],
             roce: &ip_payload[udp::HEADER_LEN..udp_len],
+            placed: &[],
         })
     }
 
@@ -145,6 +150,7 @@ impl<'a> Datagram<'a> {
             ip_header: &packet[..ip_len],
             udp_header: &packet[ip_len..ip_len + udp::HEADER_LEN],
             roce: &[],
+            placed: &[],
         })
     }
 
@@ -153,15 +159,24 @@ impl<'a> Datagram<'a> {
     /// its own, without moving the payload). The checks of [`Datagram::split`], the lengths
     /// exact. With `rest` empty, `head` is the whole datagram.
     pub fn split_parts(head: &'a [u8], rest: &'a [u8]) -> Result<Datagram<'a>> {
-        if rest.is_empty() {
+        Datagram::split_placed(head, rest, &[])
+    }
+
+    /// [`Datagram::split_parts`] for a datagram whose payload the link placed elsewhere:
+    /// `rest` holds the transport headers (BTH and extension headers) and the ICRC, `placed`
+    /// the payload between them (a packet with a pad is never received this way). With
+    /// `placed` empty, this is `split_parts`.
+    pub fn split_placed(head: &'a [u8], rest: &'a [u8], placed: &'a [u8]) -> Result<Datagram<'a>> {
+        if rest.is_empty() && placed.is_empty() {
             return Datagram::split(head);
         }
         let d = Datagram::headers(head)?;
         let hl = d.ip_header.len() + udp::HEADER_LEN;
-        let ip_payload = udp::HEADER_LEN + rest.len();
+        let roce_len = rest.len() + placed.len();
+        let ip_payload = udp::HEADER_LEN + roce_len;
         let ip_ok = if d.ip_header.len() == ipv4::HEADER_LEN {
             let p = ipv4::Packet::new_unchecked(d.ip_header);
-            usize::from(p.total_len()) == hl + rest.len() && !p.more_frags() && p.frag_offset() == 0
+            usize::from(p.total_len()) == hl + roce_len && !p.more_frags() && p.frag_offset() == 0
         } else {
             usize::from(ipv6::Packet::new_unchecked(d.ip_header).payload_len()) == ip_payload
         };
@@ -169,7 +184,18 @@ impl<'a> Datagram<'a> {
         if head.len() != hl || !ip_ok || udp_len != ip_payload || rest.len() < roce::MIN_LEN {
             return Err(Error);
         }
-        Ok(Datagram { roce: rest, ..d })
+        if !placed.is_empty() {
+            // The headers and ICRC only: the payload is `placed`, and there is no pad.
+            let pkt = roce::Packet::new_checked(rest)?;
+            if pkt.pad_len() != 0 || pkt.header_len() + roce::ICRC_LEN != rest.len() {
+                return Err(Error);
+            }
+        }
+        Ok(Datagram {
+            roce: rest,
+            placed,
+            ..d
+        })
     }
 
     /// Decodes the IP header (checking the IPv4 header checksum).
@@ -211,7 +237,7 @@ impl<'a> Datagram<'a> {
         udp::Repr {
             src_port: p.src_port(),
             dst_port: p.dst_port(),
-            payload_len: self.roce.len(),
+            payload_len: self.roce.len() + self.placed.len(),
         }
     }
 

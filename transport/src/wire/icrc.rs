@@ -107,7 +107,10 @@ impl Datagram<'_> {
     /// The ICRC the packet should carry.
     pub fn computed_icrc(&self) -> u32 {
         let covered = &self.roce[..self.roce.len() - roce::ICRC_LEN];
-        compute(self.ip_header, self.udp_header, covered)
+        let mut c = Icrc::new(self.ip_header, self.udp_header, covered);
+        // A placed payload follows the transport headers (and the packet has no pad).
+        c.update(self.placed);
+        c.finish()
     }
 }
 
@@ -329,7 +332,8 @@ impl Datagram<'_> {
     /// The bytes the ICRC covers after the eight masked LRH bytes: IP and UDP headers and the
     /// transport packet up to the ICRC.
     pub fn icrc_covered_len(&self) -> usize {
-        self.ip_header.len() + self.udp_header.len() + self.roce.len() - roce::ICRC_LEN
+        self.ip_header.len() + self.udp_header.len() + self.roce.len() + self.placed.len()
+            - roce::ICRC_LEN
     }
 }
 

@@ -597,10 +597,12 @@ pub(crate) fn run_bench(rt: &tokio::runtime::Runtime, a: &BenchArgs) -> Result<(
         println!("{t:<20} {s:>8} {v:>14} {r:>22} {q:>7.2}");
     }
     println!(
-        "retransmits {}, NAKs {}, dropped {}",
+        "retransmits {}, NAKs {}, dropped {}; payloads received in place {} of {} packets",
         sx.retransmits + sy.retransmits,
         sx.naks_sent + sy.naks_sent,
-        sx.rx_dropped + sy.rx_dropped
+        sx.rx_dropped + sy.rx_dropped,
+        sx.rx_placed + sy.rx_placed,
+        sx.rx_packets + sy.rx_packets
     );
     println!(
         "engine threads: RDMA WRITE on two connections at once, each side 1 or 2 threads \
