@@ -426,7 +426,9 @@ impl NetDev for UdpNetDev {
             return self.receive_each(max, &mut |head, rest| sink.datagram(head, rest, &[]));
         }
         let mut total = 0;
-        // After a datagram that was not the one expected, the next call takes a whole batch.
+        // Placing pays for its system call per datagram when datagrams come coalesced (GRO:
+        // up to 64 packets each); after a single packet, or one that was not expected, the
+        // next call takes a whole batch.
         let mut place = true;
         while total < max {
             let expected = match sink.expect() {
@@ -469,8 +471,9 @@ impl UdpNetDev {
     /// expects where they go, and hands its packets to `sink`: those that are the ones
     /// expected, from `peer`, with their payload in place; the rest put together again (and
     /// the memory their bytes passed through zeroed, so no other peer's data stays there).
-    /// `None` if no datagram was waiting; otherwise how many packets it held and whether none
-    /// was unexpected (the expected ones first, any others after them).
+    /// `None` if no datagram was waiting; otherwise how many packets it held and whether to
+    /// place again: it held several and none was unexpected (the expected ones first, any
+    /// others after them).
     fn receive_placed(
         &mut self,
         peer: IpAddr,
@@ -531,8 +534,9 @@ impl UdpNetDev {
             count += 1;
             k += 1;
         }
+        let coalesced = n > seg;
         if pos == n {
-            return Ok(Some((count, true)));
+            return Ok(Some((count, coalesced)));
         }
         if k == exp.len() {
             // Packets after the expected ones: in the overflow buffer, in order.
@@ -543,7 +547,7 @@ impl UdpNetDev {
                 }
                 count += 1;
             }
-            return Ok(Some((count, true)));
+            return Ok(Some((count, coalesced)));
         }
         // A packet that was not the one expected: the rest of the datagram is gathered from
         // the pieces (zeroing the placed memory it went through).
