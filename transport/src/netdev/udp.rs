@@ -431,12 +431,15 @@ impl NetDev for UdpNetDev {
         // next call takes a whole batch.
         let mut place = true;
         while total < max {
-            let expected = match sink.expect() {
-                Some((peer, exp)) if place => Some((
-                    peer,
-                    exp.iter().copied().take(PLACE_MAX).collect::<Placed>(),
-                )),
-                _ => None,
+            let expected = if place {
+                sink.expect().map(|(peer, exp)| {
+                    (
+                        peer,
+                        exp.iter().copied().take(PLACE_MAX).collect::<Placed>(),
+                    )
+                })
+            } else {
+                None
             };
             if let Some((peer, exp)) = expected {
                 match self.receive_placed(peer, &exp, sink)? {
@@ -484,15 +487,24 @@ impl UdpNetDev {
             .iter()
             .position(|e| e.header_len > PLACE_HEAD)
             .unwrap_or(exp.len())];
-        let mut heads = [[0u8; PLACE_HEAD]; PLACE_MAX];
-        let mut icrcs = [[0u8; roce::ICRC_LEN]; PLACE_MAX];
+        // Between two payloads, the ICRC of one packet and the headers of the next: one
+        // buffer (`gaps[k]`: ICRC of packet k - 1, headers of packet k), so a packet costs
+        // two iovecs.
+        let mut gaps = [[0u8; roce::ICRC_LEN + PLACE_HEAD]; PLACE_MAX + 1];
+        let at_head = |k: usize| if k == 0 { 0 } else { roce::ICRC_LEN };
         // (where, length, placed payload) of each piece the datagram is received into.
         let mut pieces: smallvec::SmallVec<[(*mut u8, usize, bool); 256]> =
             smallvec::SmallVec::new();
-        for ((e, h), c) in exp.iter().zip(heads.iter_mut()).zip(icrcs.iter_mut()) {
-            pieces.push((h.as_mut_ptr(), e.header_len, false));
-            pieces.push((e.dst.as_ptr(), e.len, true));
-            pieces.push((c.as_mut_ptr(), roce::ICRC_LEN, false));
+        for (k, g) in gaps.iter_mut().enumerate().take(exp.len() + 1) {
+            let e = exp.get(k);
+            pieces.push((
+                g.as_mut_ptr(),
+                at_head(k) + e.map_or(0, |e| e.header_len),
+                false,
+            ));
+            if let Some(e) = e {
+                pieces.push((e.dst.as_ptr(), e.len, true));
+            }
         }
         let overflow = &mut self.batch_bufs[0];
         pieces.push((overflow.as_mut_ptr(), overflow.len(), false));
@@ -517,14 +529,16 @@ impl UdpNetDev {
         while pos < n && k < exp.len() {
             let e = &exp[k];
             let len = seg.min(n - pos);
-            if len != e.udp_payload_len() || from.ip() != peer || !e.matches(&heads[k]) {
+            let headers = &gaps[k][at_head(k)..at_head(k) + e.header_len];
+            if len != e.udp_payload_len() || from.ip() != peer || !e.matches(headers) {
                 break;
             }
             let mut head = [0u8; REBUILT_MAX];
             if let Some(hl) = rebuilt_headers(from, self.local, len, &mut head) {
                 let mut rest = [0u8; PLACE_HEAD + roce::ICRC_LEN];
-                rest[..e.header_len].copy_from_slice(&heads[k][..e.header_len]);
-                rest[e.header_len..e.header_len + roce::ICRC_LEN].copy_from_slice(&icrcs[k]);
+                rest[..e.header_len].copy_from_slice(headers);
+                rest[e.header_len..e.header_len + roce::ICRC_LEN]
+                    .copy_from_slice(&gaps[k + 1][..roce::ICRC_LEN]);
                 // SAFETY: the kernel just wrote these `len` bytes of registered memory
                 // (`Expected::dst`), which nothing holds as `&mut`.
                 let placed = unsafe { std::slice::from_raw_parts(e.dst.as_ptr(), e.len) };
@@ -1337,7 +1351,7 @@ mod sys {
         sock: &impl AsRawFd,
         pieces: &[(*mut u8, usize, bool)],
     ) -> io::Result<Option<(usize, SocketAddr, usize)>> {
-        const N: usize = 3 * super::PLACE_MAX + 1;
+        const N: usize = 2 * super::PLACE_MAX + 2;
         let n = pieces.len().min(N);
         let mut cmsg = Cmsg([0; 32]);
         // SAFETY: sockaddr_storage, iovec and msghdr are plain old data for which all-zero
