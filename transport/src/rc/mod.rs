@@ -206,34 +206,60 @@ pub(crate) fn emit_from_region(
     true
 }
 
+/// The pieces of `len` bytes starting `offset` bytes into an SGE list: each SGE they touch,
+/// the offset into it and how many bytes; fewer than `len` bytes in all when the list ends
+/// first. Every walk over an SGE list goes through here.
+pub(crate) fn sge_pieces(
+    sges: &[Sge],
+    mut offset: usize,
+    len: usize,
+) -> impl Iterator<Item = (&Sge, usize, usize)> {
+    let mut left = len;
+    sges.iter().filter_map(move |s| {
+        let sl = s.length as usize;
+        if left == 0 {
+            return None;
+        }
+        if offset >= sl {
+            offset -= sl;
+            return None;
+        }
+        let n = (sl - offset).min(left);
+        let piece = (s, offset, n);
+        offset = 0;
+        left -= n;
+        Some(piece)
+    })
+}
+
+/// The region and offset of one piece of an SGE list (L_Key of `pd` with `access`).
+pub(crate) fn lookup_piece(
+    mrs: &MrTable,
+    pd: u32,
+    (s, offset, n): (&Sge, usize, usize),
+    access: Access,
+) -> Result<(Arc<Region>, usize), MrError> {
+    mrs.lookup(
+        pd,
+        s.lkey,
+        KeyKind::Local,
+        access,
+        s.addr + offset as u64,
+        n,
+    )
+}
+
 /// The region and offset of `len` bytes starting `offset` bytes into the SGE list when they
 /// lie in one SGE (L_Keys of `pd`); `None` when they span several (then they are gathered).
 pub(crate) fn single_region(
     mrs: &MrTable,
     pd: u32,
     sges: &[Sge],
-    mut offset: usize,
+    offset: usize,
     len: usize,
 ) -> Option<Result<(Arc<Region>, usize), MrError>> {
-    for s in sges {
-        let sl = s.length as usize;
-        if offset >= sl {
-            offset -= sl;
-            continue;
-        }
-        if sl - offset < len {
-            return None;
-        }
-        return Some(mrs.lookup(
-            pd,
-            s.lkey,
-            KeyKind::Local,
-            Access::empty(),
-            s.addr + offset as u64,
-            len,
-        ));
-    }
-    None
+    let piece = sge_pieces(sges, offset, len).next()?;
+    (piece.2 == len).then(|| lookup_piece(mrs, pd, piece, Access::empty()))
 }
 
 /// Copies `out.len()` bytes starting `offset` bytes into the SGE list (L_Keys of `pd`).
@@ -241,33 +267,16 @@ pub(crate) fn gather(
     mrs: &MrTable,
     pd: u32,
     sges: &[Sge],
-    mut offset: usize,
+    offset: usize,
     out: &mut [u8],
 ) -> Result<(), MrError> {
     let mut done = 0;
-    for s in sges {
-        if done == out.len() {
-            break;
-        }
-        let len = s.length as usize;
-        if offset >= len {
-            offset -= len;
-            continue;
-        }
-        let n = (len - offset).min(out.len() - done);
-        let (region, at) = mrs.lookup(
-            pd,
-            s.lkey,
-            KeyKind::Local,
-            Access::empty(),
-            s.addr + offset as u64,
-            n,
-        )?;
-        if !region.read(at, &mut out[done..done + n]) {
+    for piece in sge_pieces(sges, offset, out.len()) {
+        let (region, at) = lookup_piece(mrs, pd, piece, Access::empty())?;
+        if !region.read(at, &mut out[done..done + piece.2]) {
             return Err(MrError::Bounds);
         }
-        done += n;
-        offset = 0;
+        done += piece.2;
     }
     if done == out.len() {
         Ok(())
@@ -289,35 +298,17 @@ pub(crate) fn scatter(
     mrs: &MrTable,
     pd: u32,
     sges: &[Sge],
-    mut offset: usize,
+    offset: usize,
     data: &[u8],
 ) -> Result<(), ScatterError> {
     let mut done = 0;
-    for s in sges {
-        if done == data.len() {
-            break;
-        }
-        let len = s.length as usize;
-        if offset >= len {
-            offset -= len;
-            continue;
-        }
-        let n = (len - offset).min(data.len() - done);
-        let (region, at) = mrs
-            .lookup(
-                pd,
-                s.lkey,
-                KeyKind::Local,
-                Access::LOCAL_WRITE,
-                s.addr + offset as u64,
-                n,
-            )
+    for piece in sge_pieces(sges, offset, data.len()) {
+        let (region, at) = lookup_piece(mrs, pd, piece, Access::LOCAL_WRITE)
             .map_err(|_| ScatterError::Protection)?;
-        if !region.write(at, &data[done..done + n]) {
+        if !region.write(at, &data[done..done + piece.2]) {
             return Err(ScatterError::Protection);
         }
-        done += n;
-        offset = 0;
+        done += piece.2;
     }
     if done == data.len() {
         Ok(())
@@ -585,6 +576,34 @@ impl Device {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sge_pieces_walk_the_list_from_an_offset() {
+        let sge = |addr, length| Sge {
+            addr,
+            length,
+            lkey: 1,
+        };
+        let sges = [
+            sge(0x1000, 100),
+            sge(0x2000, 0),
+            sge(0x3000, 50),
+            sge(0x4000, 10),
+        ];
+        let walk = |offset, len| {
+            sge_pieces(&sges, offset, len)
+                .map(|(s, o, n)| (s.addr, o, n))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(walk(0, 100), [(0x1000, 0, 100)]);
+        // Starts inside the first SGE, skips the empty one, ends inside the third.
+        assert_eq!(walk(90, 30), [(0x1000, 90, 10), (0x3000, 0, 20)]);
+        assert_eq!(walk(100, 55), [(0x3000, 0, 50), (0x4000, 0, 5)]);
+        // The list ends first: the pieces hold what there is.
+        assert_eq!(walk(140, 100), [(0x3000, 40, 10), (0x4000, 0, 10)]);
+        assert!(walk(160, 1).is_empty());
+        assert!(walk(0, 0).is_empty());
+    }
 
     /// Datagrams built in recycled buffers (full of an earlier datagram's bytes) are the ones
     /// built in fresh buffers: every byte outside the payload is written or zeroed.

@@ -9,7 +9,7 @@
 use std::net::IpAddr;
 
 use crate::verbs::device::Engine;
-use crate::verbs::mr::{KeyKind, MrTable};
+use crate::verbs::mr::MrTable;
 use crate::verbs::qp::{QpCtx, WqeState};
 use crate::verbs::{Access, Expected, QpState, QpType, SendOp, Sge};
 use crate::wire::bth::{psn_add, psn_diff};
@@ -88,8 +88,8 @@ fn expect_read_responses(mrs: &MrTable, qp: &QpCtx, out: &mut Vec<Expected>) {
     {
         return;
     }
-    let mut offset = wqe.placed;
-    let mut psn = psn_add(wqe.first_psn, (offset / mtu) as u32);
+    let offset = wqe.placed;
+    let psn = psn_add(wqe.first_psn, (offset / mtu) as u32);
     if psn_diff(psn, qp.comp.psn) < 0 {
         return;
     }
@@ -98,25 +98,23 @@ fn expect_read_responses(mrs: &MrTable, qp: &QpCtx, out: &mut Vec<Expected>) {
     let Some((base, span)) = sge_span(mrs, qp.pd, &wqe.wr.sg_list, offset, want) else {
         return;
     };
-    let mut at = 0;
-    while at < span && out.len() < MAX_EXPECTED {
-        let len = mtu.min(wqe.total_len - offset);
-        if at + len > span || len % 4 != 0 {
-            return;
-        }
-        let opcode = match (offset == 0, offset + len == wqe.total_len) {
-            (true, true) => Opcode::RcRdmaReadResponseOnly,
-            (true, false) => Opcode::RcRdmaReadResponseFirst,
-            (false, true) => Opcode::RcRdmaReadResponseLast,
-            (false, false) => Opcode::RcRdmaReadResponseMiddle,
-        };
-        // SAFETY: `at + len <= span`, and `base` is valid for `span` bytes (`sge_span`).
-        let dst = unsafe { base.add(at) };
-        out.push(expected(opcode, qp.qpn, psn, dst, len));
-        at += len;
-        offset += len;
-        psn = psn_add(psn, 1);
-    }
+    let opcode = |first, last| match (first, last) {
+        (true, true) => Opcode::RcRdmaReadResponseOnly,
+        (true, false) => Opcode::RcRdmaReadResponseFirst,
+        (false, true) => Opcode::RcRdmaReadResponseLast,
+        (false, false) => Opcode::RcRdmaReadResponseMiddle,
+    };
+    // SAFETY: `expect_packets` asks only for `at + len <= span`, and `base` is valid for
+    // `span` bytes (`sge_span`).
+    let dst = |at, _| Some(unsafe { base.add(at) });
+    let msg = Message {
+        qpn: qp.qpn,
+        mtu,
+        psn,
+        offset,
+        total: wqe.total_len,
+    };
+    expect_packets(out, msg, span, opcode, dst);
 }
 
 /// The rest of the RDMA WRITE `qp`'s responder is receiving (its middle packets and a last
@@ -132,33 +130,64 @@ fn expect_write(qp: &QpCtx, out: &mut Vec<Expected>) {
         i.operation == Operation::RdmaWrite
             && matches!(i.position, Position::First | Position::Middle)
     });
-    let Some((region, mut off, mut resid)) = qp.resp.write.as_ref().map(|(r, o, n)| (r, *o, *n))
-    else {
+    let Some((region, off, resid)) = qp.resp.write.as_ref().map(|(r, o, n)| (r, *o, *n)) else {
         return;
     };
     if !in_write {
         return;
     }
-    let mtu = qp.mtu.bytes();
-    let mut psn = qp.resp.psn;
-    let mut bytes = 0;
-    while resid > 0 && out.len() < MAX_EXPECTED {
-        let len = mtu.min(resid);
-        let opcode = if resid > mtu {
-            Opcode::RcRdmaWriteMiddle
-        } else {
+    let msg = Message {
+        qpn: qp.qpn,
+        mtu: qp.mtu.bytes(),
+        psn: qp.resp.psn,
+        offset: 0,
+        total: resid,
+    };
+    let opcode = |_, last| {
+        if last {
             Opcode::RcRdmaWriteLast
-        };
-        bytes += len;
-        if len % 4 != 0 || bytes > MAX_EXPECTED_BYTES {
+        } else {
+            Opcode::RcRdmaWriteMiddle
+        }
+    };
+    expect_packets(out, msg, MAX_EXPECTED_BYTES, opcode, |at, len| {
+        region.place(off + at, len)
+    });
+}
+
+/// The rest of a message as packets: from byte `offset` of its `total` bytes, the next
+/// packet's PSN `psn`.
+struct Message {
+    qpn: u32,
+    mtu: usize,
+    psn: u32,
+    offset: usize,
+    total: usize,
+}
+
+/// Predicts the packets of the rest of `msg`, one MTU each, while their payloads stay within
+/// `limit` bytes from `msg.offset` and `dst(at, len)` gives each (`at` bytes from
+/// `msg.offset`) its place; stops at a packet with a pad. `opcode(first, last)` names each.
+fn expect_packets(
+    out: &mut Vec<Expected>,
+    msg: Message,
+    limit: usize,
+    opcode: impl Fn(bool, bool) -> Opcode,
+    mut dst: impl FnMut(usize, usize) -> Option<std::ptr::NonNull<u8>>,
+) {
+    let (mut offset, mut psn, mut at) = (msg.offset, msg.psn, 0);
+    while offset < msg.total && out.len() < MAX_EXPECTED {
+        let len = msg.mtu.min(msg.total - offset);
+        if at + len > limit || !len.is_multiple_of(4) {
             return;
         }
-        let Some(dst) = region.place(off, len) else {
+        let Some(place) = dst(at, len) else {
             return;
         };
-        out.push(expected(opcode, qp.qpn, psn, dst, len));
-        off += len;
-        resid -= len;
+        let op = opcode(offset == 0, offset + len == msg.total);
+        out.push(expected(op, msg.qpn, psn, place, len));
+        at += len;
+        offset += len;
         psn = psn_add(psn, 1);
     }
 }
@@ -186,27 +215,10 @@ fn sge_span(
     mrs: &MrTable,
     pd: u32,
     sges: &[Sge],
-    mut offset: usize,
+    offset: usize,
     want: usize,
 ) -> Option<(std::ptr::NonNull<u8>, usize)> {
-    for s in sges {
-        let sl = s.length as usize;
-        if offset >= sl {
-            offset -= sl;
-            continue;
-        }
-        let len = (sl - offset).min(want);
-        let (region, at) = mrs
-            .lookup(
-                pd,
-                s.lkey,
-                KeyKind::Local,
-                Access::LOCAL_WRITE,
-                s.addr + offset as u64,
-                len,
-            )
-            .ok()?;
-        return Some((region.place(at, len)?, len));
-    }
-    None
+    let piece = super::sge_pieces(sges, offset, want).next()?;
+    let (region, at) = super::lookup_piece(mrs, pd, piece, Access::LOCAL_WRITE).ok()?;
+    Some((region.place(at, piece.2)?, piece.2))
 }
