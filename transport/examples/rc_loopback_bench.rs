@@ -50,40 +50,14 @@ fn side(last: u8) -> Side {
 }
 
 fn connect(qp: &Qp, remote: u8, dest: u32, mtu: Mtu) {
-    use QpAttrMask as M;
-    let mut a = QpAttr {
-        qp_state: Some(QpState::Init),
-        qp_access_flags: Some(Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ),
-        port_num: 1,
-        ..Default::default()
-    };
-    qp.modify(&a, M::STATE | M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS)
+    qp.to_init(Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ)
         .unwrap();
-    a.qp_state = Some(QpState::Rtr);
-    a.av = AddressVector::new(IpAddr::V4(Ipv4Addr::new(10, 0, 0, remote)));
-    a.path_mtu = Some(mtu);
-    a.dest_qp_num = dest;
-    a.max_dest_rd_atomic = 16;
-    qp.modify(
-        &a,
-        M::STATE
-            | M::AV
-            | M::PATH_MTU
-            | M::DEST_QPN
-            | M::RQ_PSN
-            | M::MAX_DEST_RD_ATOMIC
-            | M::MIN_RNR_TIMER,
-    )
-    .unwrap();
-    a.qp_state = Some(QpState::Rts);
-    a.timeout = 14;
-    a.retry_cnt = 7;
-    a.rnr_retry = 7;
-    a.max_rd_atomic = 16;
-    qp.modify(
-        &a,
-        M::STATE | M::SQ_PSN | M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::MAX_QP_RD_ATOMIC,
-    )
+    let remote = IpAddr::V4(Ipv4Addr::new(10, 0, 0, remote));
+    qp.to_rts(&RcPath {
+        mtu,
+        min_rnr_timer: 0,
+        ..RcPath::new(remote, dest, 0, 0)
+    })
     .unwrap();
 }
 

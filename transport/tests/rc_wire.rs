@@ -51,43 +51,17 @@ fn end_with(addr: IpAddr, config: impl FnOnce(&mut DeviceConfig)) -> End {
 }
 
 fn connect(qp: &Qp, remote: IpAddr, dest: u32, mtu: Mtu, sq_psn: u32, rq_psn: u32, rd: u8) {
-    let mut a = QpAttr {
-        qp_state: Some(QpState::Init),
-        qp_access_flags: Some(Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ),
-        port_num: 1,
-        ..Default::default()
-    };
-    use QpAttrMask as M;
-    qp.modify(&a, M::STATE | M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS)
+    qp.to_init(Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ)
         .unwrap();
-    a.qp_state = Some(QpState::Rtr);
-    a.av = AddressVector::new(remote);
-    a.path_mtu = Some(mtu);
-    a.dest_qp_num = dest;
-    a.rq_psn = rq_psn;
-    a.max_dest_rd_atomic = rd;
-    a.min_rnr_timer = 1;
-    qp.modify(
-        &a,
-        M::STATE
-            | M::AV
-            | M::PATH_MTU
-            | M::DEST_QPN
-            | M::RQ_PSN
-            | M::MAX_DEST_RD_ATOMIC
-            | M::MIN_RNR_TIMER,
-    )
-    .unwrap();
-    a.qp_state = Some(QpState::Rts);
-    a.sq_psn = sq_psn;
-    a.timeout = 10;
-    a.retry_cnt = 3;
-    a.rnr_retry = 3;
-    a.max_rd_atomic = rd;
-    qp.modify(
-        &a,
-        M::STATE | M::SQ_PSN | M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::MAX_QP_RD_ATOMIC,
-    )
+    qp.to_rts(&RcPath {
+        mtu,
+        timeout: 10,
+        retry_cnt: 3,
+        rnr_retry: 3,
+        max_rd_atomic: rd,
+        max_dest_rd_atomic: rd,
+        ..RcPath::new(remote, dest, rq_psn, sq_psn)
+    })
     .unwrap();
 }
 

@@ -23,41 +23,14 @@ const ACCESS: Access = Access::LOCAL_WRITE
 
 /// Takes `qp` through INIT and RTR to RTS, connected to QP `dest` at `remote`.
 fn connect(qp: &Qp, remote: IpAddr, dest: u32, mtu: Mtu) {
-    use QpAttrMask as M;
-    let mut a = QpAttr {
-        qp_state: Some(QpState::Init),
-        qp_access_flags: Some(ACCESS),
-        port_num: 1,
-        ..Default::default()
-    };
-    qp.modify(&a, M::STATE | M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS)
-        .unwrap();
-    a.qp_state = Some(QpState::Rtr);
-    a.av = AddressVector::new(remote);
-    a.path_mtu = Some(mtu);
-    a.dest_qp_num = dest;
-    a.max_dest_rd_atomic = 4;
-    a.min_rnr_timer = 1;
-    qp.modify(
-        &a,
-        M::STATE
-            | M::AV
-            | M::PATH_MTU
-            | M::DEST_QPN
-            | M::RQ_PSN
-            | M::MAX_DEST_RD_ATOMIC
-            | M::MIN_RNR_TIMER,
-    )
-    .unwrap();
-    a.qp_state = Some(QpState::Rts);
-    a.timeout = 12;
-    a.retry_cnt = 7;
-    a.rnr_retry = 7;
-    a.max_rd_atomic = 4;
-    qp.modify(
-        &a,
-        M::STATE | M::SQ_PSN | M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::MAX_QP_RD_ATOMIC,
-    )
+    qp.to_init(ACCESS).unwrap();
+    qp.to_rts(&RcPath {
+        mtu,
+        timeout: 12,
+        max_rd_atomic: 4,
+        max_dest_rd_atomic: 4,
+        ..RcPath::new(remote, dest, 0, 0)
+    })
     .unwrap();
 }
 

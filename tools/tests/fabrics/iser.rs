@@ -12,9 +12,7 @@ use rtgt_backstore::{BufPool, RamBackstore};
 use rtgt_transport::netdev::fault::{FaultConfig, FaultInjector};
 use rtgt_transport::netdev::gate::{Gate, Gated};
 use rtgt_transport::netdev::{self, loopback};
-use rtgt_transport::verbs::{
-    Access, Device as Hca, DeviceConfig as HcaConfig, Pd, Qp, QpAttr, QpAttrMask, QpState, RcPath,
-};
+use rtgt_transport::verbs::{Access, Device as Hca, DeviceConfig as HcaConfig, Pd, Qp, RcPath};
 
 use rtgt_iscsi::login::status;
 use rtgt_iscsi::pdu::{reject_reason, tmf, Bhs, BhsRepr, LoginRequest, NopOut, RESERVED_TAG};
@@ -130,17 +128,8 @@ pub(crate) async fn fab_on(drop_ppm: u32, auth: Auth, pool: Arc<BufPool>, dev: A
 }
 
 fn to_init(qp: &Qp) {
-    let a = QpAttr {
-        qp_state: Some(QpState::Init),
-        qp_access_flags: Some(Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ),
-        port_num: 1,
-        ..Default::default()
-    };
-    qp.modify(
-        &a,
-        QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::ACCESS_FLAGS,
-    )
-    .unwrap();
+    qp.to_init(Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ)
+        .unwrap();
 }
 
 /// RTR and RTS towards `remote` (what the CM does after REQ/REP).

@@ -269,16 +269,8 @@ pub(crate) fn connect(r: &Rig, req: &LoginReq) -> (Arc<Channel>, Arc<Initiator>)
 }
 
 fn to_init(qp: &Qp) {
-    qp.modify(
-        &QpAttr {
-            qp_state: Some(QpState::Init),
-            qp_access_flags: Some(Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ),
-            port_num: 1,
-            ..Default::default()
-        },
-        QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::ACCESS_FLAGS,
-    )
-    .unwrap();
+    qp.to_init(Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ)
+        .unwrap();
 }
 
 fn pattern(len: usize, seed: u32) -> Vec<u8> {

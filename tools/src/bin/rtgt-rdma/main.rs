@@ -358,15 +358,7 @@ pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
 
 /// Moves an RC QP from RESET to INIT.
 pub(crate) fn rc_init(qp: &Qp, access: Access) -> Result<()> {
-    use QpAttrMask as M;
-    let a = QpAttr {
-        qp_state: Some(QpState::Init),
-        qp_access_flags: Some(access),
-        port_num: 1,
-        ..Default::default()
-    };
-    qp.modify(&a, M::STATE | M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS)
-        .map_err(err("modify QP to INIT"))
+    qp.to_init(access).map_err(err("modify QP to INIT"))
 }
 
 /// Moves an RC QP to RTS towards `remote` (the attributes ibv_rc_pingpong uses).
@@ -379,44 +371,15 @@ pub(crate) fn connect_rc(
     mtu: Mtu,
     access: Access,
 ) -> Result<()> {
-    use QpAttrMask as M;
     if qp.state() == QpState::Reset {
         rc_init(qp, access)?;
     }
-    let mut a = QpAttr {
-        qp_access_flags: Some(access),
-        port_num: 1,
-        ..Default::default()
-    };
-    a.qp_state = Some(QpState::Rtr);
-    a.av = AddressVector::new(remote);
-    a.path_mtu = Some(mtu);
-    a.dest_qp_num = rqpn;
-    a.rq_psn = rpsn;
-    a.max_dest_rd_atomic = 16;
-    a.min_rnr_timer = 12;
-    qp.modify(
-        &a,
-        M::STATE
-            | M::AV
-            | M::PATH_MTU
-            | M::DEST_QPN
-            | M::RQ_PSN
-            | M::MAX_DEST_RD_ATOMIC
-            | M::MIN_RNR_TIMER,
-    )
-    .map_err(err("modify QP to RTR"))?;
-    a.qp_state = Some(QpState::Rts);
-    a.timeout = 14;
-    a.retry_cnt = 7;
-    a.rnr_retry = 7;
-    a.sq_psn = my_psn;
-    a.max_rd_atomic = 16;
-    qp.modify(
-        &a,
-        M::STATE | M::SQ_PSN | M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::MAX_QP_RD_ATOMIC,
-    )
-    .map_err(err("modify QP to RTS"))
+    qp.to_rts(&RcPath {
+        mtu,
+        min_rnr_timer: 12,
+        ..RcPath::new(remote, rqpn, rpsn, my_psn)
+    })
+    .map_err(err("modify QP to RTR/RTS"))
 }
 
 const UD_QKEY: u32 = 0x1111_1111;
