@@ -3,9 +3,10 @@
 # (4 KiB random read and write at QD32, 128 KiB sequential read and write at QD8), timed, raw
 # device, libaio with O_DIRECT; each job is framed by events so that the host can take rtgtd's
 # CPU time over it. The figures go to $LAB_OUT/bench.txt, one line per job. Then, rtgtd
-# stopped, the guest's rxe alone: ib_read_bw and ib_write_bw (128 KiB messages) against
-# `rtgt-rdma perftest` on the host, the ceiling of what the guest's rxe receives and sends
-# with no SCSI on top; their figures go to $LAB_OUT/ceiling.txt.
+# stopped, the guest's rxe alone: ib_read_bw and ib_write_bw (4 KiB messages 32 deep, then
+# 128 KiB ones) against `rtgt-rdma perftest` on the host, the ceiling of what the guest's rxe
+# receives and sends with no SCSI on top; their figures go to $LAB_OUT/ceiling.txt (test,
+# size, MB/s, messages a second).
 set -euo pipefail
 portal=$LAB_HOST_IP
 node=(-m node -T "$TARGET_IQN" -p "$portal")
@@ -75,15 +76,20 @@ dev=$(lab_wwn_disk "$DISK_WWN" 60) || lab_fail "no SRP disk with WWN $DISK_WWN"
 bench srp "$dev"
 lab_srp_remove_all || lab_fail "remote port not deleted"
 
-lab_step "rxe0 alone: ib_read_bw and ib_write_bw, $CEILING_SIZE bytes"
+lab_step "rxe0 alone: ib_read_bw and ib_write_bw, ${CEILING_SIZES// /, } bytes"
 lab_signal ceiling
-for t in read write; do
-    lab_wait "host-ready-$t" 120 || lab_fail "the host did not start rtgt-rdma perftest ($t)"
-    log=$LAB_OUT/ib_${t}_bw.log
-    lab_perftest "$log" "ib_${t}_bw" -d rxe0 -x 1 -F -n "$CEILING_ITERS" -s "$CEILING_SIZE" \
-        --report_gbits "$portal" || lab_fail "ib_${t}_bw failed"
-    mbs=$(awk -v s="$CEILING_SIZE" '$1 == s { printf "%.1f", $4 * 1000 / 8; found = 1 }
-        END { exit !found }' "$log") || lab_fail "ib_${t}_bw: no result line for $CEILING_SIZE bytes"
-    echo "$t $mbs" | tee -a "$LAB_OUT/ceiling.txt"
+for size in $CEILING_SIZES; do
+    # As many messages as the fio jobs move in a few seconds here: 4 KiB ones by the
+    # thousand, 128 KiB ones by the hundred.
+    iters=$((size <= 4096 ? CEILING_ITERS * 10 : CEILING_ITERS))
+    for t in read write; do
+        lab_wait "host-ready-$t-$size" 120 || lab_fail "the host did not start rtgt-rdma perftest ($t, $size)"
+        log=$LAB_OUT/ib_${t}_bw-$size.log
+        lab_perftest "$log" "ib_${t}_bw" -d rxe0 -x 1 -F -n "$iters" -s "$size" -t 32 \
+            --report_gbits "$portal" || lab_fail "ib_${t}_bw -s $size failed"
+        figures=$(awk -v s="$size" '$1 == s { printf "%.1f %.0f", $4 * 1000 / 8, $5 * 1e6; found = 1 }
+            END { exit !found }' "$log") || lab_fail "ib_${t}_bw: no result line for $size bytes"
+        echo "$t $size $figures" | tee -a "$LAB_OUT/ceiling.txt"
+    done
 done
 lab_step "fabrics-bench done"

@@ -3,15 +3,17 @@
 # tap address; while the guest runs each fio job, rtgtd's CPU time is taken from /proc, and at
 # the end the guest's figures and the CPU time make one table with the ratios to TCP. Then
 # rtgtd stops and `rtgt-rdma perftest` serves the guest's ib_read_bw and ib_write_bw, the
-# guest's rxe alone, for the ratios of the 128 KiB rows to what that rxe moves at all.
+# guest's rxe alone, for the ratios of the 4 KiB rows (IOPS against messages a second) and
+# the 128 KiB rows (MB/s) to what that rxe moves at all.
 
 RTGT_IQN=iqn.2025-01.io.rtgt.lab:bench
 BENCH_WWN=6001405aabbccdd0011223344556677b
 # Seconds per fio job (3 fabrics x 4 jobs).
 BENCH_SECONDS=${LAB_BENCH_SECONDS:-10}
 BENCH_JOBS=12
-# The rxe ceiling: message size and iterations of ib_read_bw / ib_write_bw.
-CEILING_SIZE=131072
+# The rxe ceiling: message sizes of ib_read_bw / ib_write_bw and iterations at 128 KiB
+# (ten times as many at 4 KiB).
+CEILING_SIZES="4096 131072"
 CEILING_ITERS=${LAB_CEILING_ITERS:-400}
 
 rtgtd_pid() { awk '$2 == "rtgtd" { p = $1 } END { print p }' "$LAB_WORK/daemons"; }
@@ -56,7 +58,7 @@ YAML
     local add
     add=$(lab_rtgtd_add_target rtgtd.log "$LAB_HOST_IP:5555" 30) || return 1
     lab_guest_export TARGET_IQN="$RTGT_IQN" SRP_TARGET="$add" DISK_WWN="$BENCH_WWN" \
-        BENCH_SECONDS="$BENCH_SECONDS" CEILING_SIZE="$CEILING_SIZE" CEILING_ITERS="$CEILING_ITERS"
+        BENCH_SECONDS="$BENCH_SECONDS" CEILING_SIZES="$CEILING_SIZES" CEILING_ITERS="$CEILING_ITERS"
 }
 
 host_run() {
@@ -75,16 +77,21 @@ host_run() {
     lab_stop_daemon rtgtd 10
     # shellcheck source=/dev/null
     source "$LAB_WORK/rtgt-rdma.env"
-    local t status
-    for t in read write; do
-        lab_start_daemon "perftest-$t" "$RTGT_RDMA" perftest --test "$t" --local "$LAB_HOST_IP" \
-            -s "$CEILING_SIZE" -m 4096 --eth-mtu "$LAB_MTU" --timeout 240
-        lab_signal "host-ready-$t"
-        status=$(lab_daemon_status "perftest-$t" 260) || {
-            echo "rtgt-rdma perftest ($t) did not finish"
-            return 1
-        }
-        ((status == 0)) || { echo "rtgt-rdma perftest ($t) failed with status $status"; return 1; }
+    local t size status
+    for size in $CEILING_SIZES; do
+        for t in read write; do
+            lab_start_daemon "perftest-$t-$size" "$RTGT_RDMA" perftest --test "$t" \
+                --local "$LAB_HOST_IP" -s "$size" -m 4096 --eth-mtu "$LAB_MTU" --timeout 240
+            lab_signal "host-ready-$t-$size"
+            status=$(lab_daemon_status "perftest-$t-$size" 260) || {
+                echo "rtgt-rdma perftest ($t, $size) did not finish"
+                return 1
+            }
+            ((status == 0)) || {
+                echo "rtgt-rdma perftest ($t, $size) failed with status $status"
+                return 1
+            }
+        done
     done
 }
 
@@ -121,22 +128,33 @@ host_check() {
                     (tiops[k] > 0 ? iops[i] / tiops[k] : 0), (tcpg[k] > 0 ? cpg[i] / tcpg[k] : 0)
             }
         }' "$LAB_WORK/cpu.txt" "$figures" | while IFS= read -r line; do lab_report "$line"; done
-    # The 128 KiB rows against the guest's rxe alone: reads move data to the guest (as
-    # ib_read_bw does), writes from it (as ib_write_bw does).
+    # The 4 KiB and 128 KiB rows against the guest's rxe alone: reads move data to the guest
+    # (as ib_read_bw does), writes from it (as ib_write_bw does); IOPS against messages a
+    # second at 4 KiB, MB/s at 128 KiB.
     local ceiling=$LAB_SHARE/out/ceiling.txt
-    [[ $(wc -l <"$ceiling" 2>/dev/null) == 2 ]] || {
-        echo "the guest reported no rxe ceiling"
+    [[ $(wc -l <"$ceiling" 2>/dev/null) == 4 ]] || {
+        echo "the guest reported $(wc -l <"$ceiling" 2>/dev/null || echo no) of 4 rxe ceilings"
         return 1
     }
-    awk 'NR == FNR { c[$1] = $2; next }
-        $3 ~ /^(read|write)-128k/ { split($3, w, "-"); m[$2 " " w[1]] = $5 }
+    awk 'NR == FNR { mbs[$1 " " $2] = $3; rate[$1 " " $2] = $4; next }
+        {
+            split($3, w, "-"); d = (w[1] ~ /read/) ? "read" : "write"
+            if (w[2] == "4k") iops[$2 " " d] = $4
+            if (w[2] == "128k") bw[$2 " " d] = $5
+        }
         END {
-            printf "guest rxe alone (ib_*_bw, 128 KiB): receives %.1f MB/s, sends %.1f MB/s\n", c["read"], c["write"]
+            printf "guest rxe alone (ib_*_bw): 4 KiB x32 receives %.0f/s, sends %.0f/s; 128 KiB receives %.1f MB/s, sends %.1f MB/s\n",
+                rate["read 4096"], rate["write 4096"], mbs["read 131072"], mbs["write 131072"]
             split("tcp iser srp", fabs, " "); split("read write", dirs, " ")
             for (i = 1; i <= 3; i++) for (j = 1; j <= 2; j++) {
-                f = fabs[i] " " dirs[j]
-                if ((f in m) && c[dirs[j]] > 0)
-                    printf "  %-5s 128 KiB %-5s %6.1f MB/s = %4.2fx of the rxe alone\n", fabs[i], dirs[j], m[f], m[f] / c[dirs[j]]
+                f = fabs[i] " " dirs[j]; c = rate[dirs[j] " 4096"]
+                if ((f in iops) && c > 0)
+                    printf "  %-5s 4 KiB   %-5s %6.0f IOPS = %4.2fx of the rxe alone\n", fabs[i], dirs[j], iops[f], iops[f] / c
+            }
+            for (i = 1; i <= 3; i++) for (j = 1; j <= 2; j++) {
+                f = fabs[i] " " dirs[j]; c = mbs[dirs[j] " 131072"]
+                if ((f in bw) && c > 0)
+                    printf "  %-5s 128 KiB %-5s %6.1f MB/s = %4.2fx of the rxe alone\n", fabs[i], dirs[j], bw[f], bw[f] / c
             }
         }' "$ceiling" "$figures" | while IFS= read -r line; do lab_report "$line"; done
 }
