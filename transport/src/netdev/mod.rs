@@ -20,6 +20,7 @@ use std::future::Future;
 use std::io;
 use std::time::Duration;
 
+use crate::poll::PollBudget;
 use crate::verbs::Device;
 pub use crate::verbs::{Expected, Outgoing, RxSink};
 
@@ -143,6 +144,11 @@ impl Device {
     }
 }
 
+/// Fruitless polling windows in a row after which [`run`] sleeps at once: a peer late a few
+/// times in a busy stream keeps the engine polling, a peer that is always slower than the
+/// window (an emulated guest, a host at queue depth 1 far away) does not.
+pub const POLL_TOLERANCE: u8 = 8;
+
 /// A netdev that can wait for received datagrams, so an async runner can sleep.
 pub trait AsyncNetDev: NetDev {
     /// Resolves when [`NetDev::receive`] may return a datagram (spurious wake-ups allowed).
@@ -156,24 +162,40 @@ pub trait AsyncNetDev: NetDev {
 /// With a [`crate::verbs::DeviceConfig::busy_poll`] time the runner keeps trying the link
 /// for that long after the last datagram moved (yielding to the runtime's other tasks
 /// between tries) before it sleeps: the next request of a busy peer then costs no wake-up.
-/// An idle device sleeps as without it.
+/// An idle device sleeps as without it, and so does one whose peers keep it waiting longer
+/// than the window: after [`POLL_TOLERANCE`] fruitless windows in a row it sleeps at once
+/// until, after a sleep, datagrams again move within the window ([`PollBudget`]).
 pub async fn run<N: AsyncNetDev>(dev: Device, mut netdev: N) -> io::Result<()> {
     let epoch = tokio::time::Instant::now();
-    let busy_poll = dev.busy_poll();
+    let mut budget = PollBudget::new(dev.busy_poll(), POLL_TOLERANCE);
     let mut last_moved = std::time::Duration::ZERO;
+    // Whether the runner tried the link in vain since the last datagram moved, and whether it
+    // slept since.
+    let (mut polled, mut slept) = (false, false);
     loop {
         let now = epoch.elapsed();
         // Keep going while datagrams move; otherwise sleep until a datagram arrives, work is
         // posted or a timer is due (a QP blocked on its window waits for ACKs, not the CPU).
         if dev.drive(&mut netdev, now) > 0 {
+            if std::mem::take(&mut slept) {
+                budget.resumed_after(now.saturating_sub(last_moved));
+            } else if polled {
+                budget.hit();
+            }
+            polled = false;
             last_moved = now;
             tokio::task::yield_now().await;
             continue;
         }
-        if now.saturating_sub(last_moved) < busy_poll {
+        if now.saturating_sub(last_moved) < budget.window() {
+            polled = true;
             tokio::task::yield_now().await;
             continue;
         }
+        if std::mem::take(&mut polled) {
+            budget.expired();
+        }
+        slept = true;
         let sleep = match dev.next_deadline() {
             Some(d) => d.saturating_sub(now),
             None => std::time::Duration::from_secs(3600),
