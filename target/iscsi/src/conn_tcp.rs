@@ -23,6 +23,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use bytes::{Buf, BytesMut};
 use rtgt_backstore::IoBuf;
+use rtgt_transport::poll::PollBudget;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, Interest};
 use tokio::net::tcp::OwnedWriteHalf;
 use tokio::net::TcpStream;
@@ -900,35 +901,35 @@ async fn writer(driver: Arc<TcpDriver>) {
 /// Waking a sleeping thread when the next command arrives costs more than the rest of a
 /// 4 KiB read at queue depth 1. So once a connection's answers are all written, its reader
 /// keeps trying the socket for up to the budget, yielding to the runtime's other tasks
-/// between tries. Polling is armed only while commands arrive within the budget of the
-/// connection going idle: a connection that found nothing stops polling until it again
-/// sleeps for less than the budget, so idle and slow connections cost no CPU.
+/// between tries, while polling pays ([`PollBudget`] with a tolerance of one: a connection
+/// that found nothing stops polling until it again sleeps for less than the budget, so idle
+/// and slow connections cost no CPU). A connection is one initiator's stream, so its first
+/// fruitless window is enough to stop; the soft-RoCE engine, which serves many, tolerates
+/// more.
 struct BusyPoll {
-    budget: Duration,
-    armed: bool,
+    budget: PollBudget,
 }
 
 impl BusyPoll {
     fn new(budget: Duration) -> BusyPoll {
         BusyPoll {
-            budget,
-            armed: !budget.is_zero(),
+            budget: PollBudget::new(budget, 1),
         }
     }
 
     fn armed(&self) -> bool {
-        self.armed
+        self.budget.armed()
     }
 
     /// The reader slept for `d` before the next bytes arrived.
     fn slept(&mut self, d: Duration) {
-        self.armed = !self.budget.is_zero() && d <= self.budget;
+        self.budget.resumed_after(d);
     }
 
     /// Tries `fd` until bytes arrive in `buf` (their count, 0 at end of stream) or the
     /// budget is spent (`WouldBlock`, and polling is disarmed).
     async fn poll(&mut self, fd: RawFd, buf: &mut BytesMut) -> std::io::Result<usize> {
-        let until = std::time::Instant::now() + self.budget;
+        let until = std::time::Instant::now() + self.budget.window();
         loop {
             match recv_now(fd, buf) {
                 Err(e)
@@ -939,7 +940,7 @@ impl BusyPoll {
                 r => return r,
             }
             if std::time::Instant::now() >= until {
-                self.armed = false;
+                self.budget.expired();
                 return Err(std::io::ErrorKind::WouldBlock.into());
             }
             tokio::task::yield_now().await;
