@@ -3,7 +3,8 @@
 # (`rtgt-iscsi bench` over TCP and with `--iser`, `rtgt-srp bench`) against a null LUN and a
 # tmpfs-backed file LUN, 4 KiB random read and write at iodepth 32 and 128 KiB sequential read
 # and write at iodepth 8, with rtgtd's CPU time per I/O for each and the ratios of both RDMA
-# fabrics to TCP, and the mean and p99 latency each initiator saw; two initiators at once (4 KiB random read, QD32 each: rtgtd's engine threads,
+# fabrics to TCP, the mean and p99 latency each initiator saw, and the whole machine's CPU time
+# per I/O (initiator, target and kernel: on a machine both ends share, the bound on IOPS); two initiators at once (4 KiB random read, QD32 each: rtgtd's engine threads,
 # one per CPU, each take one connection); then the soft-RoCE ceiling of this machine (`rtgt-rdma bench`: RDMA
 # WRITE/READ bandwidth of two rtgt devices over UDP loopback, no SCSI) for the RDMA figures to
 # be read against.
@@ -18,7 +19,9 @@
 # without polling.
 #
 # Usage: tests/bench/fabrics.sh [--seconds N] [--size MiB] [--poll MICROS]
-#                               [--cpus TARGET,INITIATOR | --no-pin]
+#                               [--cpus TARGET,INITIATOR | --no-pin] [--rows REGEX]
+# --rows runs only the workloads whose name (as printed, e.g. "tmpfs write 128k QD8") matches
+# the extended regular expression, and skips the soft-RoCE ceiling unless it matches "ceiling".
 # Not pinned by default: over RDMA both ends run a soft-RoCE engine in their own process, while
 # over TCP half of the work is the kernel's; pinning each side to one CPU charges that difference
 # to the RDMA fabrics (`--cpus 1,0` pins anyway, as run.sh does).
@@ -27,7 +30,7 @@
 # Ethernet MTU of 9000 (RDMA path MTU 4096). Builds rtgtd, rtgt-iscsi and rtgt-rdma (release).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-secs=10 size_mib=1024 cpus="" poll=1000
+secs=10 size_mib=1024 cpus="" poll=1000 rows=""
 args=("$@")
 while (($#)); do
     case $1 in
@@ -36,7 +39,8 @@ while (($#)); do
     --cpus) cpus=$2; shift ;;
     --no-pin) cpus="" ;;
     --poll) poll=$2; shift ;;
-    *) echo "usage: $0 [--seconds N] [--size MiB] [--poll MICROS] [--cpus TARGET,INITIATOR | --no-pin]" >&2; exit 2 ;;
+    --rows) rows=$2; shift ;;
+    *) echo "usage: $0 [--seconds N] [--size MiB] [--poll MICROS] [--cpus TARGET,INITIATOR | --no-pin] [--rows REGEX]" >&2; exit 2 ;;
     esac
     shift
 done
@@ -109,17 +113,22 @@ done
 # CPU time rtgtd has used so far, in clock ticks (user + system).
 hz=$(getconf CLK_TCK)
 target_ticks() { awk '{ print $14 + $15 }' "/proc/$rtgtd_pid/stat"; }
-# measure CMD... -> "IOPS MB/s TARGET_CPU_US_PER_IO MEAN_US P99_US" of an initiator's bench run
+# CPU time every CPU of the machine has spent busy so far (user, nice, system, irq, softirq,
+# steal), in clock ticks: the initiator, the target and the kernel's network work together.
+machine_ticks() { awk '/^cpu / { print $2 + $3 + $4 + $7 + $8 + $9 }' /proc/stat; }
+# measure CMD... -> "IOPS MB/s TARGET_CPU_US_PER_IO MEAN_US P99_US MACHINE_CPU_US_PER_IO" of an
+# initiator's bench run
 measure() {
-    local t0 t1 out ios iops mbs
-    t0=$(target_ticks)
+    local t0 t1 m0 m1 out ios iops mbs
+    t0=$(target_ticks) m0=$(machine_ticks)
     out=$("${on_initiator[@]}" "$@" 2>>"$work/bench.err" | parse | tail -1)
-    t1=$(target_ticks)
+    t1=$(target_ticks) m1=$(machine_ticks)
     # The target's CPU over the whole run (login and logout included) per I/O done.
     read -r ios iops mbs avg p99 <<<"$out"
-    awk -v t="$((t1 - t0))" -v hz="$hz" -v n="${ios:-0}" -v i="${iops:-0}" -v m="${mbs:-0}" \
-        -v a="${avg:-0}" -v p="${p99:-0}" \
-        'BEGIN { printf "%s %s %.1f %s %s\n", i, m, (n > 0 ? t * 1e6 / hz / n : 0), a, p }'
+    awk -v t="$((t1 - t0))" -v mt="$((m1 - m0))" -v hz="$hz" -v n="${ios:-0}" -v i="${iops:-0}" \
+        -v m="${mbs:-0}" -v a="${avg:-0}" -v p="${p99:-0}" \
+        'BEGIN { printf "%s %s %.1f %s %s %.1f\n", i, m, (n > 0 ? t * 1e6 / hz / n : 0), a, p,
+                 (n > 0 ? mt * 1e6 / hz / n : 0) }'
 }
 # An initiator's report line -> "IOS IOPS MB/s MEAN_US P99_US"
 parse() {
@@ -141,8 +150,8 @@ sbench() {
 # pair FABRIC LUN -> "IOPS MB/s TARGET_CPU_US_PER_IO" of two initiators at once (from 127.0.0.2
 # and 127.0.0.3), 4 KiB random reads at QD32 each: rtgtd's engine threads each take one.
 pair() {
-    local fab=$1 lun=$2 t0 t1 i cmd pp=()
-    t0=$(target_ticks)
+    local fab=$1 lun=$2 t0 t1 m0 m1 i cmd pp=()
+    t0=$(target_ticks) m0=$(machine_ticks)
     for i in 2 3; do
         case $fab in
         tcp) cmd=("$bin/rtgt-iscsi") ;;
@@ -159,12 +168,13 @@ pair() {
         pp+=($!)
     done
     wait "${pp[@]}" || true
-    t1=$(target_ticks)
+    t1=$(target_ticks) m1=$(machine_ticks)
     # Sums; the latencies are the worse initiator's.
     cat "$work/pair.2" "$work/pair.3" | parse |
-        awk -v t="$((t1 - t0))" -v hz="$hz" '{ n += $1; i += $2; m += $3
+        awk -v t="$((t1 - t0))" -v mt="$((m1 - m0))" -v hz="$hz" '{ n += $1; i += $2; m += $3
                 if ($4 > a) a = $4; if ($5 > p) p = $5 }
-            END { printf "%d %.1f %.1f %d %d\n", i, m, (n > 0 ? t * 1e6 / hz / n : 0), a, p }'
+            END { printf "%d %.1f %.1f %d %d %.1f\n", i, m, (n > 0 ? t * 1e6 / hz / n : 0), a, p,
+                  (n > 0 ? mt * 1e6 / hz / n : 0) }'
 }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2fx", a / b; else print "n/a" }'; }
 
@@ -172,29 +182,36 @@ echo "IOPS, MB/s and target CPU (rtgtd's user + system time over the run, in us 
 echo "the ratios are IOPS and CPU per I/O of iSER and SRP to iSCSI/TCP"
 printf '%-26s %27s %27s %27s %11s %11s\n' workload "iSCSI/TCP" "iSER" "SRP" "iSER/TCP" "SRP/TCP"
 cell() { printf '%s IOPS %s MB/s %s us' "${1:-0}" "${2:-0}" "${3:-0}"; }
-lat_rows=()
-# row NAME "TCP" "ISER" "SRP": each "IOPS MB/s CPU MEAN P99"; prints the row, keeps the latencies.
+lat_rows=() cpu_rows=()
+# row NAME "TCP" "ISER" "SRP": each "IOPS MB/s CPU MEAN P99 MACHINE_CPU"; prints the row, keeps
+# the latencies and the machine's CPU per I/O.
 row() {
-    local ti tm tc ta tp ii im ic ia ip si sm sc sa sp
-    read -r ti tm tc ta tp <<<"$2"
-    read -r ii im ic ia ip <<<"$3"
-    read -r si sm sc sa sp <<<"$4"
+    local ti tm tc ta tp tx ii im ic ia ip ix si sm sc sa sp sx
+    read -r ti tm tc ta tp tx <<<"$2"
+    read -r ii im ic ia ip ix <<<"$3"
+    read -r si sm sc sa sp sx <<<"$4"
     printf '%-26s %27s %27s %27s %5s %5s %5s %5s\n' "$1" \
         "$(cell "$ti" "$tm" "$tc")" "$(cell "$ii" "$im" "$ic")" "$(cell "$si" "$sm" "$sc")" \
         "$(ratio "${ii:-0}" "${ti:-0}")" "$(ratio "${ic:-0}" "${tc:-0}")" \
         "$(ratio "${si:-0}" "${ti:-0}")" "$(ratio "${sc:-0}" "${tc:-0}")"
     lat_rows+=("$(printf '%-26s %10s %10s %10s %10s %10s %10s' "$1" "${ta:-0}" "${tp:-0}" \
         "${ia:-0}" "${ip:-0}" "${sa:-0}" "${sp:-0}")")
+    cpu_rows+=("$(printf '%-26s %10s %10s %10s %10s %10s' "$1" "${tx:-0}" "${ix:-0}" "${sx:-0}" \
+        "$(ratio "${ix:-0}" "${tx:-0}")" "$(ratio "${sx:-0}" "${tx:-0}")")")
 }
+# wanted NAME: whether --rows selects the workload NAME
+wanted() { [[ -z $rows || $1 =~ $rows ]]; }
 for l in 0:null 1:tmpfs; do
     for w in "randread 4k 32" "randwrite 4k 32" "read 128k 8" "write 128k 8"; do
         read -r rw bs qd <<<"$w"
+        wanted "${l#*:} $rw $bs QD$qd" || continue
         row "${l#*:} $rw $bs QD$qd" "$(ibench "${l%%:*}" "$rw" "$bs" "$qd" || true)" \
             "$(ibench "${l%%:*}" "$rw" "$bs" "$qd" --iser 127.0.0.2 --eth-mtu 9000 --busy-poll "$poll" || true)" \
             "$(sbench "${l%%:*}" "$rw" "$bs" "$qd" || true)"
     done
 done
 for l in 0:null 1:tmpfs; do
+    wanted "${l#*:} randread 4k QD32 x2" || continue
     row "${l#*:} randread 4k QD32 x2" "$(pair tcp "${l%%:*}" || true)" \
         "$(pair iser "${l%%:*}" || true)" "$(pair srp "${l%%:*}" || true)"
 done
@@ -203,9 +220,15 @@ echo "latency seen by the initiator, mean and 99th percentile in us (x2: the wor
 printf '%-26s %10s %10s %10s %10s %10s %10s\n' workload "TCP mean" "TCP p99" "iSER mean" \
     "iSER p99" "SRP mean" "SRP p99"
 printf '%s\n' "${lat_rows[@]}"
+echo
+echo "the whole machine's CPU per I/O in us (initiator, target and kernel; both ends share these CPUs,"
+echo "so IOPS over the machine's CPUs is bounded by its inverse), with the ratios to iSCSI/TCP"
+printf '%-26s %10s %10s %10s %10s %10s\n' workload TCP iSER SRP iSER/TCP SRP/TCP
+printf '%s\n' "${cpu_rows[@]}"
 if grep -E 'panicked|ERROR' "$work/rtgtd.log"; then
     echo "bench: rtgtd logged errors" >&2
 fi
+wanted ceiling || exit 0
 echo
 echo "soft-RoCE ceiling on this machine (rtgt-rdma bench, two devices over UDP loopback, MTU 4096):"
 "$bin/rtgt-rdma" bench --seconds 2 --busy-poll "$poll" 2>&1 | sed 's/^/  /'

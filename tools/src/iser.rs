@@ -32,6 +32,34 @@ pub struct IserTransport {
     cm: std::sync::Mutex<Option<Arc<CmConn>>>,
     /// Read buffers of finished commands, for the next ones.
     buffers: ReadBuffers,
+    /// Fast-registration MRs of finished commands, for the next ones.
+    mrs: FrPool,
+}
+
+/// Fast-registration MRs a connection keeps, as ib_iser's descriptor pool: each is allocated
+/// once and given a new key (IB_WR_REG_MR) for every command that uses it, after a local
+/// invalidation unless the target's SEND with Invalidate already freed it.
+#[derive(Default)]
+struct FrPool(std::sync::Mutex<Vec<FrDesc>>);
+
+/// MRs kept per connection.
+const KEPT_MRS: usize = 256;
+
+/// One MR of the pool.
+pub struct FrDesc {
+    mr: Arc<Mr>,
+    /// The key the MR answers to while it may still be valid (registered and not invalidated
+    /// by the target): it must be invalidated locally before the next registration.
+    valid: Option<u32>,
+}
+
+impl FrDesc {
+    /// The target's SEND with Invalidate invalidated `key`: the MR is free again if it was ours.
+    fn invalidated(&mut self, key: u32) {
+        if self.valid == Some(key) {
+            self.valid = None;
+        }
+    }
 }
 
 impl IserTransport {
@@ -50,6 +78,7 @@ impl IserTransport {
             poller: std::sync::Mutex::new(Some(poller)),
             cm: std::sync::Mutex::new(None),
             buffers: ReadBuffers::default(),
+            mrs: FrPool::default(),
         }))
     }
 
@@ -105,38 +134,64 @@ impl IserTransport {
             .map_err(|_| IscsiError::Protocol("memory registration"))
     }
 
-    /// Fast-registers `region` (IB_WR_REG_MR, as ib_iser does) and returns the MR with the
-    /// key it now answers to. The registration is posted, not awaited: the send queue runs
+    /// Fast-registers `region` (IB_WR_REG_MR, as ib_iser does) with an MR of the pool and
+    /// returns it with the key it now answers to. The registration (and the local invalidation
+    /// before it, when the MR may still be valid) is posted, not awaited: the send queue runs
     /// it before anything posted after it (the command that advertises the key), and a
-    /// failure fails the connection. The work request holds the MR until it completes.
+    /// failure fails the connection. The work requests hold the MR until they complete.
     pub async fn fast_register(
         &self,
         region: Arc<Region>,
         access: Access,
-    ) -> Result<(Arc<Mr>, u32), IscsiError> {
-        let len = region.len().max(1);
-        let mr = Arc::new(
-            self.pd
-                .alloc_mr(len)
-                .map_err(|_| IscsiError::Protocol("memory registration"))?,
-        );
+    ) -> Result<FrDesc, IscsiError> {
+        let kept = lock(&self.mrs.0).pop();
+        let mut desc = match kept {
+            Some(d) => d,
+            None => FrDesc {
+                // The limit of a fast registration, not memory: any command's buffer fits.
+                mr: Arc::new(
+                    self.pd
+                        .alloc_mr(u32::MAX as usize)
+                        .map_err(|_| IscsiError::Protocol("memory registration"))?,
+                ),
+                valid: None,
+            },
+        };
+        if let Some(key) = desc.valid.take() {
+            self.link.sq_credit().await?;
+            self.link.post_op(
+                SendOp::LocalInv { key },
+                rtgt_transport::verbs::SgList::new(),
+                Hold::Mr(desc.mr.clone()),
+                false,
+            )?;
+        }
         let variant = self.variant.fetch_add(1, Ordering::Relaxed);
-        let key = mr.key_with_variant(variant);
+        let key = desc.mr.key_with_variant(variant);
         self.link.sq_credit().await?;
         self.link.post_op(
             SendOp::FastReg(FastReg {
                 key,
                 iova: region.addr(),
-                region,
                 offset: 0,
-                length: len,
+                length: region.len().max(1),
+                region,
                 access: access | Access::LOCAL_WRITE,
             }),
             rtgt_transport::verbs::SgList::new(),
-            Hold::Mr(mr.clone()),
+            Hold::Mr(desc.mr.clone()),
             false,
         )?;
-        Ok((mr, key))
+        desc.valid = Some(key);
+        Ok(desc)
+    }
+
+    /// Takes `desc` back for later commands.
+    fn give_mr(&self, desc: FrDesc) {
+        let mut kept = lock(&self.mrs.0);
+        if kept.len() < KEPT_MRS {
+            kept.push(desc);
+        }
     }
 
     pub fn is_closed(&self) -> bool {
@@ -222,12 +277,12 @@ pub async fn connect(
 }
 
 /// The memory of one SCSI command on an iSER initiator: the registered read and write
-/// buffers and the iSER header that advertises them. The read buffer goes back to the
-/// transport when the command is done with it.
+/// buffers and the iSER header that advertises them. The buffers and MRs go back to the
+/// transport when the command is done with them.
 pub struct CommandMemory {
     pub header: [u8; HEADER_LEN],
-    read: Option<(Arc<Region>, Arc<Mr>)>,
-    _write: Option<Arc<Mr>>,
+    read: Option<(Arc<Region>, FrDesc)>,
+    write: Option<FrDesc>,
     transport: Arc<IserTransport>,
 }
 
@@ -244,43 +299,49 @@ impl CommandMemory {
         corrupt_stag: bool,
     ) -> Result<CommandMemory, IscsiError> {
         let garble = |k: u32| if corrupt_stag { k ^ 0x00a5_5a00 } else { k };
-        let mut read = None;
+        let stag = |d: &FrDesc, va: u64| rtgt_iscsi::iser::header::Stag {
+            stag: garble(d.valid.unwrap_or_default()),
+            va,
+        };
+        let mut mem = CommandMemory {
+            header: [0; HEADER_LEN],
+            read: None,
+            write: None,
+            transport: t.clone(),
+        };
         let mut read_stag = None;
         if in_len > 0 {
             let region = t.buffers.take(in_len as usize);
-            let (mr, key) = t
+            let desc = t
                 .fast_register(region.clone(), Access::REMOTE_WRITE)
                 .await?;
-            read_stag = Some(rtgt_iscsi::iser::header::Stag {
-                stag: garble(key),
-                va: region.addr(),
-            });
-            read = Some((region, mr));
+            read_stag = Some(stag(&desc, region.addr()));
+            mem.read = Some((region, desc));
         }
-        let mut write = None;
         let mut write_stag = None;
         if let Some(d) = data_out {
             if d.len() > unsolicited {
                 let region = Arc::new(Region::from_vec(d.to_vec()));
-                let (mr, key) = t.fast_register(region.clone(), Access::REMOTE_READ).await?;
-                write_stag = Some(rtgt_iscsi::iser::header::Stag {
-                    stag: garble(key),
-                    va: region.addr() + unsolicited as u64,
-                });
-                write = Some(mr);
+                let va = region.addr() + unsolicited as u64;
+                let desc = t.fast_register(region, Access::REMOTE_READ).await?;
+                write_stag = Some(stag(&desc, va));
+                mem.write = Some(desc);
             }
         }
-        let header = Repr::Control {
+        mem.header = Repr::Control {
             write: write_stag,
             read: read_stag,
         }
         .to_bytes();
-        Ok(CommandMemory {
-            header,
-            read,
-            _write: write,
-            transport: t.clone(),
-        })
+        Ok(mem)
+    }
+
+    /// The target's SCSI Response came with Invalidate of `key`.
+    pub fn invalidated(&mut self, key: u32) {
+        let read = self.read.as_mut().map(|(_, d)| d);
+        for d in read.into_iter().chain(self.write.as_mut()) {
+            d.invalidated(key);
+        }
     }
 
     /// Copies the first bytes the target wrote into the read buffer to `out`; returns how
@@ -299,10 +360,19 @@ impl CommandMemory {
 
 impl Drop for CommandMemory {
     fn drop(&mut self) {
-        if let Some((region, mr)) = self.read.take() {
-            // The MR (and with it the device's reference to the region) goes first.
-            drop(mr);
-            self.transport.buffers.give(region);
+        let t = &self.transport;
+        if let Some((region, desc)) = self.read.take() {
+            // An MR the target did not invalidate still refers to the region (until its next
+            // registration invalidates it): that buffer is not reused.
+            t.give_mr(desc);
+            t.buffers.give(region);
+        }
+        if let Some(desc) = self.write.take() {
+            t.give_mr(desc);
         }
     }
+}
+
+fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }

@@ -33,7 +33,7 @@ use bytes::Bytes;
 use rtgt_backstore::IoBuf;
 use rtgt_transport::verbs::{
     Access, Cq, Mr, Pd, Qp, QpAttr, QpAttrMask, QpInitAttr, QpState, QpType, RecvWr, Region,
-    SendOp, SendWr, SgList, Sge, VerbsError, WcOpcode, WcStatus, WorkCompletion,
+    SendOp, SendWr, SgList, Sge, VerbsError, WcFlags, WcOpcode, WcStatus, WorkCompletion,
 };
 use tokio::sync::{oneshot, Notify, Semaphore};
 use tokio::time::Instant;
@@ -745,8 +745,9 @@ pub async fn poll_send(link: Arc<Link>, cq: Cq) {
 /// A receive completion.
 #[derive(Debug)]
 pub enum RxEvent {
-    /// One message, copied out of its ring slot.
-    Msg(Bytes),
+    /// One message, copied out of its ring slot, and the R_Key its SEND with Invalidate
+    /// invalidated (IB_WC_WITH_INVALIDATE).
+    Msg(Bytes, Option<u32>),
     /// The QP failed or was flushed.
     Failed(WcStatus),
 }
@@ -783,7 +784,11 @@ impl Receiver {
             if let Err(e) = self.ep.post_recv(slot) {
                 tracing::debug!(error = %e, "reposting a receive");
             }
-            out.push(RxEvent::Msg(Bytes::from(buf)));
+            let invalidated = wc
+                .flags
+                .contains(WcFlags::WITH_INVALIDATE)
+                .then_some(wc.imm_or_inv);
+            out.push(RxEvent::Msg(Bytes::from(buf), invalidated));
         }
     }
 
@@ -869,7 +874,7 @@ mod tests {
         rx.take(&mut ev);
         ev.into_iter()
             .map(|e| match e {
-                RxEvent::Msg(b) => b.to_vec(),
+                RxEvent::Msg(b, _) => b.to_vec(),
                 RxEvent::Failed(s) => panic!("receive failed: {s:?}"),
             })
             .collect()

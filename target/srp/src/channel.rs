@@ -300,7 +300,7 @@ impl Channel {
             let batch = self.link.batch_sends();
             for ev in events.drain(..) {
                 match ev {
-                    rdma::RxEvent::Msg(iu) => self.receive(iu),
+                    rdma::RxEvent::Msg(iu, _) => self.receive(iu),
                     rdma::RxEvent::Failed(status) => {
                         if !self.is_closed() {
                             tracing::info!(

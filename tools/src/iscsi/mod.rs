@@ -905,7 +905,7 @@ async fn reader_task(
             Ok(p) => p,
             Err(e) => break e,
         };
-        if let Err(e) = handle_pdu(&inner, pdu) {
+        if let Err(e) = handle_pdu(&inner, pdu, None) {
             break e;
         }
     };
@@ -915,11 +915,11 @@ async fn reader_task(
 
 async fn iser_reader_task(inner: Arc<Inner>, t: Arc<IserTransport>) {
     let err = loop {
-        let pdu = match t.recv().await {
-            Ok((_, p)) => p,
+        let (st, pdu) = match t.recv().await {
+            Ok(sp) => sp,
             Err(e) => break e,
         };
-        if let Err(e) = handle_pdu(&inner, pdu) {
+        if let Err(e) = handle_pdu(&inner, pdu, st.invalidated) {
             break e;
         }
     };
@@ -965,7 +965,8 @@ fn complete_other(inner: &Inner, itt: u32, reply: Reply) {
     }
 }
 
-fn handle_pdu(inner: &Arc<Inner>, pdu: RxPdu) -> Result<(), IscsiError> {
+/// Takes one PDU from the target; `invalidated` is the STag its iSER SEND invalidated.
+fn handle_pdu(inner: &Arc<Inner>, pdu: RxPdu, invalidated: Option<u32>) -> Result<(), IscsiError> {
     if !pdu.data_digest_ok {
         return Err(IscsiError::Protocol("data digest error from target"));
     }
@@ -979,7 +980,7 @@ fn handle_pdu(inner: &Arc<Inner>, pdu: RxPdu) -> Result<(), IscsiError> {
         BhsRepr::DataIn(d) => data_in(inner, d, &pdu.data),
         BhsRepr::ScsiResponse(r) => {
             update_sequence(inner, Some(r.stat_sn), r.exp_cmd_sn, r.max_cmd_sn);
-            scsi_response(inner, r, &pdu.data);
+            scsi_response(inner, r, &pdu.data, invalidated);
             Ok(())
         }
         BhsRepr::R2t(r) => {
@@ -1123,7 +1124,7 @@ fn data_in(inner: &Arc<Inner>, d: DataIn, data: &[u8]) -> Result<(), IscsiError>
     Ok(())
 }
 
-fn scsi_response(inner: &Inner, r: ScsiResponse, data: &[u8]) {
+fn scsi_response(inner: &Inner, r: ScsiResponse, data: &[u8], invalidated: Option<u32>) {
     let Some(Pending::Scsi(mut p)) = inner.st().pending.remove(&r.itt) else {
         return;
     };
@@ -1133,7 +1134,10 @@ fn scsi_response(inner: &Inner, r: ScsiResponse, data: &[u8]) {
     } else {
         Vec::new()
     };
-    if let Some(m) = &p.iser {
+    if let Some(m) = &mut p.iser {
+        if let Some(key) = invalidated {
+            m.invalidated(key);
+        }
         // The read data is already in the registered buffer (RDMA WRITE precedes the
         // response on the QP); the residual says how much of it is valid.
         let want = p.data_in.len();

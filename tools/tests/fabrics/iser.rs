@@ -171,7 +171,16 @@ impl Fab {
 
     /// Logs in; a normal session also takes the power-on unit attention.
     pub(crate) async fn connect(&mut self, cfg: LoginConfig) -> Result<Session, IscsiError> {
-        let ep = self.endpoints(true);
+        self.connect_with(true, cfg).await
+    }
+
+    /// [`Fab::connect`], the target answering with SEND with Invalidate or not (`send_inv`).
+    async fn connect_with(
+        &mut self,
+        send_inv: bool,
+        cfg: LoginConfig,
+    ) -> Result<Session, IscsiError> {
+        let ep = self.endpoints(send_inv);
         let normal = cfg.target_name.is_some();
         let s = Session::connect_iser(ep, SocketAddr::new(ip(1), PORT), cfg).await?;
         if normal {
@@ -366,6 +375,43 @@ async fn login_command_set_logout() {
     assert!(read(&s, 20_000, 16384).await == pattern(16384, 100)[..]);
     assert_eq!(s.logout().await.unwrap(), 0);
     f.settled().await;
+}
+
+/// The initiator keeps its fast-registration MRs, as ib_iser's pool: a run of reads and
+/// writes reuses the same few, with the target's SEND with Invalidate freeing them or, without
+/// it (and for commands that fail before data moves, whose keys stay valid), a local
+/// invalidation before each next registration; the data is right either way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fast_registration_mrs_are_kept_and_reused() {
+    for send_inv in [true, false] {
+        let mut f = fab(0, Auth::default()).await;
+        let s = f.connect_with(send_inv, cfg()).await.unwrap();
+        let before = f.init_pd.device().live_mrs();
+        for i in 0..60u64 {
+            let len = [512usize, 65536, 4096][i as usize % 3];
+            let data = pattern(len, i as u8);
+            write(&s, i * 256, data.clone(), false).await;
+            assert!(
+                read(&s, i * 256, len).await == data[..],
+                "{len} bytes at {} (send with invalidate {send_inv})",
+                i * 256
+            );
+            if i % 7 == 0 {
+                // Out of range: CHECK CONDITION before any data moves.
+                let c = cdb16(0x88, u64::MAX - 8, 1, 0);
+                let r = s.command(0, &c, None, 512).await.unwrap();
+                assert_eq!(r.sense_key().map(|k| k.0), Some(0x05), "{r:?}");
+            }
+        }
+        let grown = f.init_pd.device().live_mrs() - before;
+        assert!(
+            (1..=2).contains(&grown),
+            "{grown} MRs more after 129 commands one at a time (send with invalidate {send_inv})"
+        );
+        assert_eq!(s.logout().await.unwrap(), 0);
+        drop(s);
+        f.settled().await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -482,6 +482,11 @@ impl Device {
         self.inner.live_qps.load(Ordering::Acquire)
     }
 
+    /// Number of memory regions that exist (registered or allocated for fast registration).
+    pub fn live_mrs(&self) -> usize {
+        self.engine().mrs.count()
+    }
+
     /// Number of CQs that exist.
     pub fn live_cqs(&self) -> u32 {
         self.engine().cq_count.load(Ordering::Acquire)

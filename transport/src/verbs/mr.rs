@@ -70,7 +70,6 @@ impl MrTable {
         }
     }
 
-    #[allow(dead_code)]
     pub fn count(&self) -> usize {
         self.entries.iter().filter(|e| e.is_some()).count()
     }

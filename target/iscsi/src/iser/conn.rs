@@ -305,11 +305,13 @@ pub enum Received {
     Bad(&'static str),
 }
 
-/// The STags of a received control PDU.
+/// The STags of a received control PDU, and the STag its SEND invalidated (a SCSI Response
+/// sent with Invalidate, as the initiator sees it).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Stags {
     pub read: Option<Stag>,
     pub write: Option<Stag>,
+    pub invalidated: Option<u32>,
 }
 
 /// Splits one received message into the iSER header and the iSCSI PDU (header, AHS, data
@@ -343,7 +345,11 @@ fn split_owned(msg: Bytes) -> Received {
         Repr::Hello { .. } => return Received::Hello,
         Repr::HelloReply { .. } => return Received::Bad("iSER HelloReply from the initiator"),
     };
-    let stags = Stags { read, write };
+    let stags = Stags {
+        read,
+        write,
+        invalidated: None,
+    };
     let rest = &msg[HEADER_LEN..];
     if rest.len() < BHS_LEN {
         return Received::Bad("message shorter than the BHS");
@@ -437,7 +443,10 @@ impl Receiver {
     pub fn take(&mut self, out: &mut Vec<RxEvent>) {
         self.ring.take(&mut self.raw);
         out.extend(self.raw.drain(..).map(|e| match e {
-            rdma::RxEvent::Msg(m) => RxEvent::Msg(split_owned(m)),
+            rdma::RxEvent::Msg(m, invalidated) => RxEvent::Msg(match split_owned(m) {
+                Received::Pdu(st, p) => Received::Pdu(Stags { invalidated, ..st }, p),
+                r => r,
+            }),
             rdma::RxEvent::Failed(s) => RxEvent::Failed(s),
         }));
     }
