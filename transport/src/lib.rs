@@ -11,12 +11,14 @@
 //! * [`cm`] is the connection manager: the IB CM over QP1 with rdma_cm addressing (listen,
 //!   accept, reject, connect, disconnect).
 //! * [`poll`] decides when a loop polls before it sleeps (adaptive busy polling).
+//! * [`rdmacore`] loads rdma-core (libibverbs, librdmacm) at run time, for RDMA devices the
+//!   kernel drives (RDMA NICs, rdma_rxe) instead of the soft engine.
 //! * [`hca`] puts them together: a device on the host's addresses, its driver task and its
 //!   CM, on a [`shard`] (an engine thread of its own) or on the caller's runtime.
 //!
 //! Modules depend on each other one way: [`verbs`] builds on [`wire`]; [`rc`] on both (and
 //! defines the device methods that run it); [`netdev`] on those three; [`cm`] on [`rc`],
-//! [`verbs`] and [`wire`]; [`hca`] on the others ([`shard`] and [`poll`] on none). Within a module, no submodule depends on a
+//! [`verbs`] and [`wire`]; [`hca`] on the others ([`shard`], [`poll`] and [`rdmacore`] on none). Within a module, no submodule depends on a
 //! sibling that depends on it.
 
 pub mod cm;
@@ -24,6 +26,7 @@ pub mod hca;
 pub mod netdev;
 pub mod poll;
 pub mod rc;
+pub mod rdmacore;
 pub(crate) mod ring;
 pub mod shard;
 pub mod sim;

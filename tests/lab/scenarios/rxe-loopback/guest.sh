@@ -16,6 +16,15 @@ IFS=. read -r o1 o2 o3 o4 <<<"$ip"
 grep -qi "ffff:$(printf '%02x%02x:%02x%02x' "$o1" "$o2" "$o3" "$o4")" /sys/class/infiniband/rxe0/ports/1/gids/1 ||
     lab_fail "GID 1 of rxe0 is not the IPv4-mapped address of eth0"
 
+lab_step "rxe0 through rdma-core as rtgt loads it (rtgt-rdma devices)"
+/lab/bin/rtgt-rdma devices | tee "$LAB_OUT/rtgt-devices.txt"
+mtu=$(ibv_devinfo -d rxe0 | awk '/active_mtu/ { print $2 }')
+grep -q '^rxe0: ' "$LAB_OUT/rtgt-devices.txt" || lab_fail "rtgt-rdma devices: no rxe0"
+grep -qx "  port 1: active, RoCE, MTU $mtu" "$LAB_OUT/rtgt-devices.txt" ||
+    lab_fail "rtgt-rdma devices: port 1 of rxe0 not active RoCE with MTU $mtu"
+grep -qE "^ +gid +1 RoCE v2 +$ip +eth0\$" "$LAB_OUT/rtgt-devices.txt" ||
+    lab_fail "rtgt-rdma devices: GID 1 is not RoCE v2 $ip on eth0"
+
 # server_client NAME SERVER_CMD... -- CLIENT_CMD...: start the server, then the client (retried
 # while the server is not listening yet); both must succeed.
 server_client() {

@@ -57,6 +57,9 @@ enum Cmd {
     /// RDMA ping through the connection manager, compatible with rdma-core's rping (server
     /// or client).
     Rping(rping::RpingArgs),
+    /// The host's RDMA devices as rdma-core sees them (the `verbs` provider's devices): ports,
+    /// link layer, MTU and GIDs with their addresses and network devices.
+    Devices,
 }
 
 #[derive(Args, Clone)]
@@ -136,6 +139,7 @@ fn main() -> ExitCode {
         Cmd::Perftest(a) => perftest::run_perftest(&rt, &a),
         Cmd::Bench(a) => bench::run_bench(&rt, &a),
         Cmd::Rping(a) => rping::run_rping(&rt, &a),
+        Cmd::Devices => devices(),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,
@@ -683,6 +687,46 @@ fn pingpong(rt: &tokio::runtime::Runtime, a: &PpArgs, qp_type: QpType) -> Result
     }
     if check {
         println!("payload check: {rcnt} messages intact");
+    }
+    Ok(())
+}
+
+/// `rtgt-rdma devices`: rdma-core's devices, one block each.
+fn devices() -> Result<()> {
+    use rtgt_transport::rdmacore::{GidKind, RdmaCore};
+    let lib = RdmaCore::load().map_err(|e| e.to_string())?;
+    let devs = lib.devices().map_err(|e| e.to_string())?;
+    if devs.is_empty() {
+        println!("no RDMA devices");
+    }
+    for d in devs {
+        println!(
+            "{}: fw {}, max {} QPs of {} WRs, {} SGEs, {} CQEs, {} RDMA READs in flight per QP",
+            d.name, d.fw_ver, d.max_qp, d.max_qp_wr, d.max_sge, d.max_cqe, d.max_qp_rd_atom
+        );
+        for p in &d.ports {
+            println!(
+                "  port {}: {}, {}, MTU {}",
+                p.port,
+                if p.active { "active" } else { "down" },
+                if p.ethernet { "RoCE" } else { "InfiniBand" },
+                p.active_mtu
+            );
+            for g in &p.gids {
+                let kind = match g.kind {
+                    GidKind::Ib => "IB",
+                    GidKind::RoceV1 => "RoCE v1",
+                    GidKind::RoceV2 => "RoCE v2",
+                };
+                println!(
+                    "    gid {:>3} {:<8} {:<40} {}",
+                    g.index,
+                    kind,
+                    g.ip(),
+                    g.netdev.as_deref().unwrap_or("-")
+                );
+            }
+        }
     }
     Ok(())
 }

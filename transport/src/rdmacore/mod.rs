@@ -1,0 +1,418 @@
+//! rdma-core, loaded at run time: libibverbs for RDMA devices (mlx5, irdma, the kernel's
+//! rdma_rxe, ...) and librdmacm for addressing them by IP, as the kernel's targets do. rtgt
+//! links neither: [`RdmaCore::load`] opens `libibverbs.so.1` and `librdmacm.so.1` when the
+//! `verbs` provider is asked for, so a build and the quick start need no rdma-core, and a
+//! host without it gets an error that names what to install.
+//!
+//! Each function is taken at the symbol version its C header binds to (`dlvsym`), so an older
+//! compatibility entry point is never called by mistake. The data-path calls (`post_send`,
+//! `post_recv`, `post_srq_recv`, `poll_cq`, `req_notify_cq`) are inline in `verbs.h`: they go
+//! through the device context's operation table, and so do they here.
+
+pub mod sys;
+
+use std::ffi::{c_char, c_int, c_void, CStr, CString};
+use std::fmt;
+use std::sync::OnceLock;
+
+use sys::*;
+
+/// Why rdma-core is not usable.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RdmaCoreError {
+    /// A library could not be opened.
+    Library { name: &'static str, why: String },
+    /// A library lacks a function (an rdma-core older than 1.11's ABI).
+    Symbol {
+        name: &'static str,
+        version: &'static str,
+    },
+    /// The kernel offers no RDMA devices to user space (no `ib_uverbs`).
+    NoKernelSupport,
+    /// A call failed with `errno`.
+    Call { what: &'static str, errno: i32 },
+}
+
+impl fmt::Display for RdmaCoreError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RdmaCoreError::Library { name, why } => write!(
+                f,
+                "{name} cannot be loaded ({why}): install rdma-core's libraries and the \
+                 device's user-space driver (Debian: libibverbs1 librdmacm1 ibverbs-providers)"
+            ),
+            RdmaCoreError::Symbol { name, version } => {
+                write!(f, "rdma-core has no {name}@{version}: it is too old")
+            }
+            RdmaCoreError::NoKernelSupport => write!(
+                f,
+                "the kernel offers no RDMA devices to user space: load ib_uverbs and rdma_ucm \
+                 with the device's driver (mlx5_ib, irdma, or rdma_rxe over an Ethernet device)"
+            ),
+            RdmaCoreError::Call { what, errno } => write!(
+                f,
+                "{what} failed: {}",
+                std::io::Error::from_raw_os_error(*errno)
+            ),
+        }
+    }
+}
+
+impl std::error::Error for RdmaCoreError {}
+
+/// Declares the function table and its loader: each entry is `name: version, fn type`.
+macro_rules! functions {
+    ($(#[$meta:meta])* $table:ident in $lib:literal {
+        $($name:ident: $version:literal, fn($($arg:ty),*) -> $ret:ty;)*
+    }) => {
+        $(#[$meta])*
+        #[allow(non_snake_case)]
+        pub struct $table {
+            $(pub $name: unsafe extern "C" fn($($arg),*) -> $ret,)*
+        }
+
+        impl $table {
+            fn load() -> Result<$table, RdmaCoreError> {
+                let handle = open($lib)?;
+                Ok($table {
+                    $($name: {
+                        let p = symbol(handle, stringify!($name), $version)?;
+                        // SAFETY: `p` is the address of the C function of that name and
+                        // version, whose signature in the rdma-core headers is the one
+                        // declared here (`tests/rdmacore_abi.rs` checks the types).
+                        unsafe {
+                            std::mem::transmute::<*mut c_void, unsafe extern "C" fn($($arg),*) -> $ret>(p)
+                        }
+                    },)*
+                })
+            }
+        }
+    };
+}
+
+functions! {
+    /// libibverbs.
+    Verbs in "libibverbs.so.1" {
+        ibv_get_device_list: "IBVERBS_1.1", fn(*mut c_int) -> *mut *mut ibv_device;
+        ibv_free_device_list: "IBVERBS_1.1", fn(*mut *mut ibv_device) -> ();
+        ibv_get_device_name: "IBVERBS_1.1", fn(*mut ibv_device) -> *const c_char;
+        ibv_open_device: "IBVERBS_1.1", fn(*mut ibv_device) -> *mut ibv_context;
+        ibv_close_device: "IBVERBS_1.1", fn(*mut ibv_context) -> c_int;
+        ibv_query_device: "IBVERBS_1.1", fn(*mut ibv_context, *mut ibv_device_attr) -> c_int;
+        ibv_query_port: "IBVERBS_1.1", fn(*mut ibv_context, u8, *mut ibv_port_attr) -> c_int;
+        _ibv_query_gid_table: "IBVERBS_1.11", fn(*mut ibv_context, *mut ibv_gid_entry, usize, u32, usize) -> isize;
+        ibv_alloc_pd: "IBVERBS_1.1", fn(*mut ibv_context) -> *mut ibv_pd;
+        ibv_dealloc_pd: "IBVERBS_1.1", fn(*mut ibv_pd) -> c_int;
+        ibv_reg_mr: "IBVERBS_1.1", fn(*mut ibv_pd, *mut c_void, usize, c_int) -> *mut ibv_mr;
+        ibv_dereg_mr: "IBVERBS_1.1", fn(*mut ibv_mr) -> c_int;
+        ibv_create_comp_channel: "IBVERBS_1.0", fn(*mut ibv_context) -> *mut ibv_comp_channel;
+        ibv_destroy_comp_channel: "IBVERBS_1.0", fn(*mut ibv_comp_channel) -> c_int;
+        ibv_create_cq: "IBVERBS_1.1", fn(*mut ibv_context, c_int, *mut c_void, *mut ibv_comp_channel, c_int) -> *mut ibv_cq;
+        ibv_destroy_cq: "IBVERBS_1.1", fn(*mut ibv_cq) -> c_int;
+        ibv_get_cq_event: "IBVERBS_1.1", fn(*mut ibv_comp_channel, *mut *mut ibv_cq, *mut *mut c_void) -> c_int;
+        ibv_ack_cq_events: "IBVERBS_1.1", fn(*mut ibv_cq, u32) -> ();
+        ibv_create_qp: "IBVERBS_1.1", fn(*mut ibv_pd, *mut ibv_qp_init_attr) -> *mut ibv_qp;
+        ibv_modify_qp: "IBVERBS_1.1", fn(*mut ibv_qp, *mut ibv_qp_attr, c_int) -> c_int;
+        ibv_query_qp: "IBVERBS_1.1", fn(*mut ibv_qp, *mut ibv_qp_attr, c_int, *mut ibv_qp_init_attr) -> c_int;
+        ibv_destroy_qp: "IBVERBS_1.1", fn(*mut ibv_qp) -> c_int;
+        ibv_create_srq: "IBVERBS_1.1", fn(*mut ibv_pd, *mut ibv_srq_init_attr) -> *mut ibv_srq;
+        ibv_destroy_srq: "IBVERBS_1.1", fn(*mut ibv_srq) -> c_int;
+        ibv_get_async_event: "IBVERBS_1.1", fn(*mut ibv_context, *mut ibv_async_event) -> c_int;
+        ibv_ack_async_event: "IBVERBS_1.1", fn(*mut ibv_async_event) -> ();
+    }
+}
+
+functions! {
+    /// librdmacm.
+    Cm in "librdmacm.so.1" {
+        rdma_create_event_channel: "RDMACM_1.0", fn() -> *mut rdma_event_channel;
+        rdma_destroy_event_channel: "RDMACM_1.0", fn(*mut rdma_event_channel) -> ();
+        rdma_create_id: "RDMACM_1.0", fn(*mut rdma_event_channel, *mut *mut rdma_cm_id, *mut c_void, u32) -> c_int;
+        rdma_destroy_id: "RDMACM_1.0", fn(*mut rdma_cm_id) -> c_int;
+        rdma_bind_addr: "RDMACM_1.0", fn(*mut rdma_cm_id, *mut libc::sockaddr) -> c_int;
+        rdma_listen: "RDMACM_1.0", fn(*mut rdma_cm_id, c_int) -> c_int;
+        rdma_get_cm_event: "RDMACM_1.0", fn(*mut rdma_event_channel, *mut *mut rdma_cm_event) -> c_int;
+        rdma_ack_cm_event: "RDMACM_1.0", fn(*mut rdma_cm_event) -> c_int;
+        rdma_create_qp: "RDMACM_1.0", fn(*mut rdma_cm_id, *mut ibv_pd, *mut ibv_qp_init_attr) -> c_int;
+        rdma_destroy_qp: "RDMACM_1.0", fn(*mut rdma_cm_id) -> ();
+        rdma_accept: "RDMACM_1.0", fn(*mut rdma_cm_id, *mut rdma_conn_param) -> c_int;
+        rdma_reject: "RDMACM_1.0", fn(*mut rdma_cm_id, *const c_void, u8) -> c_int;
+        rdma_disconnect: "RDMACM_1.0", fn(*mut rdma_cm_id) -> c_int;
+        rdma_migrate_id: "RDMACM_1.0", fn(*mut rdma_cm_id, *mut rdma_event_channel) -> c_int;
+        rdma_event_str: "RDMACM_1.0", fn(c_int) -> *const c_char;
+    }
+}
+
+/// Both libraries.
+pub struct RdmaCore {
+    pub verbs: Verbs,
+    pub cm: Cm,
+}
+
+fn open(name: &'static str) -> Result<*mut c_void, RdmaCoreError> {
+    let c = CString::new(name).expect("no NUL in a library name");
+    // SAFETY: `c` is a valid C string; RTLD_NOW resolves the library's own symbols at once, so
+    // a broken installation fails here and not at the first call.
+    let h = unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
+    if h.is_null() {
+        return Err(RdmaCoreError::Library {
+            name,
+            why: last_dl_error(),
+        });
+    }
+    Ok(h)
+}
+
+fn symbol(
+    handle: *mut c_void,
+    name: &'static str,
+    version: &'static str,
+) -> Result<*mut c_void, RdmaCoreError> {
+    let (n, v) = (CString::new(name), CString::new(version));
+    let (Ok(n), Ok(v)) = (n, v) else {
+        return Err(RdmaCoreError::Symbol { name, version });
+    };
+    // SAFETY: `handle` came from dlopen and is never closed; both strings are valid C strings.
+    let p = unsafe { libc::dlvsym(handle, n.as_ptr(), v.as_ptr()) };
+    if p.is_null() {
+        return Err(RdmaCoreError::Symbol { name, version });
+    }
+    Ok(p)
+}
+
+fn last_dl_error() -> String {
+    // SAFETY: dlerror returns null or a C string valid until the next dl call on this thread.
+    let e = unsafe { libc::dlerror() };
+    if e.is_null() {
+        return "unknown error".into();
+    }
+    // SAFETY: non-null, NUL-terminated (above).
+    unsafe { CStr::from_ptr(e) }.to_string_lossy().into_owned()
+}
+
+fn errno() -> i32 {
+    std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
+}
+
+impl RdmaCore {
+    /// rdma-core, loaded once per process (the libraries stay loaded: rdma-core's providers
+    /// cannot be unloaded safely).
+    pub fn load() -> Result<&'static RdmaCore, RdmaCoreError> {
+        static LIB: OnceLock<Result<RdmaCore, RdmaCoreError>> = OnceLock::new();
+        LIB.get_or_init(|| {
+            Ok(RdmaCore {
+                verbs: Verbs::load()?,
+                cm: Cm::load()?,
+            })
+        })
+        .as_ref()
+        .map_err(Clone::clone)
+    }
+
+    /// The RDMA devices of this host, their ports and GID tables.
+    pub fn devices(&self) -> Result<Vec<DeviceInfo>, RdmaCoreError> {
+        let v = &self.verbs;
+        let mut n: c_int = 0;
+        // SAFETY: `n` is a valid out-pointer; the list is freed below.
+        let list = unsafe { (v.ibv_get_device_list)(&mut n) };
+        if list.is_null() {
+            return Err(match errno() {
+                libc::ENOSYS => RdmaCoreError::NoKernelSupport,
+                errno => RdmaCoreError::Call {
+                    what: "ibv_get_device_list",
+                    errno,
+                },
+            });
+        }
+        let mut out = Vec::new();
+        for i in 0..n.max(0) as usize {
+            // SAFETY: the list holds `n` device pointers.
+            let dev = unsafe { *list.add(i) };
+            match self.device_info(dev) {
+                Ok(d) => out.push(d),
+                Err(e) => {
+                    // SAFETY: `list` came from ibv_get_device_list.
+                    unsafe { (v.ibv_free_device_list)(list) };
+                    return Err(e);
+                }
+            }
+        }
+        // SAFETY: as above.
+        unsafe { (v.ibv_free_device_list)(list) };
+        Ok(out)
+    }
+
+    fn device_info(&self, dev: *mut ibv_device) -> Result<DeviceInfo, RdmaCoreError> {
+        let v = &self.verbs;
+        // SAFETY: `dev` is a device of the current list; the name lives as long as the list.
+        let name = unsafe { CStr::from_ptr((v.ibv_get_device_name)(dev)) }
+            .to_string_lossy()
+            .into_owned();
+        // SAFETY: as above; the context is closed before returning.
+        let ctx = unsafe { (v.ibv_open_device)(dev) };
+        if ctx.is_null() {
+            return Err(RdmaCoreError::Call {
+                what: "ibv_open_device",
+                errno: errno(),
+            });
+        }
+        let info = self.query(ctx, name);
+        // SAFETY: `ctx` is open and nothing else refers to it.
+        unsafe { (v.ibv_close_device)(ctx) };
+        info
+    }
+
+    fn query(&self, ctx: *mut ibv_context, name: String) -> Result<DeviceInfo, RdmaCoreError> {
+        let v = &self.verbs;
+        // SAFETY: ibv_device_attr is plain data; all zeroes is a valid value.
+        let mut attr: ibv_device_attr = unsafe { std::mem::zeroed() };
+        // SAFETY: `ctx` is open; `attr` is a valid out-pointer of the header's type.
+        let rc = unsafe { (v.ibv_query_device)(ctx, &mut attr) };
+        if rc != 0 {
+            return Err(RdmaCoreError::Call {
+                what: "ibv_query_device",
+                errno: rc,
+            });
+        }
+        let mut ports = Vec::new();
+        for port in 1..=attr.phys_port_cnt {
+            let mut pa = ibv_port_attr::default();
+            // SAFETY: as above; the exported ibv_query_port fills the leading (compatible)
+            // part of the zeroed ibv_port_attr.
+            let rc = unsafe { (v.ibv_query_port)(ctx, port, &mut pa) };
+            if rc != 0 {
+                return Err(RdmaCoreError::Call {
+                    what: "ibv_query_port",
+                    errno: rc,
+                });
+            }
+            ports.push(PortInfo {
+                port,
+                active: pa.state == IBV_PORT_ACTIVE,
+                active_mtu: 128 << pa.active_mtu.clamp(1, 5),
+                ethernet: pa.link_layer == IBV_LINK_LAYER_ETHERNET,
+                gids: Vec::new(),
+            });
+        }
+        let slots: usize = (attr.phys_port_cnt as usize).max(1) * 256;
+        let mut entries = vec![ibv_gid_entry::default(); slots];
+        // SAFETY: `entries` has room for `slots` entries of the size passed.
+        let got = unsafe {
+            (v._ibv_query_gid_table)(
+                ctx,
+                entries.as_mut_ptr(),
+                slots,
+                0,
+                std::mem::size_of::<ibv_gid_entry>(),
+            )
+        };
+        if got < 0 {
+            return Err(RdmaCoreError::Call {
+                what: "ibv_query_gid_table",
+                errno: (-got) as i32,
+            });
+        }
+        for e in &entries[..got as usize] {
+            if let Some(p) = ports.iter_mut().find(|p| u32::from(p.port) == e.port_num) {
+                p.gids.push(GidInfo {
+                    index: e.gid_index,
+                    gid: e.gid.raw,
+                    kind: match e.gid_type {
+                        IBV_GID_TYPE_IB => GidKind::Ib,
+                        IBV_GID_TYPE_ROCE_V1 => GidKind::RoceV1,
+                        _ => GidKind::RoceV2,
+                    },
+                    netdev: if_name(e.ndev_ifindex),
+                });
+            }
+        }
+        let fw = attr
+            .fw_ver
+            .iter()
+            .take_while(|&&c| c != 0)
+            .map(|&c| c as u8);
+        Ok(DeviceInfo {
+            name,
+            fw_ver: String::from_utf8_lossy(&fw.collect::<Vec<u8>>()).into_owned(),
+            max_qp: attr.max_qp.max(0) as u32,
+            max_qp_wr: attr.max_qp_wr.max(0) as u32,
+            max_sge: attr.max_sge.max(0) as u32,
+            max_cqe: attr.max_cqe.max(0) as u32,
+            max_mr_size: attr.max_mr_size,
+            max_qp_rd_atom: attr.max_qp_rd_atom.max(0) as u32,
+            ports,
+        })
+    }
+}
+
+fn if_name(index: u32) -> Option<String> {
+    if index == 0 {
+        return None;
+    }
+    let mut buf = [0 as c_char; libc::IF_NAMESIZE];
+    // SAFETY: `buf` has IF_NAMESIZE bytes, as if_indextoname requires.
+    let p = unsafe { libc::if_indextoname(index, buf.as_mut_ptr()) };
+    if p.is_null() {
+        return None;
+    }
+    // SAFETY: on success `buf` holds a NUL-terminated name.
+    Some(
+        unsafe { CStr::from_ptr(buf.as_ptr()) }
+            .to_string_lossy()
+            .into_owned(),
+    )
+}
+
+/// One RDMA device as rdma-core reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceInfo {
+    pub name: String,
+    pub fw_ver: String,
+    pub max_qp: u32,
+    pub max_qp_wr: u32,
+    pub max_sge: u32,
+    pub max_cqe: u32,
+    pub max_mr_size: u64,
+    pub max_qp_rd_atom: u32,
+    pub ports: Vec<PortInfo>,
+}
+
+/// A port of a device.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PortInfo {
+    pub port: u8,
+    pub active: bool,
+    /// The active path MTU in bytes.
+    pub active_mtu: u32,
+    /// RoCE (Ethernet link layer) rather than InfiniBand.
+    pub ethernet: bool,
+    pub gids: Vec<GidInfo>,
+}
+
+/// A valid entry of a port's GID table.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GidInfo {
+    pub index: u32,
+    pub gid: [u8; 16],
+    pub kind: GidKind,
+    /// The network device the GID belongs to (RoCE).
+    pub netdev: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GidKind {
+    Ib,
+    RoceV1,
+    RoceV2,
+}
+
+impl GidInfo {
+    /// The IP address a RoCE GID stands for (IPv4-mapped GIDs as IPv4).
+    pub fn ip(&self) -> std::net::IpAddr {
+        let v6 = std::net::Ipv6Addr::from(self.gid);
+        match v6.to_ipv4_mapped() {
+            Some(v4) => v4.into(),
+            None => v6.into(),
+        }
+    }
+}
