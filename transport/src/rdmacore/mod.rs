@@ -9,6 +9,7 @@
 //! `post_recv`, `post_srq_recv`, `poll_cq`, `req_notify_cq`) are inline in `verbs.h`: they go
 //! through the device context's operation table, and so do they here.
 
+pub mod res;
 pub mod sys;
 
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
@@ -29,6 +30,10 @@ pub enum RdmaCoreError {
     },
     /// The kernel offers no RDMA devices to user space (no `ib_uverbs`).
     NoKernelSupport,
+    /// No device of that name, or it could not be opened.
+    NoDevice { name: String, errno: i32 },
+    /// The device's provider lacks an operation.
+    Unsupported(&'static str),
     /// A call failed with `errno`.
     Call { what: &'static str, errno: i32 },
 }
@@ -49,6 +54,14 @@ impl fmt::Display for RdmaCoreError {
                 "the kernel offers no RDMA devices to user space: load ib_uverbs and rdma_ucm \
                  with the device's driver (mlx5_ib, irdma, or rdma_rxe over an Ethernet device)"
             ),
+            RdmaCoreError::NoDevice { name, errno } => write!(
+                f,
+                "RDMA device {name} cannot be opened ({}); `rtgt-rdma devices` lists them",
+                std::io::Error::from_raw_os_error(*errno)
+            ),
+            RdmaCoreError::Unsupported(op) => {
+                write!(f, "the device's provider has no {op}")
+            }
             RdmaCoreError::Call { what, errno } => write!(
                 f,
                 "{what} failed: {}",
@@ -211,44 +224,15 @@ impl RdmaCore {
 
     /// The RDMA devices of this host, their ports and GID tables.
     pub fn devices(&self) -> Result<Vec<DeviceInfo>, RdmaCoreError> {
-        let v = &self.verbs;
-        let mut n: c_int = 0;
-        // SAFETY: `n` is a valid out-pointer; the list is freed below.
-        let list = unsafe { (v.ibv_get_device_list)(&mut n) };
-        if list.is_null() {
-            return Err(match errno() {
-                libc::ENOSYS => RdmaCoreError::NoKernelSupport,
-                errno => RdmaCoreError::Call {
-                    what: "ibv_get_device_list",
-                    errno,
-                },
-            });
-        }
-        let mut out = Vec::new();
-        for i in 0..n.max(0) as usize {
-            // SAFETY: the list holds `n` device pointers.
-            let dev = unsafe { *list.add(i) };
-            match self.device_info(dev) {
-                Ok(d) => out.push(d),
-                Err(e) => {
-                    // SAFETY: `list` came from ibv_get_device_list.
-                    unsafe { (v.ibv_free_device_list)(list) };
-                    return Err(e);
-                }
-            }
-        }
-        // SAFETY: as above.
-        unsafe { (v.ibv_free_device_list)(list) };
-        Ok(out)
+        let list = DeviceList::get(self)?;
+        list.iter()
+            .map(|(name, dev)| self.device_info(dev, name))
+            .collect()
     }
 
-    fn device_info(&self, dev: *mut ibv_device) -> Result<DeviceInfo, RdmaCoreError> {
+    fn device_info(&self, dev: *mut ibv_device, name: String) -> Result<DeviceInfo, RdmaCoreError> {
         let v = &self.verbs;
-        // SAFETY: `dev` is a device of the current list; the name lives as long as the list.
-        let name = unsafe { CStr::from_ptr((v.ibv_get_device_name)(dev)) }
-            .to_string_lossy()
-            .into_owned();
-        // SAFETY: as above; the context is closed before returning.
+        // SAFETY: `dev` is a device of a live list; the context is closed before returning.
         let ctx = unsafe { (v.ibv_open_device)(dev) };
         if ctx.is_null() {
             return Err(RdmaCoreError::Call {
@@ -342,6 +326,53 @@ impl RdmaCore {
             max_qp_rd_atom: attr.max_qp_rd_atom.max(0) as u32,
             ports,
         })
+    }
+}
+
+/// `ibv_get_device_list`'s list, freed on drop.
+pub(crate) struct DeviceList<'a> {
+    lib: &'a RdmaCore,
+    list: *mut *mut ibv_device,
+    len: usize,
+}
+
+impl<'a> DeviceList<'a> {
+    pub(crate) fn get(lib: &'a RdmaCore) -> Result<DeviceList<'a>, RdmaCoreError> {
+        let mut n: c_int = 0;
+        // SAFETY: `n` is a valid out-pointer; the list is freed on drop.
+        let list = unsafe { (lib.verbs.ibv_get_device_list)(&mut n) };
+        if list.is_null() {
+            return Err(match errno() {
+                libc::ENOSYS => RdmaCoreError::NoKernelSupport,
+                errno => RdmaCoreError::Call {
+                    what: "ibv_get_device_list",
+                    errno,
+                },
+            });
+        }
+        Ok(DeviceList {
+            lib,
+            list,
+            len: n.max(0) as usize,
+        })
+    }
+
+    /// Each device with its name.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (String, *mut ibv_device)> + '_ {
+        (0..self.len).map(|i| {
+            // SAFETY: the list holds `len` device pointers while it lives.
+            let dev = unsafe { *self.list.add(i) };
+            // SAFETY: a device of the live list has a NUL-terminated name.
+            let name = unsafe { CStr::from_ptr((self.lib.verbs.ibv_get_device_name)(dev)) };
+            (name.to_string_lossy().into_owned(), dev)
+        })
+    }
+}
+
+impl Drop for DeviceList<'_> {
+    fn drop(&mut self) {
+        // SAFETY: from ibv_get_device_list; contexts opened from it keep their devices.
+        unsafe { (self.lib.verbs.ibv_free_device_list)(self.list) };
     }
 }
 

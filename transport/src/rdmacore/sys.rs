@@ -493,6 +493,22 @@ pub const IBV_QPS_RTR: c_uint = 2;
 pub const IBV_QPS_RTS: c_uint = 3;
 pub const IBV_QPS_ERR: c_uint = 6;
 
+pub const IBV_QP_STATE: c_int = 1;
+pub const IBV_QP_ACCESS_FLAGS: c_int = 1 << 3;
+pub const IBV_QP_PKEY_INDEX: c_int = 1 << 4;
+pub const IBV_QP_PORT: c_int = 1 << 5;
+pub const IBV_QP_AV: c_int = 1 << 7;
+pub const IBV_QP_PATH_MTU: c_int = 1 << 8;
+pub const IBV_QP_TIMEOUT: c_int = 1 << 9;
+pub const IBV_QP_RETRY_CNT: c_int = 1 << 10;
+pub const IBV_QP_RNR_RETRY: c_int = 1 << 11;
+pub const IBV_QP_RQ_PSN: c_int = 1 << 12;
+pub const IBV_QP_MAX_QP_RD_ATOMIC: c_int = 1 << 13;
+pub const IBV_QP_MIN_RNR_TIMER: c_int = 1 << 15;
+pub const IBV_QP_SQ_PSN: c_int = 1 << 16;
+pub const IBV_QP_MAX_DEST_RD_ATOMIC: c_int = 1 << 17;
+pub const IBV_QP_DEST_QPN: c_int = 1 << 20;
+
 pub const IBV_ACCESS_LOCAL_WRITE: c_uint = 1;
 pub const IBV_ACCESS_REMOTE_WRITE: c_uint = 1 << 1;
 pub const IBV_ACCESS_REMOTE_READ: c_uint = 1 << 2;

@@ -24,6 +24,13 @@ grep -qx "  port 1: active, RoCE, MTU $mtu" "$LAB_OUT/rtgt-devices.txt" ||
     lab_fail "rtgt-rdma devices: port 1 of rxe0 not active RoCE with MTU $mtu"
 grep -qE "^ +gid +1 RoCE v2 +$ip +eth0\$" "$LAB_OUT/rtgt-devices.txt" ||
     lab_fail "rtgt-rdma devices: GID 1 is not RoCE v2 $ip on eth0"
+lab_step "rdma-core's data path as rtgt drives it (rtgt-rdma verbs-check)"
+timeout 120 /lab/bin/rtgt-rdma verbs-check -d rxe0 --seconds 2 | tee "$LAB_OUT/rtgt-verbs-check.txt" ||
+    lab_fail "rtgt-rdma verbs-check failed"
+grep -q "^SEND of 65536 bytes: received intact" "$LAB_OUT/rtgt-verbs-check.txt" ||
+    lab_fail "verbs-check: no intact SEND"
+grep -q "^RDMA WRITE and RDMA READ of 65536 bytes: intact" "$LAB_OUT/rtgt-verbs-check.txt" ||
+    lab_fail "verbs-check: no intact RDMA WRITE and READ"
 
 # server_client NAME SERVER_CMD... -- CLIENT_CMD...: start the server, then the client (retried
 # while the server is not listening yet); both must succeed.

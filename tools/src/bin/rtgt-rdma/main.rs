@@ -32,6 +32,7 @@ use rtgt_transport::verbs::*;
 mod bench;
 mod perftest;
 mod rping;
+mod verbs_check;
 
 #[derive(Parser)]
 #[command(
@@ -60,6 +61,9 @@ enum Cmd {
     /// The host's RDMA devices as rdma-core sees them (the `verbs` provider's devices): ports,
     /// link layer, MTU and GIDs with their addresses and network devices.
     Devices,
+    /// rdma-core's data path on one device: two RC QPs connected to each other, SEND, RDMA
+    /// WRITE and READ checked, then RDMA WRITE bandwidth.
+    VerbsCheck(verbs_check::VerbsCheckArgs),
 }
 
 #[derive(Args, Clone)]
@@ -140,6 +144,7 @@ fn main() -> ExitCode {
         Cmd::Bench(a) => bench::run_bench(&rt, &a),
         Cmd::Rping(a) => rping::run_rping(&rt, &a),
         Cmd::Devices => devices(),
+        Cmd::VerbsCheck(a) => verbs_check::run(&rt, &a),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,
