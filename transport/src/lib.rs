@@ -12,13 +12,14 @@
 //!   accept, reject, connect, disconnect).
 //! * [`poll`] decides when a loop polls before it sleeps (adaptive busy polling).
 //! * [`rdmacore`] loads rdma-core (libibverbs, librdmacm) at run time, for RDMA devices the
-//!   kernel drives (RDMA NICs, rdma_rxe) instead of the soft engine.
+//!   kernel drives (RDMA NICs, rdma_rxe) instead of the soft engine; it shares the buffer type
+//!   ([`verbs::Region`]) and connection parameters ([`cm::ConnParams`]) of the soft stack.
 //! * [`hca`] puts them together: a device on the host's addresses, its driver task and its
 //!   CM, on a [`shard`] (an engine thread of its own) or on the caller's runtime.
 //!
 //! Modules depend on each other one way: [`verbs`] builds on [`wire`]; [`rc`] on both (and
 //! defines the device methods that run it); [`netdev`] on those three; [`cm`] on [`rc`],
-//! [`verbs`] and [`wire`]; [`hca`] on the others ([`shard`], [`poll`] and [`rdmacore`] on none). Within a module, no submodule depends on a
+//! [`verbs`] and [`wire`]; [`hca`] on the others ([`shard`] and [`poll`] on none, [`rdmacore`] on [`verbs`] and [`cm`]). Within a module, no submodule depends on a
 //! sibling that depends on it.
 
 pub mod cm;
@@ -30,6 +31,7 @@ pub mod rdmacore;
 pub(crate) mod ring;
 pub mod shard;
 pub mod sim;
+pub(crate) mod sockaddr;
 #[cfg(test)]
 mod test_support;
 pub mod verbs;

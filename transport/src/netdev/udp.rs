@@ -1015,40 +1015,7 @@ mod sys {
     use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
     use std::os::fd::AsRawFd;
 
-    fn to_storage(addr: SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
-        // SAFETY: sockaddr_storage is plain old data for which all-zero bytes are valid.
-        let mut st: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
-        let len = match addr {
-            SocketAddr::V4(a) => {
-                let sin = libc::sockaddr_in {
-                    sin_family: libc::AF_INET as libc::sa_family_t,
-                    sin_port: a.port().to_be(),
-                    sin_addr: libc::in_addr {
-                        s_addr: u32::from_ne_bytes(a.ip().octets()),
-                    },
-                    sin_zero: [0; 8],
-                };
-                // SAFETY: sockaddr_storage is larger than and aligned for sockaddr_in.
-                unsafe { std::ptr::write((&mut st as *mut libc::sockaddr_storage).cast(), sin) };
-                std::mem::size_of::<libc::sockaddr_in>()
-            }
-            SocketAddr::V6(a) => {
-                let sin6 = libc::sockaddr_in6 {
-                    sin6_family: libc::AF_INET6 as libc::sa_family_t,
-                    sin6_port: a.port().to_be(),
-                    sin6_flowinfo: 0,
-                    sin6_addr: libc::in6_addr {
-                        s6_addr: a.ip().octets(),
-                    },
-                    sin6_scope_id: a.scope_id(),
-                };
-                // SAFETY: sockaddr_storage is larger than and aligned for sockaddr_in6.
-                unsafe { std::ptr::write((&mut st as *mut libc::sockaddr_storage).cast(), sin6) };
-                std::mem::size_of::<libc::sockaddr_in6>()
-            }
-        };
-        (st, len as libc::socklen_t)
-    }
+    use crate::sockaddr::to_storage;
 
     fn from_storage(st: &libc::sockaddr_storage) -> Option<SocketAddr> {
         match i32::from(st.ss_family) {

@@ -9,6 +9,7 @@
 //! `post_recv`, `post_srq_recv`, `poll_cq`, `req_notify_cq`) are inline in `verbs.h`: they go
 //! through the device context's operation table, and so do they here.
 
+pub mod cm;
 pub mod res;
 pub mod sys;
 
@@ -152,6 +153,9 @@ functions! {
         rdma_reject: "RDMACM_1.0", fn(*mut rdma_cm_id, *const c_void, u8) -> c_int;
         rdma_disconnect: "RDMACM_1.0", fn(*mut rdma_cm_id) -> c_int;
         rdma_migrate_id: "RDMACM_1.0", fn(*mut rdma_cm_id, *mut rdma_event_channel) -> c_int;
+        rdma_resolve_addr: "RDMACM_1.0", fn(*mut rdma_cm_id, *mut libc::sockaddr, *mut libc::sockaddr, c_int) -> c_int;
+        rdma_resolve_route: "RDMACM_1.0", fn(*mut rdma_cm_id, c_int) -> c_int;
+        rdma_connect: "RDMACM_1.0", fn(*mut rdma_cm_id, *mut rdma_conn_param) -> c_int;
         rdma_event_str: "RDMACM_1.0", fn(c_int) -> *const c_char;
     }
 }

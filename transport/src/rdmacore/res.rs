@@ -28,6 +28,8 @@ pub struct Context {
     pub lib: &'static RdmaCore,
     ctx: *mut ibv_context,
     name: String,
+    /// Opened here (closed on drop), or librdmacm's (left open).
+    owned: bool,
 }
 
 // SAFETY: rdma-core's contexts are thread-safe (the library and providers lock internally).
@@ -54,7 +56,27 @@ impl Context {
             lib,
             ctx,
             name: name.to_string(),
+            owned: true,
         }))
+    }
+
+    /// A context someone else opened and keeps open (librdmacm's, from an id's `verbs`).
+    ///
+    /// # Safety
+    /// `ctx` must be an open context that stays open as long as the result and everything
+    /// made on it live.
+    pub unsafe fn borrowed(lib: &'static RdmaCore, ctx: *mut ibv_context) -> Arc<Context> {
+        // SAFETY: an open context's device has a name (caller's promise above).
+        let name =
+            unsafe { std::ffi::CStr::from_ptr((lib.verbs.ibv_get_device_name)((*ctx).device)) }
+                .to_string_lossy()
+                .into_owned();
+        Arc::new(Context {
+            lib,
+            ctx,
+            name,
+            owned: false,
+        })
     }
 
     pub fn name(&self) -> &str {
@@ -97,8 +119,10 @@ impl Context {
 
 impl Drop for Context {
     fn drop(&mut self) {
-        // SAFETY: every object made on it holds an Arc to it, so none is left.
-        unsafe { (self.lib.verbs.ibv_close_device)(self.ctx) };
+        if self.owned {
+            // SAFETY: every object made on it holds an Arc to it, so none is left.
+            unsafe { (self.lib.verbs.ibv_close_device)(self.ctx) };
+        }
     }
 }
 
@@ -128,6 +152,10 @@ impl Pd {
 
     pub fn context(&self) -> &Arc<Context> {
         &self.ctx
+    }
+
+    pub fn as_ptr(&self) -> *mut ibv_pd {
+        self.pd
     }
 
     /// Registers all of `region` with `access` (IBV_ACCESS_* bits).
@@ -245,17 +273,9 @@ impl Cq {
         }
         // SAFETY: the channel is live; its fd belongs to it.
         let raw = unsafe { (*channel).fd };
-        let fd = set_nonblocking(raw)
-            .and_then(|_| {
-                // SAFETY: the descriptor stays open until Cq::drop deregisters it and only
-                // then destroys the channel; `raw` is always the same descriptor.
-                unsafe { AsyncFd::register_with_interest(raw, tokio::io::Interest::READABLE) }
-                    .map_err(|e| std::io::Error::other(e.to_string()))
-            })
-            .map_err(|e| RdmaCoreError::Call {
-                what: "completion channel",
-                errno: e.raw_os_error().unwrap_or(libc::EIO),
-            });
+        // SAFETY: the descriptor stays open until Cq::drop deregisters it and only then
+        // destroys the channel.
+        let fd = unsafe { watch(raw, "completion channel") };
         let fd = match fd {
             Ok(fd) => fd,
             Err(e) => {
@@ -358,14 +378,25 @@ impl Drop for Cq {
     }
 }
 
-fn set_nonblocking(fd: RawFd) -> std::io::Result<()> {
-    // SAFETY: fcntl on a descriptor the channel owns; only the O_NONBLOCK flag changes.
+/// `fd` non-blocking and watched by the tokio runtime for reading.
+///
+/// # Safety
+/// `fd` must stay open until the result is dropped.
+pub(crate) unsafe fn watch(fd: RawFd, what: &'static str) -> Result<AsyncFd<RawFd>, RdmaCoreError> {
+    let io_err = |e: std::io::Error| RdmaCoreError::Call {
+        what,
+        errno: e.raw_os_error().unwrap_or(libc::EIO),
+    };
+    // SAFETY: fcntl on an open descriptor (caller's promise); only O_NONBLOCK changes.
     let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
     // SAFETY: as above.
     if flags < 0 || unsafe { libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) } < 0 {
-        return Err(std::io::Error::last_os_error());
+        return Err(io_err(std::io::Error::last_os_error()));
     }
-    Ok(())
+    // SAFETY: open while the AsyncFd lives (caller's promise); a RawFd is always the same
+    // descriptor.
+    unsafe { AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE) }
+        .map_err(|e| io_err(std::io::Error::other(e.to_string())))
 }
 
 /// An RC queue pair.
@@ -429,38 +460,52 @@ impl Qp {
     /// Posts a chain of send work requests. The memory their SGEs name must stay registered
     /// and in place until they complete.
     pub fn post_send(&self, wr: &mut ibv_send_wr) -> Result<(), RdmaCoreError> {
-        let post = self
-            .pd
-            .ctx
-            .ops()
-            .post_send
-            .ok_or(RdmaCoreError::Unsupported("post_send"))?;
-        let mut bad = std::ptr::null_mut();
-        // SAFETY: live QP; the chain and its SGE lists are valid for the call (the provider
-        // copies them into its queue).
-        let rc = unsafe { post(self.qp, wr, &mut bad) };
-        if rc != 0 {
-            return Err(failed("ibv_post_send", rc));
-        }
-        Ok(())
+        post_send(&self.pd.ctx, self.qp, wr)
     }
 
     /// Posts a chain of receive work requests (same rules as [`Qp::post_send`]).
     pub fn post_recv(&self, wr: &mut ibv_recv_wr) -> Result<(), RdmaCoreError> {
-        let post = self
-            .pd
-            .ctx
-            .ops()
-            .post_recv
-            .ok_or(RdmaCoreError::Unsupported("post_recv"))?;
-        let mut bad = std::ptr::null_mut();
-        // SAFETY: as post_send.
-        let rc = unsafe { post(self.qp, wr, &mut bad) };
-        if rc != 0 {
-            return Err(failed("ibv_post_recv", rc));
-        }
-        Ok(())
+        post_recv(&self.pd.ctx, self.qp, wr)
     }
+}
+
+/// `ibv_post_send` on `qp` of `ctx`, through the provider's operation table.
+pub(crate) fn post_send(
+    ctx: &Context,
+    qp: *mut ibv_qp,
+    wr: &mut ibv_send_wr,
+) -> Result<(), RdmaCoreError> {
+    let post = ctx
+        .ops()
+        .post_send
+        .ok_or(RdmaCoreError::Unsupported("post_send"))?;
+    let mut bad = std::ptr::null_mut();
+    // SAFETY: a live QP of `ctx`; the chain and its SGE lists are valid for the call (the
+    // provider copies them into its queue).
+    let rc = unsafe { post(qp, wr, &mut bad) };
+    if rc != 0 {
+        return Err(failed("ibv_post_send", rc));
+    }
+    Ok(())
+}
+
+/// `ibv_post_recv` on `qp` of `ctx`.
+pub(crate) fn post_recv(
+    ctx: &Context,
+    qp: *mut ibv_qp,
+    wr: &mut ibv_recv_wr,
+) -> Result<(), RdmaCoreError> {
+    let post = ctx
+        .ops()
+        .post_recv
+        .ok_or(RdmaCoreError::Unsupported("post_recv"))?;
+    let mut bad = std::ptr::null_mut();
+    // SAFETY: as post_send.
+    let rc = unsafe { post(qp, wr, &mut bad) };
+    if rc != 0 {
+        return Err(failed("ibv_post_recv", rc));
+    }
+    Ok(())
 }
 
 impl Drop for Qp {

@@ -25,8 +25,12 @@ grep -qx "  port 1: active, RoCE, MTU $mtu" "$LAB_OUT/rtgt-devices.txt" ||
 grep -qE "^ +gid +1 RoCE v2 +$ip +eth0\$" "$LAB_OUT/rtgt-devices.txt" ||
     lab_fail "rtgt-rdma devices: GID 1 is not RoCE v2 $ip on eth0"
 lab_step "rdma-core's data path as rtgt drives it (rtgt-rdma verbs-check)"
-timeout 120 /lab/bin/rtgt-rdma verbs-check -d rxe0 --seconds 2 | tee "$LAB_OUT/rtgt-verbs-check.txt" ||
-    lab_fail "rtgt-rdma verbs-check failed"
+timeout 120 /lab/bin/rtgt-rdma verbs-check -d rxe0 --seconds 2 --cm-port 7471 |
+    tee "$LAB_OUT/rtgt-verbs-check.txt" || lab_fail "rtgt-rdma verbs-check failed"
+for line in "CM connection to $ip:7471: private data both ways, SENDs both ways" \
+    "CM request rejected with its private data" "CM disconnect seen by both ends"; do
+    grep -qxF "$line" "$LAB_OUT/rtgt-verbs-check.txt" || lab_fail "verbs-check: no '$line'"
+done
 grep -q "^SEND of 65536 bytes: received intact" "$LAB_OUT/rtgt-verbs-check.txt" ||
     lab_fail "verbs-check: no intact SEND"
 grep -q "^RDMA WRITE and RDMA READ of 65536 bytes: intact" "$LAB_OUT/rtgt-verbs-check.txt" ||

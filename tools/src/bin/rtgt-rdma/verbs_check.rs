@@ -8,6 +8,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::Args;
+use rtgt_transport::cm::ConnParams;
+use rtgt_transport::rdmacore::cm::{CmEventKind, CmId, EventChannel};
 use rtgt_transport::rdmacore::res::{Context, Cq, Mr, Pd, Qp};
 use rtgt_transport::rdmacore::sys::*;
 use rtgt_transport::rdmacore::{GidKind, RdmaCore};
@@ -26,6 +28,11 @@ pub struct VerbsCheckArgs {
     /// Seconds of RDMA WRITEs after the checks.
     #[arg(long, default_value_t = 2.0)]
     seconds: f64,
+    /// Then connect through the RDMA CM to a listener of this process on the GID's address
+    /// and this port: private data both ways, SENDs both ways, a rejected request with its
+    /// private data, a disconnect seen by both ends.
+    #[arg(long)]
+    cm_port: Option<u16>,
 }
 
 /// Waits until `n` completions are in, through the completion channel; fails on an error
@@ -282,6 +289,162 @@ pub fn run(rt: &tokio::runtime::Runtime, a: &VerbsCheckArgs) -> Result<()> {
             "RDMA WRITE {size} bytes x {done}: {:.1} MB/s",
             (done as f64 * size as f64) / secs / 1e6
         );
+        if let Some(port) = a.cm_port {
+            cm_check(lib, std::net::SocketAddr::new(gid.ip(), port)).await?;
+        }
         Ok(())
     })
+}
+
+/// The next event of `ch`, which must be `want`.
+async fn expect(
+    ch: &EventChannel,
+    want: CmEventKind,
+) -> Result<rtgt_transport::rdmacore::cm::CmEvent> {
+    let ev = tokio::time::timeout(Duration::from_secs(10), ch.next())
+        .await
+        .map_err(|_| format!("no CM event after 10 s (waiting for {want:?})"))?
+        .map_err(err("CM event"))?;
+    if ev.kind != want {
+        return Err(format!(
+            "CM event {:?} (status {}), expected {want:?}",
+            ev.kind, ev.status
+        ));
+    }
+    Ok(ev)
+}
+
+/// One end of a CM connection: its id with a QP, CQ and a registered buffer of two slots
+/// (send, receive).
+struct End {
+    id: CmId,
+    cq: Arc<Cq>,
+    mr: Mr,
+}
+
+impl End {
+    fn new(mut id: CmId) -> Result<End> {
+        let ctx = id.context().ok_or("the CM id has no device")?;
+        let pd = Pd::alloc(&ctx).map_err(err("alloc PD"))?;
+        let cq = Cq::create(&ctx, 16).map_err(err("create CQ"))?;
+        let cap = ibv_qp_cap {
+            max_send_wr: 4,
+            max_recv_wr: 4,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: 0,
+        };
+        id.create_qp(&pd, &cq, &cq, cap)
+            .map_err(err("rdma_create_qp"))?;
+        let region = Arc::new(Region::zeroed(2 * CM_MSG));
+        let mr = pd
+            .reg_mr(region, IBV_ACCESS_LOCAL_WRITE)
+            .map_err(err("register MR"))?;
+        let end = End { id, cq, mr };
+        let mut sge = end.mr.sge(CM_MSG, CM_MSG as u32);
+        let mut wr = ibv_recv_wr {
+            wr_id: 7,
+            next: std::ptr::null_mut(),
+            sg_list: &mut sge,
+            num_sge: 1,
+        };
+        end.id.post_recv(&mut wr).map_err(err("post receive"))?;
+        Ok(end)
+    }
+
+    /// SENDs `msg` to `to`, which must receive it intact.
+    async fn send_to(&self, to: &End, msg: &[u8]) -> Result<()> {
+        self.mr.region().write(0, msg);
+        let mut sge = self.mr.sge(0, msg.len() as u32);
+        self.id
+            .post_send(&mut send_wr(8, IBV_WR_SEND, &mut sge, None))
+            .map_err(err("post SEND"))?;
+        completions(&self.cq, 1).await?;
+        let wc = completions(&to.cq, 1).await?;
+        let mut got = vec![0u8; msg.len()];
+        to.mr.region().read(CM_MSG, &mut got);
+        if wc[0].byte_len as usize != msg.len() || got != msg {
+            return Err("SEND over the CM connection: the received bytes differ".into());
+        }
+        Ok(())
+    }
+}
+
+const CM_MSG: usize = 4096;
+
+/// A client end: resolved, with its QP, connect sent with `data`.
+async fn connecting(ch: &Arc<EventChannel>, dst: std::net::SocketAddr, data: &[u8]) -> Result<End> {
+    let id = CmId::create(ch).map_err(err("rdma_create_id"))?;
+    id.resolve_addr(dst, 2000)
+        .map_err(err("rdma_resolve_addr"))?;
+    expect(ch, CmEventKind::AddrResolved).await?;
+    id.resolve_route(2000).map_err(err("rdma_resolve_route"))?;
+    expect(ch, CmEventKind::RouteResolved).await?;
+    let end = End::new(id)?;
+    end.id
+        .connect(&ConnParams {
+            private_data: data.to_vec(),
+            responder_resources: 1,
+            initiator_depth: 1,
+            ..ConnParams::default()
+        })
+        .map_err(err("rdma_connect"))?;
+    Ok(end)
+}
+
+/// The RDMA CM through librdmacm: a listener on `at` and clients of this process.
+async fn cm_check(lib: &'static RdmaCore, at: std::net::SocketAddr) -> Result<()> {
+    let sch = EventChannel::create(lib).map_err(err("event channel"))?;
+    let listener = CmId::create(&sch).map_err(err("rdma_create_id"))?;
+    listener.bind(at).map_err(err("rdma_bind_addr"))?;
+    listener.listen(8).map_err(err("rdma_listen"))?;
+    let cch = EventChannel::create(lib).map_err(err("event channel"))?;
+    let client = connecting(&cch, at, b"rtgt verbs-check hello").await?;
+    let req = expect(&sch, CmEventKind::ConnectRequest).await?;
+    if !req.private_data.starts_with(b"rtgt verbs-check hello") {
+        return Err(format!("request private data {:02x?}", req.private_data));
+    }
+    // SAFETY: the id of this connection request, adopted once.
+    let server = End::new(unsafe { CmId::adopt(&sch, req.id) })?;
+    server
+        .id
+        .accept(&ConnParams {
+            private_data: b"rtgt verbs-check welcome".to_vec(),
+            responder_resources: 1,
+            initiator_depth: 1,
+            ..ConnParams::default()
+        })
+        .map_err(err("rdma_accept"))?;
+    let est = expect(&cch, CmEventKind::Established).await?;
+    if !est.private_data.starts_with(b"rtgt verbs-check welcome") {
+        return Err(format!("reply private data {:02x?}", est.private_data));
+    }
+    expect(&sch, CmEventKind::Established).await?;
+    client
+        .send_to(&server, b"over the CM, client to server")
+        .await?;
+    server.send_to(&client, b"and back").await?;
+    println!("CM connection to {at}: private data both ways, SENDs both ways");
+
+    let refused = connecting(&cch, at, b"rtgt verbs-check again").await?;
+    let req = expect(&sch, CmEventKind::ConnectRequest).await?;
+    // SAFETY: as above.
+    let r = unsafe { CmId::adopt(&sch, req.id) };
+    r.reject(b"rtgt verbs-check no")
+        .map_err(err("rdma_reject"))?;
+    let rej = expect(&cch, CmEventKind::Rejected).await?;
+    if !rej.private_data.starts_with(b"rtgt verbs-check no") {
+        return Err(format!("reject private data {:02x?}", rej.private_data));
+    }
+    drop((r, refused));
+    println!("CM request rejected with its private data");
+
+    // The DREQ reaches the server, whose own disconnect answers it (DREP): then the client
+    // sees its end disconnected too.
+    client.id.disconnect().map_err(err("rdma_disconnect"))?;
+    expect(&sch, CmEventKind::Disconnected).await?;
+    server.id.disconnect().map_err(err("rdma_disconnect"))?;
+    expect(&cch, CmEventKind::Disconnected).await?;
+    println!("CM disconnect seen by both ends");
+    Ok(())
 }
