@@ -19,6 +19,8 @@ done
 [[ $(stat -c %a /etc/rtgt/rtgt.yaml) == 600 ]] || { echo "package: /etc/rtgt/rtgt.yaml is not 0600" >&2; exit 1; }
 dpkg-query -W -f='${Conffiles}\n' rtgt | grep -q /etc/rtgt/rtgt.yaml ||
     { echo "package: the configuration is not a conffile" >&2; exit 1; }
+dpkg-query -W -f='${Recommends}\n' rtgt | grep -q 'libibverbs1, librdmacm1, ibverbs-providers' ||
+    { echo "package: does not recommend rdma-core's libraries (the verbs provider)" >&2; exit 1; }
 /usr/bin/rtgtd --version
 /usr/bin/rtgtctl --help >/dev/null
 out=$(SYSTEMD_LOG_LEVEL=warning systemd-analyze verify /usr/lib/systemd/system/rtgtd.service 2>&1 || true)

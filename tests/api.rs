@@ -1023,6 +1023,27 @@ fn rdma_transports_live() {
     assert_eq!(iser_v[0].initiator, INI_B);
     assert!(iser_v[0].queue_depth > 0 && iser_v[0].commands >= 1);
 
+    // The provider and the device of each address and listener, in the API and the metrics.
+    let view: rtgt_api::RdmaView = c.get("/api/v1/rdma").unwrap();
+    assert_eq!(view.provider, "soft", "{view:?}");
+    let device = view
+        .devices
+        .iter()
+        .find(|d| d.address == target_ip.to_string())
+        .map(|d| d.device.clone())
+        .unwrap_or_else(|| panic!("{target_ip} not served: {view:?}"));
+    assert!(
+        view.listeners
+            .iter()
+            .any(|l| l.fabric == "iser" && l.address == tcp_addr.to_string() && l.device == device),
+        "{view:?}"
+    );
+    let metrics = c.get_text("/metrics").unwrap();
+    let series = format!(
+        "rtgt_rdma_listener_info{{fabric=\"iser\",address=\"{tcp_addr}\",provider=\"soft\",device=\"{device}\"}} 1"
+    );
+    assert!(metrics.contains(&series), "no {series} in\n{metrics}");
+
     // iSER listeners follow the portals: a new portal serves iSER at once, a removed one
     // stops, and turning iSER off and on in the group stops and starts its listeners while
     // the iSER session already running is untouched.
@@ -1798,6 +1819,7 @@ fn every_route(srp_listen: &str, portal: u16, extra_portal: u16) -> Vec<Call> {
         ),
         c("DELETE", "/api/v1/srp/ports/{name}", s, None),
         c("GET", "/api/v1/sessions", "/api/v1/sessions", None),
+        c("GET", "/api/v1/rdma", "/api/v1/rdma", None),
         // No such session: the admin gets the handler's 404.
         c(
             "DELETE",

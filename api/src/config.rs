@@ -708,13 +708,29 @@ pub const MAX_BUSY_POLL_MICROS: u32 = 10_000;
 /// The most engine threads `rdma.shards` may ask for.
 pub const MAX_SHARDS: u32 = 64;
 
-/// The soft-RoCE device that iSER and SRP are served on (UDP 4791).
+/// What runs the RDMA transport of iSER and SRP.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum RdmaProvider {
+    /// rtgt's own RoCEv2 engine over a UDP socket (port 4791): no RDMA NIC needed.
+    #[default]
+    Soft,
+    /// An RDMA NIC (or the kernel's rdma_rxe) through rdma-core's libibverbs and librdmacm,
+    /// loaded at start; rtgtd then opens no UDP 4791 socket of its own.
+    Verbs,
+}
+
+/// The RDMA devices that iSER and SRP are served on.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Rdma {
     #[serde(default = "Rdma::default_enabled")]
     pub enabled: bool,
-    /// Addresses served; empty means every address of the host.
+    /// `soft` (the default) or `verbs`.
+    #[serde(default)]
+    pub provider: RdmaProvider,
+    /// Addresses served; empty means every address of the host (`soft`) or of the RDMA
+    /// devices (`verbs`, where each listed address must belong to one).
     #[serde(default)]
     #[schema(value_type = Vec<String>, example = json!(["192.0.2.10"]))]
     pub addresses: Vec<IpAddr>,
@@ -803,6 +819,7 @@ impl Default for Rdma {
     fn default() -> Self {
         Rdma {
             enabled: true,
+            provider: RdmaProvider::Soft,
             addresses: Vec::new(),
             eth_mtu: Rdma::default_eth_mtu(),
             busy_poll_micros: Rdma::default_busy_poll_micros(),

@@ -55,6 +55,36 @@ impl ChangeReport {
     }
 }
 
+/// The RDMA provider and where each RDMA listener runs, as the API shows them.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct RdmaView {
+    /// `soft` (rtgt's own RoCEv2 engine), `verbs` (an RDMA NIC through rdma-core), or `none`
+    /// when RDMA is disabled or could not start.
+    pub provider: String,
+    /// The addresses RDMA is served on and the device of each.
+    pub devices: Vec<RdmaDeviceView>,
+    /// The iSER portals and SRP listen addresses being served.
+    pub listeners: Vec<RdmaListenerView>,
+}
+
+/// An address RDMA is served on.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct RdmaDeviceView {
+    pub address: String,
+    /// The device (`rxe0`, `mlx5_0`, ...; the soft engine's own name with `soft`).
+    pub device: String,
+}
+
+/// An RDMA listener.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct RdmaListenerView {
+    /// `iser` or `srp`.
+    pub fabric: String,
+    pub address: String,
+    /// The device serving it; `*` for a wildcard address (every device).
+    pub device: String,
+}
+
 /// A live session as the API shows it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct SessionView {
@@ -123,6 +153,8 @@ pub trait Control: Send + Sync + 'static {
     fn sessions(&self) -> Vec<SessionView>;
     /// Ends a session at once. Returns whether it existed.
     fn force_logout(&self, id: &str) -> bool;
+    /// The RDMA provider, its devices and listeners.
+    fn rdma(&self) -> RdmaView;
     /// Whether every configured portal is listening.
     fn ready(&self) -> bool;
     /// The Prometheus text exposition of the target's metrics.

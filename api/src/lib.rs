@@ -15,4 +15,7 @@ pub mod tls;
 pub mod token;
 
 pub use config::{Config, ConfigError};
-pub use control::{Change, ChangeReport, Control, ControlError, SessionView};
+pub use control::{
+    Change, ChangeReport, Control, ControlError, RdmaDeviceView, RdmaListenerView, RdmaView,
+    SessionView,
+};

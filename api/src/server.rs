@@ -32,7 +32,7 @@ use crate::auth::{Caller, Guard, PeerCred, Scope};
 use crate::config::{
     Acl, ApiConfig, Auth, Backstore, Config, Lun, MappedLun, Policy, PortAcl, PortalGroup, Target,
 };
-use crate::control::{ChangeReport, Control, ControlError, SessionView};
+use crate::control::{ChangeReport, Control, ControlError, RdmaView, SessionView};
 use crate::resource::{
     each_kind, operation_id, request_name, template, Args, EachKind, Part, PathArgs, PortKind,
     Verb, API_PREFIX, OPERATIONS,
@@ -391,6 +391,7 @@ impl Api {
                 get(get_discovery_auth).put(put_discovery_auth),
             )
             .route("/sessions", get(list_sessions))
+            .route("/rdma", get(get_rdma))
             .route("/sessions/{id}", axum::routing::delete(delete_session))
             .route("/config", get(export_config).put(apply_config))
             .route("/openapi.json", get(openapi_json))
@@ -1486,6 +1487,14 @@ async fn list_sessions(State(st): St) -> axum::Json<Vec<SessionView>> {
     axum::Json(st.api.control.sessions())
 }
 
+/// The RDMA provider (`soft` or `verbs`), the device of each address it serves, and the iSER
+/// and SRP listeners with their devices.
+#[utoipa::path(get, path = "/api/v1/rdma", tag = "sessions",
+    responses((status = 200, body = RdmaView), (status = 401, body = ErrorBody)))]
+async fn get_rdma(State(st): St) -> axum::Json<RdmaView> {
+    axum::Json(st.api.control.rdma())
+}
+
 /// Ends a session at once: an iSCSI initiator is told with an Async Message, an SRP
 /// initiator with SRP_T_LOGOUT on each channel before the disconnect.
 #[utoipa::path(delete, path = "/api/v1/sessions/{id}", tag = "sessions",
@@ -1701,7 +1710,7 @@ impl utoipa::Modify for BearerAuth {
         list_portals, add_portal, delete_portal,
         get_tpg_auth, put_tpg_auth, get_acl_auth, put_acl_auth, get_discovery_auth, put_discovery_auth,
         add_mapped_lun, delete_mapped_lun,
-        list_sessions, delete_session,
+        list_sessions, delete_session, get_rdma,
         export_config, apply_config,
         health, ready, metrics, openapi_json,
     ),
@@ -1759,6 +1768,12 @@ mod tests {
         }
         fn force_logout(&self, _: &str) -> bool {
             false
+        }
+        fn rdma(&self) -> RdmaView {
+            RdmaView {
+                provider: "none".into(),
+                ..RdmaView::default()
+            }
         }
         fn ready(&self) -> bool {
             true

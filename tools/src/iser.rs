@@ -7,8 +7,9 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 
+use rtgt_rdma_channel::Mr;
 use rtgt_transport::cm::{prepare_qp, Cm, CmConn, CmError, ConnParams, Reason};
-use rtgt_transport::verbs::{Access, FastReg, Mr, Pd, Region, SendOp};
+use rtgt_transport::verbs::{Access, FastReg, Pd, Region, SendOp};
 
 use rtgt_iscsi::conn::RxPdu;
 use rtgt_iscsi::iser::conn::{
@@ -72,7 +73,11 @@ impl IserTransport {
         let poller = tokio::spawn(poll_send(link.clone(), ep.send_cq().clone()));
         Ok(Arc::new(IserTransport {
             link,
-            pd: ep.pd.clone(),
+            pd: ep
+                .pd
+                .soft()
+                .cloned()
+                .ok_or(IscsiError::Protocol("iSER initiator needs the soft engine"))?,
             variant: AtomicU8::new(1),
             rx: tokio::sync::Mutex::new((Receiver::new(ep), Vec::new())),
             poller: std::sync::Mutex::new(Some(poller)),
@@ -131,6 +136,7 @@ impl IserTransport {
     pub fn register(&self, region: Arc<Region>, access: Access) -> Result<Mr, IscsiError> {
         self.pd
             .reg_mr(region, access | Access::LOCAL_WRITE)
+            .map(Mr::Soft)
             .map_err(|_| IscsiError::Protocol("memory registration"))
     }
 
@@ -149,11 +155,11 @@ impl IserTransport {
             Some(d) => d,
             None => FrDesc {
                 // The limit of a fast registration, not memory: any command's buffer fits.
-                mr: Arc::new(
+                mr: Arc::new(Mr::Soft(
                     self.pd
                         .alloc_mr(u32::MAX as usize)
                         .map_err(|_| IscsiError::Protocol("memory registration"))?,
-                ),
+                )),
                 valid: None,
             },
         };
@@ -167,7 +173,11 @@ impl IserTransport {
             )?;
         }
         let variant = self.variant.fetch_add(1, Ordering::Relaxed);
-        let key = desc.mr.key_with_variant(variant);
+        let key = desc
+            .mr
+            .soft()
+            .ok_or(IscsiError::Protocol("fast registration"))?
+            .key_with_variant(variant);
         self.link.sq_credit().await?;
         self.link.post_op(
             SendOp::FastReg(FastReg {
@@ -241,7 +251,8 @@ pub async fn connect(
     loop {
         attempt += 1;
         let ep = Endpoint::new(pd, sizing).map_err(|_| IscsiError::Protocol("iSER endpoint"))?;
-        prepare_qp(&ep.qp).map_err(|_| IscsiError::Protocol("iSER QP"))?;
+        let qp = ep.qp.soft().ok_or(IscsiError::Protocol("iSER QP"))?.clone();
+        prepare_qp(&qp).map_err(|_| IscsiError::Protocol("iSER QP"))?;
         ep.post_receives()
             .map_err(|_| IscsiError::Protocol("iSER receives"))?;
         let params = ConnParams {
@@ -252,7 +263,7 @@ pub async fn connect(
             rnr_retry_count: 6,
             ..ConnParams::default()
         };
-        match cm.connect(&ep.qp, dst, params).await {
+        match cm.connect(&qp, dst, params).await {
             Ok(c) => return Ok((ep, c)),
             // The target still holds a connection of an earlier process with the same IDs in
             // its timewait: try again once that has passed.

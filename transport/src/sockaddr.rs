@@ -39,6 +39,32 @@ pub(crate) fn to_storage(addr: SocketAddr) -> (libc::sockaddr_storage, libc::soc
     (st, len as libc::socklen_t)
 }
 
+/// The address a `sockaddr_storage` holds, if it is an IPv4 or IPv6 one.
+pub(crate) fn from_storage(st: &libc::sockaddr_storage) -> Option<SocketAddr> {
+    match st.ss_family as libc::c_int {
+        libc::AF_INET => {
+            // SAFETY: the family says the storage holds a sockaddr_in, which it is aligned
+            // for and larger than.
+            let sin = unsafe { *(st as *const libc::sockaddr_storage).cast::<libc::sockaddr_in>() };
+            let ip = std::net::Ipv4Addr::from(sin.sin_addr.s_addr.to_ne_bytes());
+            Some(SocketAddr::new(ip.into(), u16::from_be(sin.sin_port)))
+        }
+        libc::AF_INET6 => {
+            // SAFETY: as above, for sockaddr_in6.
+            let sin6 =
+                unsafe { *(st as *const libc::sockaddr_storage).cast::<libc::sockaddr_in6>() };
+            let ip = std::net::Ipv6Addr::from(sin6.sin6_addr.s6_addr);
+            Some(SocketAddr::V6(std::net::SocketAddrV6::new(
+                ip,
+                u16::from_be(sin6.sin6_port),
+                sin6.sin6_flowinfo,
+                sin6.sin6_scope_id,
+            )))
+        }
+        _ => None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -61,5 +87,12 @@ mod tests {
         assert_eq!(sin6.sin6_addr.s6_addr[0..2], [0xfe, 0x80]);
         assert_eq!(sin6.sin6_addr.s6_addr[15], 1);
         assert_eq!(sin6.sin6_scope_id, 2);
+        for a in ["10.1.2.3:3260", "[fe80::1%2]:4420", "[::]:0"] {
+            let a: SocketAddr = a.parse().unwrap();
+            assert_eq!(from_storage(&to_storage(a).0), Some(a));
+        }
+        // SAFETY: all-zero sockaddr_storage is valid (family AF_UNSPEC).
+        let none: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+        assert_eq!(from_storage(&none), None);
     }
 }

@@ -22,7 +22,9 @@
 //!   everything posted, and runs the close hooks once ([`Link::on_close`]): the fabric's task
 //!   set fails every outstanding task there.
 
+pub mod cm;
 pub mod mem;
+pub mod provider;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -31,26 +33,32 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use rtgt_backstore::IoBuf;
+use rtgt_transport::rdmacore::{self as rc, sys::ibv_qp_cap};
 use rtgt_transport::verbs::{
-    Access, Cq, Mr, Pd, Qp, QpAttr, QpAttrMask, QpInitAttr, QpState, QpType, RecvWr, Region,
-    SendOp, SendWr, SgList, Sge, VerbsError, WcFlags, WcOpcode, WcStatus, WorkCompletion,
+    self as soft, Access, QpInitAttr, QpType, RecvWr, Region, SendFlags, SendOp, SendWr, SgList,
+    Sge, WcFlags, WcOpcode, WcStatus, WorkCompletion,
 };
 use tokio::sync::{oneshot, Notify, Semaphore};
 use tokio::time::Instant;
 
 use mem::{Landing, PoolMrs};
+pub use provider::{Cq, Kind, Mr, Pd, ProviderError, Qp};
 
 /// Largest RDMA WRITE or READ one work request moves.
 pub const RDMA_CHUNK: usize = 1 << 20;
 /// Completions taken per poll.
 const POLL_BATCH: usize = 64;
+/// Bytes of a message sent inline (copied into the work request by the CPU as it is posted,
+/// so the NIC fetches no send slot) where the provider allows it: a SCSI response with its
+/// sense data fits.
+pub const INLINE_MAX: u32 = 256;
 
 /// Work request ids: a send slot's SEND, or an operation someone may wait for.
 pub const TAG_SLOT: u64 = 1 << 62;
 const TAG_OP: u64 = 2 << 62;
 const TAG_MASK: u64 = 3 << 62;
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
@@ -84,16 +92,19 @@ pub struct Rings {
 /// accepts the connection (so the first SEND finds a buffer).
 pub struct Endpoint {
     pub pd: Pd,
-    pub qp: Arc<Qp>,
+    pub qp: Qp,
     send_cq: Cq,
     recv_cq: Cq,
     recv_region: Arc<Region>,
     recv_mr: Mr,
     rings: Rings,
+    /// Largest message the QP sends inline (0: none).
+    max_inline: u32,
 }
 
 impl Endpoint {
-    pub fn new(pd: &Pd, rings: impl Into<Rings>) -> Result<Endpoint, VerbsError> {
+    /// An endpoint of the soft engine (its QP in RESET).
+    pub fn new(pd: &soft::Pd, rings: impl Into<Rings>) -> Result<Endpoint, ProviderError> {
         let rings = rings.into();
         let dev = pd.device();
         let send_cq = dev.create_cq(rings.send_queue)?;
@@ -104,31 +115,88 @@ impl Endpoint {
         init.cap.max_send_sge = 2;
         init.cap.max_recv_sge = 1;
         init.cap.max_inline_data = 0;
-        let qp = Arc::new(pd.create_qp(init)?);
+        let qp = Qp::Soft(Arc::new(pd.create_qp(init)?));
+        Self::finish(
+            Pd::Soft(pd.clone()),
+            qp,
+            (Cq::Soft(send_cq), Cq::Soft(recv_cq)),
+            rings,
+            0,
+        )
+    }
+
+    /// An endpoint of rdma-core on the id of a connection request (librdmacm makes the QP,
+    /// in INIT, and moves it on as the connection is accepted).
+    pub fn on_cm_id(
+        pd: &Arc<rc::res::Pd>,
+        id: Arc<rc::cm::CmId>,
+        rings: impl Into<Rings>,
+    ) -> Result<Endpoint, ProviderError> {
+        let rings = rings.into();
+        let ppd = Pd::Verbs(pd.clone());
+        let send_cq = ppd.create_cq(rings.send_queue)?;
+        let recv_cq = ppd.create_cq(rings.recv_slots)?;
+        let (Cq::Verbs(s), Cq::Verbs(r)) = (&send_cq, &recv_cq) else {
+            unreachable!("a verbs PD makes verbs CQs");
+        };
+        let mut cap = ibv_qp_cap {
+            max_send_wr: rings.send_queue,
+            max_recv_wr: rings.recv_slots,
+            max_send_sge: 2,
+            max_recv_sge: 1,
+            max_inline_data: INLINE_MAX,
+        };
+        // A device that sends nothing inline (or less) gets a QP without.
+        let granted = match id.create_qp(pd, s.raw(), r.raw(), cap) {
+            Ok(c) => c,
+            Err(_) => {
+                cap.max_inline_data = 0;
+                id.create_qp(pd, s.raw(), r.raw(), cap)?
+            }
+        };
+        let max_inline = granted.max_inline_data.min(INLINE_MAX);
+        Self::finish(ppd, Qp::Verbs(id), (send_cq, recv_cq), rings, max_inline)
+    }
+
+    fn finish(
+        pd: Pd,
+        qp: Qp,
+        (send_cq, recv_cq): (Cq, Cq),
+        rings: Rings,
+        max_inline: u32,
+    ) -> Result<Endpoint, ProviderError> {
         let recv_region = Arc::new(Region::zeroed(
             rings.recv_slot_len * rings.recv_slots as usize,
         ));
         let recv_mr = pd.reg_mr(recv_region.clone(), Access::LOCAL_WRITE)?;
         Ok(Endpoint {
-            pd: pd.clone(),
+            pd,
             qp,
             send_cq,
             recv_cq,
             recv_region,
             recv_mr,
             rings,
+            max_inline,
         })
     }
 
+    /// Polls the completion queues for up to `window` before sleeping (see
+    /// [`Cq::set_busy_poll`]).
+    pub fn set_busy_poll(&self, window: Duration) {
+        self.send_cq.set_busy_poll(window);
+        self.recv_cq.set_busy_poll(window);
+    }
+
     /// Posts the whole receive ring (the QP must be in INIT or later).
-    pub fn post_receives(&self) -> Result<(), VerbsError> {
+    pub fn post_receives(&self) -> Result<(), ProviderError> {
         for i in 0..self.rings.recv_slots {
             self.post_recv(i)?;
         }
         Ok(())
     }
 
-    fn post_recv(&self, slot: u32) -> Result<(), VerbsError> {
+    fn post_recv(&self, slot: u32) -> Result<(), ProviderError> {
         let len = self.rings.recv_slot_len;
         self.qp.post_recv(RecvWr {
             wr_id: slot as u64,
@@ -206,11 +274,13 @@ type CloseHook = Box<dyn FnOnce() + Send>;
 
 /// The send side of a connected endpoint: send slots, queue credits and operations in flight.
 pub struct Link {
-    qp: Arc<Qp>,
+    qp: Qp,
     pub pd: Pd,
     pub send_region: Arc<Region>,
     pub send_mr: Mr,
     pub slot_len: usize,
+    /// Messages up to this long go inline.
+    max_inline: usize,
     free_slots: Mutex<Vec<u32>>,
     slots: Semaphore,
     /// Send queue entries not yet completed.
@@ -263,7 +333,7 @@ impl Link {
         ep: &Endpoint,
         peer: SocketAddr,
         pool_mrs: Option<Arc<PoolMrs>>,
-    ) -> Result<Link, VerbsError> {
+    ) -> Result<Link, ProviderError> {
         let r = ep.rings;
         let send_region = Arc::new(Region::zeroed(r.send_slot_len * r.send_slots as usize));
         let send_mr = ep.pd.reg_mr(send_region.clone(), Access::LOCAL_WRITE)?;
@@ -273,6 +343,7 @@ impl Link {
             send_region,
             send_mr,
             slot_len: r.send_slot_len,
+            max_inline: ep.max_inline as usize,
             free_slots: Mutex::new((0..r.send_slots).rev().collect()),
             slots: Semaphore::new(r.send_slots as usize),
             sq: Semaphore::new(r.send_queue as usize),
@@ -288,7 +359,7 @@ impl Link {
         })
     }
 
-    pub fn qp(&self) -> &Arc<Qp> {
+    pub fn qp(&self) -> &Qp {
         &self.qp
     }
 
@@ -331,11 +402,7 @@ impl Link {
             }
             std::mem::take(&mut *h)
         };
-        let attr = QpAttr {
-            qp_state: Some(QpState::Err),
-            ..Default::default()
-        };
-        if let Err(e) = self.qp.modify(&attr, QpAttrMask::STATE) {
+        if let Err(e) = self.qp.set_error() {
             tracing::debug!(peer = %self.peer, error = %e, "moving the QP to error");
         }
         // Held SENDs never go out: their slots and credits return.
@@ -458,11 +525,15 @@ impl Link {
             Some(k) => SendOp::SendWithInv(k),
             None => SendOp::Send,
         };
-        let wr = SendWr::new(
+        let mut wr = SendWr::new(
             TAG_SLOT | slot as u64,
             op,
             self.send_mr.sge(start, n as u32),
         );
+        if n <= self.max_inline {
+            // The provider copies the slot's bytes into the work request while posting.
+            wr.flags |= SendFlags::INLINE;
+        }
         if let Some(held) = lock(&self.held).as_mut() {
             if !self.is_closing() {
                 held.push(wr);
@@ -731,7 +802,7 @@ pub async fn poll_send(link: Arc<Link>, cq: Cq) {
             // A closed QP flushes what it holds; this only bounds the wait for a QP that
             // was already gone.
             _ = tokio::time::sleep(Duration::from_millis(200)), if link.is_closing() => {
-                if link.qp.state() != QpState::Err {
+                if !link.qp.completes_posted() {
                     break;
                 }
             }
@@ -801,7 +872,9 @@ impl Receiver {
 mod tests {
     use super::*;
     use rtgt_transport::netdev::{loopback, run};
-    use rtgt_transport::verbs::{AddressVector, Device, DeviceConfig, Mtu};
+    use rtgt_transport::verbs::{
+        AddressVector, Device, DeviceConfig, Mtu, QpAttr, QpAttrMask, QpState,
+    };
     use std::net::{IpAddr, Ipv4Addr};
 
     fn ip(last: u8) -> IpAddr {
@@ -834,6 +907,7 @@ mod tests {
     /// Moves `ep`'s QP to RTS towards QP `dest` at `remote`, its receive ring posted.
     fn connect(ep: &Endpoint, remote: IpAddr, dest: u32) {
         use QpAttrMask as M;
+        let qp = ep.qp.soft().unwrap();
         let access = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ;
         let mut a = QpAttr {
             qp_state: Some(QpState::Init),
@@ -841,8 +915,7 @@ mod tests {
             port_num: 1,
             ..Default::default()
         };
-        ep.qp
-            .modify(&a, M::STATE | M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS)
+        qp.modify(&a, M::STATE | M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS)
             .unwrap();
         ep.post_receives().unwrap();
         a.qp_state = Some(QpState::Rtr);
@@ -858,14 +931,14 @@ mod tests {
             | M::RQ_PSN
             | M::MAX_DEST_RD_ATOMIC
             | M::MIN_RNR_TIMER;
-        ep.qp.modify(&a, rtr).unwrap();
+        qp.modify(&a, rtr).unwrap();
         a.qp_state = Some(QpState::Rts);
         a.timeout = 14;
         a.retry_cnt = 7;
         a.rnr_retry = 7;
         a.max_rd_atomic = 1;
         let rts = M::STATE | M::SQ_PSN | M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY;
-        ep.qp.modify(&a, rts | M::MAX_QP_RD_ATOMIC).unwrap();
+        qp.modify(&a, rts | M::MAX_QP_RD_ATOMIC).unwrap();
     }
 
     /// The messages `rx` has received so far.
@@ -910,7 +983,7 @@ mod tests {
             .unwrap();
         let source = Arc::new(Region::zeroed(4096));
         source.write(0, b"data!");
-        let source_mr = Arc::new(pa.reg_mr(source, Access::LOCAL_WRITE).unwrap());
+        let source_mr = Arc::new(Mr::Soft(pa.reg_mr(source, Access::LOCAL_WRITE).unwrap()));
         let mut rx = Receiver::new(eb);
         let wait = Duration::from_secs(5);
         {

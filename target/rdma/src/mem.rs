@@ -8,7 +8,9 @@ use std::ptr::NonNull;
 use std::sync::Arc;
 
 use rtgt_backstore::{BufPool, IoBuf};
-use rtgt_transport::verbs::{Access, Mr, Pd, Region, Sge, VerbsError};
+use rtgt_transport::verbs::{Access, Region, Sge, VerbsError};
+
+use crate::provider::{Mr, Pd, ProviderError};
 
 /// The pool's slabs registered with one protection domain, in slab order.
 pub struct PoolMrs {
@@ -26,7 +28,7 @@ impl std::fmt::Debug for PoolMrs {
 
 impl PoolMrs {
     /// Registers every slab of `pool` for local access and RDMA READ responses landing in it.
-    pub fn register(pd: &Pd, pool: &Arc<BufPool>) -> Result<PoolMrs, VerbsError> {
+    pub fn register(pd: &Pd, pool: &Arc<BufPool>) -> Result<PoolMrs, ProviderError> {
         let mut mrs = Vec::new();
         for (ptr, len) in pool.slabs() {
             let Some(ptr) = NonNull::new(ptr as *mut u8) else {
@@ -63,7 +65,7 @@ impl PoolMrs {
 
 /// A memory region over a buffer outside the pool's slabs, owning it: the buffer is freed
 /// when the region and every operation on it are gone.
-pub fn owned_mr(pd: &Pd, mut buf: IoBuf) -> Result<Mr, VerbsError> {
+pub fn owned_mr(pd: &Pd, mut buf: IoBuf) -> Result<Mr, ProviderError> {
     let len = buf.len().max(1);
     let ptr = NonNull::new(buf.as_mut_ptr()).ok_or(VerbsError::InvalidArgument("buffer"))?;
     let owner: Box<dyn Send + Sync> = Box::new(buf);
@@ -98,7 +100,7 @@ impl Landing {
     }
 
     /// A buffer outside the slabs, registered with `pd` for as long as this lives.
-    pub fn registered(pd: &Pd, mut buf: IoBuf) -> Result<Landing, VerbsError> {
+    pub fn registered(pd: &Pd, mut buf: IoBuf) -> Result<Landing, ProviderError> {
         let len = buf.len();
         let ptr = NonNull::new(buf.as_mut_ptr()).ok_or(VerbsError::InvalidArgument("buffer"))?;
         // SAFETY: the memory belongs to `buf`, which this value keeps alive and does not
@@ -169,7 +171,7 @@ mod tests {
         use rtgt_transport::verbs::{Device, DeviceConfig};
         let addr = std::net::IpAddr::from([127, 0, 0, 1]);
         let dev = Device::new(DeviceConfig::new("landing", vec![addr])).unwrap();
-        let pd = dev.alloc_pd().unwrap();
+        let pd = Pd::from(dev.alloc_pd().unwrap());
         let mut b = IoBuf::zeroed(4096);
         b.as_mut_slice()[0] = 7;
         let l = Arc::new(Landing::registered(&pd, b).unwrap());

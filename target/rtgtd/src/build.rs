@@ -11,6 +11,7 @@ use std::sync::Arc;
 use rtgt_api::config::{self, BackstoreKind, Config};
 use rtgt_backstore::policy::{BackstoreRoots, FileRequest, PolicyError};
 use rtgt_backstore::{Backstore, BufPool, FileBackstore, FileOptions, NullBackstore, RamBackstore};
+use rtgt_rdma_channel::cm::Provider;
 use rtgt_transport::hca::{Hca, HcaConfig};
 use tracing::{info, warn};
 
@@ -47,6 +48,9 @@ pub enum DaemonError {
     },
     #[error("{0}")]
     Portal(rtgt_api::ControlError),
+    /// The RDMA provider asked for could not start.
+    #[error("rdma: {0}")]
+    Rdma(String),
     /// The administration API could not start.
     #[error(transparent)]
     Api(Box<dyn std::error::Error + Send + Sync>),
@@ -82,18 +86,50 @@ pub struct Running {
     /// Portals of the groups that also serve iSER (`iser: true`).
     pub iser_portals: Vec<SocketAddr>,
     pub pool: Arc<BufPool>,
-    /// The soft-RoCE device (UDP 4791) and its connection manager, when enabled and bound.
-    pub rdma: Option<Arc<Hca>>,
+    /// The RDMA provider iSER and SRP run on (the soft-RoCE device on UDP 4791 and its
+    /// connection manager, or rdma-core's devices), when enabled and up.
+    pub rdma: Option<Provider>,
     pub device_registry: Arc<DeviceRegistry>,
 }
 
-/// Brings up the soft-RoCE device of `config.rdma`. Failing to (port 4791 taken, e.g. by the
-/// rdma_rxe module, or no permission) is not fatal: rtgtd serves iSCSI over TCP without it.
-fn start_rdma(rdma: &config::Rdma) -> Option<Arc<Hca>> {
+/// Brings up the RDMA provider of `config.rdma`. The soft engine failing to start (port 4791
+/// taken, e.g. by the rdma_rxe module, or no permission) is not fatal: rtgtd serves iSCSI
+/// over TCP without it. `verbs` was asked for by name, so rdma-core missing or an address
+/// no RDMA device has is a startup error that names it.
+fn start_rdma(rdma: &config::Rdma, pool: &Arc<BufPool>) -> Result<Option<Provider>, DaemonError> {
     if !rdma.enabled {
         info!("RDMA disabled by the configuration");
-        return None;
+        return Ok(None);
     }
+    if rdma.provider == config::RdmaProvider::Verbs {
+        let p = Provider::verbs(
+            pool,
+            &rdma.addresses,
+            std::time::Duration::from_micros(rdma.busy_poll_micros.into()),
+        )
+        .map_err(|e| DaemonError::Rdma(e.to_string()))?;
+        let addrs: Vec<String> = p
+            .devices_by_addr()
+            .iter()
+            .map(|(a, d)| format!("{a} ({d})"))
+            .collect();
+        info!(addresses = %addrs.join(" "), "RDMA through rdma-core (provider verbs)");
+        return Ok(Some(p));
+    }
+    let Some(hca) = start_soft(rdma) else {
+        return Ok(None);
+    };
+    match Provider::soft(hca.clone(), pool) {
+        Ok(p) => Ok(Some(p)),
+        Err(e) => {
+            warn!(error = %e, "RDMA unavailable (iSER and SRP will not be served)");
+            hca.shutdown();
+            Ok(None)
+        }
+    }
+}
+
+fn start_soft(rdma: &config::Rdma) -> Option<Arc<Hca>> {
     let mut cfg = HcaConfig::new(rdma.addresses.clone());
     cfg.eth_mtu = rdma.eth_mtu as usize;
     cfg.busy_poll = std::time::Duration::from_micros(rdma.busy_poll_micros.into());
@@ -108,7 +144,7 @@ fn start_rdma(rdma: &config::Rdma) -> Option<Arc<Hca>> {
                 addresses = %addrs.join(" "),
                 path_mtu = hca.device().port_mtu().bytes(),
                 engine_threads = if hca.on_shard() { hca.count() } else { 0 },
-                "RDMA device ready on UDP 4791"
+                "RDMA device ready on UDP 4791 (provider soft)"
             );
             Some(Arc::new(hca))
         }
@@ -319,7 +355,7 @@ pub async fn build(
     }
     registry.set_discovery_auth(auth(&config.discovery.auth));
     register_srp_ports(config, &devices, &registry);
-    let rdma = start_rdma(&config.rdma);
+    let rdma = start_rdma(&config.rdma, &pool)?;
     Ok(Running {
         registry,
         devices,
@@ -560,26 +596,53 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn rdma_bring_up_is_never_fatal() {
+    async fn soft_rdma_bring_up_is_never_fatal() {
+        let pool = BufPool::new(BUFFER_BUDGET);
         let off = config::Rdma {
             enabled: false,
             ..config::Rdma::default()
         };
-        assert!(start_rdma(&off).is_none());
+        assert!(start_rdma(&off, &pool).unwrap().is_none());
         let lo = config::Rdma {
             addresses: vec![std::net::Ipv4Addr::LOCALHOST.into()],
             ..config::Rdma::default()
         };
         // The first may find the port taken (rdma_rxe loaded here); the second always does.
-        let first = start_rdma(&lo);
-        let second = start_rdma(&lo);
+        let first = start_rdma(&lo, &pool).unwrap();
+        let second = start_rdma(&lo, &pool).unwrap();
         assert!(second.is_none());
-        if let Some(hca) = first {
+        if let Some(p) = first {
+            assert_eq!(p.kind(), rtgt_rdma_channel::Kind::Soft);
+            let hca = p.hca().unwrap();
             assert_eq!(hca.addrs(), &[std::net::IpAddr::from([127, 0, 0, 1])]);
             assert!(hca.is_running());
             // The default runs the device on an engine thread of its own.
             assert!(hca.on_shard());
             hca.shutdown();
+        }
+    }
+
+    #[tokio::test]
+    async fn verbs_rdma_names_what_is_missing() {
+        // An address no RDMA device has (documentation range): whether rdma-core is
+        // installed or not, start fails and says why.
+        let pool = BufPool::new(BUFFER_BUDGET);
+        let v = config::Rdma {
+            provider: config::RdmaProvider::Verbs,
+            addresses: vec![std::net::IpAddr::from([192, 0, 2, 77])],
+            ..config::Rdma::default()
+        };
+        let e = start_rdma(&v, &pool)
+            .err()
+            .expect("verbs on an address without a device");
+        let text = e.to_string();
+        if rtgt_transport::rdmacore::RdmaCore::load().is_ok() {
+            assert!(
+                text.contains("no RDMA device has the address 192.0.2.77"),
+                "{text}"
+            );
+        } else {
+            assert!(text.contains("libibverbs"), "{text}");
         }
     }
 

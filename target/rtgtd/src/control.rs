@@ -16,7 +16,9 @@ use async_trait::async_trait;
 use rtgt_api::config::{self, Config};
 use rtgt_api::diff::{backstore_change, BackstoreChange, LiveChange};
 use rtgt_api::metrics::Metrics;
-use rtgt_api::{ChangeReport, Control, ControlError, SessionView};
+use rtgt_api::{
+    ChangeReport, Control, ControlError, RdmaDeviceView, RdmaListenerView, RdmaView, SessionView,
+};
 use rtgt_backstore::policy::BackstoreRoots;
 use rtgt_backstore::{Backstore, BufPool};
 use tokio::net::TcpListener;
@@ -28,10 +30,10 @@ pub use crate::build::STATE_CONFIG;
 use crate::build::{build_target, error_chain, open_device, DaemonError};
 use rtgt_iscsi::iser::IserServer;
 use rtgt_iscsi::{IscsiServer, SessionType};
+use rtgt_rdma_channel::cm::Provider;
 use rtgt_scsi::core::Registry;
 use rtgt_scsi::{Device, DeviceRegistry};
 use rtgt_srp::service::{PortChange, SrpService};
-use rtgt_transport::hca::Hca;
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
@@ -70,15 +72,15 @@ pub struct DaemonControl {
     portals: Mutex<BTreeMap<SocketAddr, Portal>>,
     /// RDMA devices whose counters /metrics exports.
     rdma: Mutex<Vec<(String, RdmaSource)>>,
-    /// The soft-RoCE device iSER and SRP are served on, when it is up.
-    hca: Option<Arc<Hca>>,
-    /// iSER over `hca` and its listeners (the portals of the groups with `iser: true`).
+    /// The RDMA provider iSER and SRP are served on, when it is up.
+    rdma_provider: Option<Provider>,
+    /// iSER over `rdma_provider` and its listeners (the portals of the groups with `iser: true`).
     iser: Option<IserServer>,
     iser_portals: Mutex<BTreeMap<SocketAddr, Portal>>,
     /// iSER portals the RDMA device cannot listen on (logged once, tried again when the
     /// portal comes back after leaving the configuration).
     iser_unserved: Mutex<BTreeSet<SocketAddr>>,
-    /// The SRP target ports over `hca`, from the first one configured.
+    /// The SRP target ports over `rdma_provider`, from the first one configured.
     srp: Mutex<Option<Arc<SrpService>>>,
 }
 
@@ -181,8 +183,8 @@ pub struct ControlParts {
     pub devices: BTreeMap<String, Arc<Device>>,
     pub backstores: BTreeMap<String, Arc<dyn Backstore>>,
     pub metrics: Metrics,
-    /// The soft-RoCE device, when the `rdma` section brought one up.
-    pub hca: Option<Arc<Hca>>,
+    /// The RDMA provider, when the `rdma` section brought one up.
+    pub rdma: Option<Provider>,
 }
 
 fn portals_of(c: &Config) -> BTreeSet<SocketAddr> {
@@ -226,13 +228,12 @@ fn open_failed(i: usize, e: &DaemonError) -> ControlError {
 
 impl DaemonControl {
     pub fn new(p: ControlParts) -> Arc<DaemonControl> {
-        let iser = p.hca.as_ref().and_then(|hca| {
-            IserServer::new(p.server.shared(), hca.clone())
-                .map_err(|e| warn!(error = %e, "iSER unavailable"))
-                .ok()
-        });
+        let iser = p
+            .rdma
+            .as_ref()
+            .map(|r| IserServer::new(p.server.shared(), r.clone()));
         Arc::new(DaemonControl {
-            hca: p.hca,
+            rdma_provider: p.rdma,
             iser,
             iser_portals: Mutex::new(BTreeMap::new()),
             iser_unserved: Mutex::new(BTreeSet::new()),
@@ -395,7 +396,7 @@ impl DaemonControl {
     /// first one. Returns once the listeners of removed addresses stopped.
     async fn sync_srp(&self, report: &mut ChangeReport) {
         let ports = self.registry.srp_ports();
-        let Some(hca) = &self.hca else {
+        let Some(rdma) = &self.rdma_provider else {
             for p in &ports {
                 warn!(port = %p.name, "SRP target port not served: no RDMA device");
             }
@@ -407,7 +408,7 @@ impl DaemonControl {
                 Some(svc) => svc.clone(),
                 None if ports.is_empty() => return,
                 None => {
-                    let svc = Arc::new(SrpService::start(hca, &self.registry, self.pool.clone()));
+                    let svc = Arc::new(SrpService::start(rdma, &self.registry, self.pool.clone()));
                     *srp = Some(svc);
                     return;
                 }
@@ -430,7 +431,7 @@ impl DaemonControl {
     /// Checks that the RDMA device can listen on every SRP listen address not yet served
     /// (one it serves, not taken by an iSER portal), before anything changes.
     fn check_srp_listen(&self, new: &Config) -> Result<(), ControlError> {
-        let Some(hca) = &self.hca else {
+        let Some(rdma) = &self.rdma_provider else {
             return Ok(());
         };
         let served: BTreeSet<SocketAddr> = self
@@ -443,7 +444,7 @@ impl DaemonControl {
                     continue;
                 }
                 // A listener taken and dropped at once: the address is free to serve.
-                if let Err(e) = hca.cm().listen(*a) {
+                if let Err(e) = rdma.listen(*a) {
                     return Err(ControlError::Conflict {
                         field: format!("srp[{i}].listen[{j}]"),
                         message: format!("SRP target port {:?}: cannot listen on {a}: {e}", p.name),
@@ -748,6 +749,52 @@ impl Control for DaemonControl {
             .all(|a| portals.get(a).is_some_and(|p| !p.task.is_finished()))
     }
 
+    fn rdma(&self) -> RdmaView {
+        let Some(p) = &self.rdma_provider else {
+            return RdmaView {
+                provider: "none".into(),
+                ..RdmaView::default()
+            };
+        };
+        let devices = p.devices_by_addr();
+        let device_of = |a: SocketAddr| {
+            if a.ip().is_unspecified() {
+                return "*".to_string();
+            }
+            devices
+                .iter()
+                .find(|(ip, _)| *ip == a.ip())
+                .map_or_else(|| "-".to_string(), |(_, d)| d.clone())
+        };
+        let mut listeners: Vec<RdmaListenerView> = self
+            .iser_listening()
+            .into_iter()
+            .map(|a| RdmaListenerView {
+                fabric: "iser".into(),
+                address: a.to_string(),
+                device: device_of(a),
+            })
+            .collect();
+        if let Some(srp) = self.srp() {
+            listeners.extend(srp.listening().into_iter().map(|a| RdmaListenerView {
+                fabric: "srp".into(),
+                address: a.to_string(),
+                device: device_of(a),
+            }));
+        }
+        RdmaView {
+            provider: p.kind().name().into(),
+            devices: devices
+                .iter()
+                .map(|(a, d)| RdmaDeviceView {
+                    address: a.to_string(),
+                    device: d.clone(),
+                })
+                .collect(),
+            listeners,
+        }
+    }
+
     fn metrics(&self) -> String {
         let m = &self.metrics;
         let sessions = self.sessions();
@@ -806,12 +853,24 @@ impl Control for DaemonControl {
         }
         m.gauge("rtgt_portals_listening", &[])
             .set(lock(&self.portals).len() as f64);
+
         let mut text = m.render();
         let rdma: Vec<(String, RdmaCounters)> = lock(&self.rdma)
             .iter()
             .map(|(name, read)| (name.clone(), read()))
             .collect();
         text.push_str(&render_rdma(&rdma));
+        // Written here, not registered: a listener's series ends with it.
+        let view = self.rdma();
+        if !view.listeners.is_empty() {
+            text.push_str("# TYPE rtgt_rdma_listener_info gauge\n");
+            for l in &view.listeners {
+                text.push_str(&format!(
+                    "rtgt_rdma_listener_info{{fabric=\"{}\",address=\"{}\",provider=\"{}\",device=\"{}\"}} 1\n",
+                    l.fabric, l.address, view.provider, l.device
+                ));
+            }
+        }
         if !lines[0].is_empty() {
             for (i, ((name, kind, _), out)) in series.iter().zip(&lines).enumerate() {
                 let sep = if i == 0 { "" } else { "\n" };

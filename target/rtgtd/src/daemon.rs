@@ -194,9 +194,9 @@ pub async fn run(opts: Options) -> Result<(), DaemonError> {
         devices: running.devices.clone(),
         backstores: running.backstores.clone(),
         metrics,
-        hca: running.rdma.clone(),
+        rdma: running.rdma.clone(),
     });
-    if let Some(hca) = &running.rdma {
+    if let Some(hca) = running.rdma.as_ref().and_then(|r| r.hca()) {
         export_rdma_counters(&control, hca);
     }
     control.start_portals().await.map_err(DaemonError::Portal)?;
@@ -239,7 +239,7 @@ pub async fn run(opts: Options) -> Result<(), DaemonError> {
     for t in tasks.into_iter().chain(api_tasks) {
         let _ = t.await;
     }
-    if let Some(hca) = &running.rdma {
+    if let Some(hca) = running.rdma.as_ref().and_then(|r| r.hca()) {
         hca.shutdown();
     }
     control.flush_all().await;

@@ -24,10 +24,11 @@ use bytes::Bytes;
 use rtgt_backstore::{BufPool, IoBuf};
 use rtgt_rdma_channel::mem::PoolMrs;
 use rtgt_rdma_channel::{self as rdma, Endpoint, Link, LinkError, Receiver, Remote, Rings};
+use rtgt_rdma_channel::{ProviderError, Qp};
 use rtgt_scsi::sense::{asc, key, Sense};
 use rtgt_scsi::task::{self, Function, Outcome, Refused, Stage, Task, TaskSet, TmResponse, Turn};
 use rtgt_scsi::{lun_from_bytes, Command, Status, TaskAttr, MAX_TRANSFER_BYTES};
-use rtgt_transport::verbs::{Pd, Qp, VerbsError};
+use rtgt_transport::verbs::Pd;
 use tokio::sync::watch;
 
 use super::iu::{
@@ -154,7 +155,7 @@ impl Channel {
 
     /// Creates the queue pair, completion queues and receive ring of a channel, the QP in
     /// the RESET state (the connection manager drives it to RTS).
-    pub fn endpoint(pd: &Pd, params: &ChannelParams) -> Result<Endpoint, VerbsError> {
+    pub fn endpoint(pd: &Pd, params: &ChannelParams) -> Result<Endpoint, ProviderError> {
         Endpoint::new(pd, Self::rings(params))
     }
 
@@ -171,9 +172,9 @@ impl Channel {
         keep: Box<dyn Send + Sync>,
         pool: Arc<BufPool>,
         peer: SocketAddr,
-    ) -> Result<Arc<Channel>, VerbsError> {
-        let pool_mrs = PoolMrs::register(&ep.pd, &pool)?;
-        let link = Arc::new(Link::new(&ep, peer, Some(Arc::new(pool_mrs)))?);
+        pool_mrs: Option<Arc<PoolMrs>>,
+    ) -> Result<Arc<Channel>, ProviderError> {
+        let link = Arc::new(Link::new(&ep, peer, pool_mrs)?);
         ep.post_receives()?;
         let tasks = TaskSet::new(session.nexus.id);
         let ch = Arc::new(Channel {
@@ -202,7 +203,7 @@ impl Channel {
         Ok(ch)
     }
 
-    pub fn qp(&self) -> &Arc<Qp> {
+    pub fn qp(&self) -> &Qp {
         self.link.qp()
     }
 

@@ -11,10 +11,11 @@ use std::sync::{Arc, Mutex, MutexGuard, RwLock, Weak};
 use std::time::Instant;
 
 use rtgt_backstore::BufPool;
+use rtgt_rdma_channel::mem::PoolMrs;
 use rtgt_rdma_channel::Endpoint;
+use rtgt_rdma_channel::ProviderError;
 use rtgt_scsi::core::{srp_port_name, LiveLuns, Registry, SrpTargetPort};
 use rtgt_scsi::Nexus;
-use rtgt_transport::verbs::VerbsError;
 
 use super::channel::{Channel, CloseReason};
 use super::iu::{rej_reason, LoginRej, LoginReq, LoginRsp};
@@ -257,7 +258,8 @@ impl SrpPort {
         ep: Endpoint,
         login: Login,
         peer: SocketAddr,
-    ) -> Result<Arc<Channel>, VerbsError> {
+        pool_mrs: Option<Arc<PoolMrs>>,
+    ) -> Result<Arc<Channel>, ProviderError> {
         let session = login.session.session.clone();
         let ch = Channel::start(
             ep,
@@ -267,6 +269,7 @@ impl SrpPort {
             Box::new(login.session),
             self.pool.clone(),
             peer,
+            pool_mrs,
         )?;
         let mut v = lock(&session.channels);
         v.retain(|w| w.strong_count() > 0);

@@ -13,8 +13,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rtgt_backstore::BufPool;
-use rtgt_transport::cm::{CmListener, ConnParams, ConnectRequest};
-use rtgt_transport::hca::{Hca, Placement};
+use rtgt_rdma_channel::cm::{Listener, Provider, Request};
+use rtgt_transport::cm::ConnParams;
 
 use super::channel::{Channel, CloseReason};
 use super::iu::{buf_fmt, rej_reason, LoginRej, LoginReq};
@@ -75,7 +75,7 @@ pub fn add_target_strings(port: &SrpTargetPort, local: &[IpAddr]) -> Vec<String>
 /// The SRP front-end of the running daemon: its target ports and their RDMA/CM listeners,
 /// which follow the registry's SRP target ports ([`SrpService::sync`]).
 pub struct SrpService {
-    hca: Arc<Hca>,
+    rdma: Provider,
     registry: Arc<Registry>,
     pool: Arc<BufPool>,
     state: Mutex<State>,
@@ -111,10 +111,10 @@ pub enum PortChange {
 
 impl SrpService {
     /// Starts a listener per distinct listen address of the registry's SRP target ports on
-    /// `hca`, and logs each port's `add_target` strings.
-    pub fn start(hca: &Arc<Hca>, registry: &Arc<Registry>, pool: Arc<BufPool>) -> SrpService {
+    /// `rdma`, and logs each port's `add_target` strings.
+    pub fn start(rdma: &Provider, registry: &Arc<Registry>, pool: Arc<BufPool>) -> SrpService {
         let svc = SrpService {
-            hca: hca.clone(),
+            rdma: rdma.clone(),
             registry: registry.clone(),
             pool,
             state: Mutex::new(State::default()),
@@ -178,7 +178,7 @@ impl SrpService {
                 rel,
                 Some(self.registry.clone()),
             );
-            for s in add_target_strings(cfg, self.hca.addrs()) {
+            for s in add_target_strings(cfg, &self.rdma.addrs()) {
                 tracing::info!(
                     port = %cfg.name,
                     "SRP target port: echo {s} > /sys/class/infiniband_srp/srp-<device>-<port>/add_target"
@@ -214,18 +214,15 @@ impl SrpService {
                 *l.ports.write().unwrap_or_else(|e| e.into_inner()) = ps;
                 continue;
             }
-            match self.hca.cm().listen(addr) {
+            match self.rdma.listen(addr) {
                 Ok(l) => {
-                    tracing::info!(%addr, ports = ps.len(), "SRP listening (RDMA/CM)");
+                    tracing::info!(%addr, ports = ps.len(), provider = self.rdma.kind().name(), device = l.device().unwrap_or("-"), "SRP listening (RDMA/CM)");
                     let ports: PortList = Arc::new(std::sync::RwLock::new(ps));
                     // On the device's engine thread (if it has one), as the channels it
                     // accepts.
-                    let task = self.hca.spawn(accept_loop(
-                        l,
-                        ports.clone(),
-                        self.hca.clone(),
-                        self.conns.clone(),
-                    ));
+                    let task = self
+                        .rdma
+                        .spawn(accept_loop(l, ports.clone(), self.conns.clone()));
                     st.listeners.insert(addr, Listening { ports, task });
                 }
                 Err(e) => tracing::error!(%addr, error = %e, "SRP: cannot listen"),
@@ -298,16 +295,14 @@ impl SrpService {
 }
 
 async fn accept_loop(
-    mut l: CmListener,
+    mut l: Listener,
     ports: PortList,
-    hca: Arc<Hca>,
     conns: Arc<Mutex<Vec<tokio::task::JoinHandle<()>>>>,
 ) {
     while let Some(cr) = l.accept().await {
         let ports = ports.read().unwrap_or_else(|e| e.into_inner()).clone();
         // The channel runs where the device that owns its QP runs.
-        let at = hca.place();
-        let h = hca.spawn_at(at.index(), connection(cr, ports, hca.clone(), at));
+        let h = cr.runtime().spawn(connection(cr, ports));
         let mut v = conns.lock().unwrap_or_else(|e| e.into_inner());
         v.retain(|h| !h.is_finished());
         v.push(h);
@@ -330,7 +325,7 @@ fn pick_port<'a>(ports: &'a [Arc<SrpPort>], req: &LoginReq) -> Option<&'a Arc<Sr
 }
 
 /// One connect request: login, accept or reject, then the channel until either side ends it.
-async fn connection(cr: ConnectRequest, ports: Vec<Arc<SrpPort>>, hca: Arc<Hca>, at: Placement) {
+async fn connection(cr: Request, ports: Vec<Arc<SrpPort>>) {
     let peer = cr.peer();
     let cr_local = cr.local();
     let req = match LoginReq::parse_rdma(cr.private_data()) {
@@ -359,15 +354,11 @@ async fn connection(cr: ConnectRequest, ports: Vec<Arc<SrpPort>>, hca: Arc<Hca>,
     };
     // The QP goes to INIT and the receive ring is posted before the REP: the initiator may
     // send as soon as it has sent its RTU.
-    let built = hca
-        .device_at(at.index())
-        .alloc_pd()
-        .and_then(|pd| Channel::endpoint(&pd, &login.params));
+    let built = cr.endpoint(Channel::rings(&login.params));
     let started = built.map_err(|e| e.to_string()).and_then(|ep| {
-        rtgt_transport::cm::prepare_qp(&ep.qp).map_err(|e| e.to_string())?;
         let qp = ep.qp.clone();
         let ch = port
-            .start_channel(ep, login, peer)
+            .start_channel(ep, login, peer, cr.pool_mrs())
             .map_err(|e| e.to_string())?;
         Ok((qp, ch))
     });

@@ -25,6 +25,7 @@ use rtgt_tools::iscsi::{LoginConfig, Session, SubmitOptions};
 
 use rtgt_iscsi::iser::header::Repr;
 use rtgt_iscsi::iser::{serve, Endpoint, IserStats, Peer, PoolMrs, Sizing};
+use rtgt_rdma_channel::cm::Provider;
 use rtgt_tools::iser::IserTransport;
 
 const TARGET: &str = "iqn.2025-01.io.rtgt:iser";
@@ -113,7 +114,7 @@ pub(crate) async fn fab_on(drop_ppm: u32, auth: Auth, pool: Arc<BufPool>, dev: A
     });
     let server = IscsiServer::new(registry, pool.clone());
     let target_pd = target_hca.alloc_pd().unwrap();
-    let pool_mrs = Arc::new(PoolMrs::register(&target_pd, &pool).unwrap());
+    let pool_mrs = Arc::new(PoolMrs::register(&target_pd.clone().into(), &pool).unwrap());
     Fab {
         init_pd: init_hca.alloc_pd().unwrap(),
         target_hca,
@@ -146,14 +147,15 @@ impl Fab {
     fn endpoints(&mut self, send_inv: bool) -> Endpoint {
         let t = Endpoint::new(&self.target_pd, Sizing::new(128, 8192, 16)).unwrap();
         let i = Endpoint::new(&self.init_pd, Sizing::new(128, 8192, 16)).unwrap();
-        to_init(&t.qp);
-        to_init(&i.qp);
+        let (tq, iq) = (t.qp.soft().unwrap(), i.qp.soft().unwrap());
+        to_init(tq);
+        to_init(iq);
         t.post_receives().unwrap();
         i.post_receives().unwrap();
         self.psn = self.psn.wrapping_mul(2654435761).wrapping_add(17) & 0xff_ffff;
         let (pt, pi) = (self.psn, self.psn ^ 0x5a5a5a);
-        to_rts(&t.qp, ip(2), i.qp.qpn(), pi, pt);
-        to_rts(&i.qp, ip(1), t.qp.qpn(), pt, pi);
+        to_rts(tq, ip(2), iq.qpn(), pi, pt);
+        to_rts(iq, ip(1), tq.qpn(), pt, pi);
         let peer = Peer {
             local: SocketAddr::new(ip(1), PORT),
             peer: SocketAddr::new(ip(2), 40000),
@@ -736,7 +738,8 @@ async fn cm_fab(drop_ppm: u32) -> CmFab {
         CmLimits::default(),
     )
     .unwrap();
-    let server = rtgt_iscsi::iser::IserServer::new(f.shared.clone(), target.clone()).unwrap();
+    let rdma = Provider::soft(target.clone(), &f.shared.pool).unwrap();
+    let server = rtgt_iscsi::iser::IserServer::new(f.shared.clone(), rdma);
     let (tx, rx) = tokio::sync::watch::channel(false);
     let s = server.clone();
     tokio::spawn(async move {

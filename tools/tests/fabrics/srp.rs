@@ -16,6 +16,8 @@ use rtgt_transport::netdev::gate::{Gate, Gated};
 use rtgt_transport::netdev::{self, loopback};
 use rtgt_transport::verbs::*;
 
+use rtgt_rdma_channel::cm::Provider;
+use rtgt_rdma_channel::mem::PoolMrs;
 use rtgt_scsi::core::SrpTargetPort;
 use rtgt_scsi::{Device as ScsiDevice, DeviceConfig as ScsiConfig, LunMap};
 use rtgt_srp::channel::{Channel, CloseReason};
@@ -250,10 +252,14 @@ pub(crate) fn connect(r: &Rig, req: &LoginReq) -> (Arc<Channel>, Arc<Initiator>)
     init.cap.max_recv_wr = 256;
     init.cap.max_inline_data = 256;
     let iqp = r.init.pd.create_qp(init).unwrap();
-    to_init(&ep.qp);
+    to_init(ep.qp.soft().unwrap());
     to_init(&iqp);
     let peer = std::net::SocketAddr::new(ip(2), 0);
-    let ch = r.port.start_channel(ep, login, peer).unwrap();
+    let pool_mrs = PoolMrs::register(&ep.pd, &r.port.pool).unwrap();
+    let ch = r
+        .port
+        .start_channel(ep, login, peer, Some(Arc::new(pool_mrs)))
+        .unwrap();
     let ini = Initiator::start(
         r.init.pd.clone(),
         icq,
@@ -263,8 +269,9 @@ pub(crate) fn connect(r: &Rig, req: &LoginReq) -> (Arc<Channel>, Arc<Initiator>)
         req.req_flags & req_flags::IMMED_REQUESTED != 0,
     )
     .unwrap();
-    to_rtr_rts(ch.qp(), ip(2), ini.qp().qpn(), 0x100, 0x900);
-    to_rtr_rts(ini.qp(), ip(1), ch.qp().qpn(), 0x900, 0x100);
+    let cq = ch.qp().soft().unwrap();
+    to_rtr_rts(cq, ip(2), ini.qp().qpn(), 0x100, 0x900);
+    to_rtr_rts(ini.qp(), ip(1), cq.qpn(), 0x900, 0x100);
     (ch, ini)
 }
 
@@ -674,7 +681,6 @@ async fn bad_iu_and_shutdown_send_t_logout() {
 /// The SRP service behind the RDMA/CM connection manager: two HCAs on a loopback link.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn login_through_the_connection_manager() {
-    use rtgt_srp::service::SrpService;
     use rtgt_tools::srp::ConnectOptions;
     use rtgt_transport::cm::CmLimits;
     use rtgt_transport::hca::Hca;
@@ -691,7 +697,7 @@ async fn login_through_the_connection_manager() {
     let di = Device::new(DeviceConfig::new("i", vec![ip(12)])).unwrap();
     let ht = Arc::new(Hca::with_netdev(dt, la, CmLimits::default()).unwrap());
     let hi = Hca::with_netdev(di, lb, CmLimits::default()).unwrap();
-    let svc = SrpService::start(&ht, &registry, BufPool::new(64 << 20));
+    let svc = srp_service(&ht, &registry);
     let dst = std::net::SocketAddr::new(ip(11), 5555);
 
     let mut opts = ConnectOptions::new([0x21; 16], ID_EXT, IOC_GUID ^ 1);
@@ -794,7 +800,6 @@ async fn tags_are_reusable_after_the_response() {
 /// lost, duplicated, corrupted, reordered or delayed in each direction.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connection_manager_and_data_under_one_percent_faults() {
-    use rtgt_srp::service::SrpService;
     use rtgt_tools::srp::ConnectOptions;
     use rtgt_transport::cm::CmLimits;
     use rtgt_transport::hca::Hca;
@@ -813,7 +818,7 @@ async fn connection_manager_and_data_under_one_percent_faults() {
         Hca::with_netdev(dt, FaultInjector::new(la, cfg, 11), CmLimits::default()).unwrap(),
     );
     let hi = Hca::with_netdev(di, FaultInjector::new(lb, cfg, 29), CmLimits::default()).unwrap();
-    let _svc = SrpService::start(&ht, &registry, BufPool::new(64 << 20));
+    let _svc = srp_service(&ht, &registry);
     let opts = ConnectOptions::new([0x31; 16], ID_EXT, IOC_GUID);
     let dst = std::net::SocketAddr::new(ip(21), 5555);
     let (ini, _conn) = Initiator::connect(hi.cm(), dst, &opts).await.unwrap();
@@ -852,7 +857,7 @@ async fn connection_manager_and_data_under_one_percent_faults() {
 /// stops listening.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn service_follows_live_changes() {
-    use rtgt_srp::service::{PortChange, SrpService};
+    use rtgt_srp::service::PortChange;
     use rtgt_tools::srp::ConnectOptions;
     use rtgt_transport::cm::CmLimits;
     use rtgt_transport::hca::Hca;
@@ -864,7 +869,7 @@ async fn service_follows_live_changes() {
     let di = Device::new(DeviceConfig::new("i", vec![ip(32)])).unwrap();
     let ht = Arc::new(Hca::with_netdev(dt, la, CmLimits::default()).unwrap());
     let hi = Hca::with_netdev(di, lb, CmLimits::default()).unwrap();
-    let svc = SrpService::start(&ht, &registry, BufPool::new(64 << 20));
+    let svc = srp_service(&ht, &registry);
     assert!(svc.ports().is_empty() && svc.listening().is_empty());
 
     let dst = std::net::SocketAddr::new(ip(31), 5555);
@@ -959,4 +964,14 @@ async fn service_follows_live_changes() {
     assert!(Initiator::connect(hi.cm(), dst, &opts(ini_a))
         .await
         .is_err());
+}
+
+/// The SRP service on the soft engine's `hca`.
+fn srp_service(
+    hca: &Arc<rtgt_transport::hca::Hca>,
+    registry: &Arc<rtgt_scsi::core::Registry>,
+) -> rtgt_srp::service::SrpService {
+    let pool = BufPool::new(64 << 20);
+    let rdma = Provider::soft(hca.clone(), &pool).unwrap();
+    rtgt_srp::service::SrpService::start(&rdma, registry, pool)
 }

@@ -6,15 +6,16 @@
 use std::ffi::{c_int, c_void};
 use std::net::SocketAddr;
 use std::os::fd::RawFd;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use tokio::io::unix::AsyncFd;
 
-use super::res::{post_recv, post_send, watch, Context, Cq, Pd};
+use super::res::{post_recv, post_send, set_error, watch, Context, Cq, Pd};
 use super::sys::*;
+use super::wr::{post_recv_wr, post_send_wr};
 use super::{errno, RdmaCore, RdmaCoreError};
 use crate::cm::ConnParams;
-use crate::sockaddr::to_storage;
+use crate::sockaddr::{from_storage, to_storage};
 
 fn failed(what: &'static str) -> RdmaCoreError {
     RdmaCoreError::Call {
@@ -76,6 +77,9 @@ pub struct CmEvent {
     /// The private data of a request, reply or reject (as the peer's CM carried it: a
     /// request's is zero-padded to the CM's field).
     pub private_data: Vec<u8>,
+    /// As the kernel reports them to the receiver: on a connection request, from the
+    /// receiver's point of view (the REQ's initiator depth is the receiver's responder
+    /// resources, and the other way round).
     pub responder_resources: u8,
     pub initiator_depth: u8,
     pub rnr_retry_count: u8,
@@ -201,7 +205,7 @@ struct CmQp {
 pub struct CmId {
     ch: Arc<EventChannel>,
     id: *mut rdma_cm_id,
-    qp: Option<CmQp>,
+    qp: OnceLock<CmQp>,
 }
 
 // SAFETY: see EventChannel.
@@ -222,7 +226,7 @@ impl CmId {
         Ok(CmId {
             ch: ch.clone(),
             id,
-            qp: None,
+            qp: OnceLock::new(),
         })
     }
 
@@ -234,8 +238,31 @@ impl CmId {
         CmId {
             ch: ch.clone(),
             id,
-            qp: None,
+            qp: OnceLock::new(),
         }
+    }
+
+    /// Moves the id to `ch`: its later events arrive there (`rdma_migrate_id`). Waits for
+    /// nothing, as every event read from the old channel was acknowledged at once.
+    pub fn migrate(&mut self, ch: &Arc<EventChannel>) -> Result<(), RdmaCoreError> {
+        // SAFETY: live id and channel.
+        let rc = unsafe { (ch.lib.cm.rdma_migrate_id)(self.id, ch.ch) };
+        self.check("rdma_migrate_id", rc)?;
+        self.ch = ch.clone();
+        Ok(())
+    }
+
+    /// The channel the id's events arrive on.
+    pub fn channel(&self) -> &Arc<EventChannel> {
+        &self.ch
+    }
+
+    /// The local and the peer's address of a connection (or the bound address).
+    pub fn addrs(&self) -> (Option<SocketAddr>, Option<SocketAddr>) {
+        // SAFETY: live id; librdmacm fills the route's addresses on bind, resolution and
+        // connection requests, and they stay in place while the id lives.
+        let a = unsafe { &(*self.id).route.addr };
+        (from_storage(&a.src), from_storage(&a.dst))
     }
 
     pub fn raw(&self) -> *mut rdma_cm_id {
@@ -299,14 +326,15 @@ impl CmId {
     }
 
     /// Makes the id's RC QP on `pd` (of the id's device): ready for receives at once; accept
-    /// and connect move it on.
+    /// and connect move it on. Returns the QP's capabilities as the device granted them (at
+    /// least `cap`).
     pub fn create_qp(
-        &mut self,
+        &self,
         pd: &Arc<Pd>,
         send_cq: &Arc<Cq>,
         recv_cq: &Arc<Cq>,
         cap: ibv_qp_cap,
-    ) -> Result<u32, RdmaCoreError> {
+    ) -> Result<ibv_qp_cap, RdmaCoreError> {
         let mut init = ibv_qp_init_attr {
             qp_context: std::ptr::null_mut(),
             send_cq: send_cq.as_ptr(),
@@ -320,23 +348,27 @@ impl CmId {
         // the id from here on.
         let rc = unsafe { (self.ch.lib.cm.rdma_create_qp)(self.id, pd.as_ptr(), &mut init) };
         self.check("rdma_create_qp", rc)?;
-        self.qp = Some(CmQp {
+        let made = self.qp.set(CmQp {
             ctx: pd.context().clone(),
             _pd: pd.clone(),
             _cqs: (send_cq.clone(), recv_cq.clone()),
         });
-        Ok(self.qpn().unwrap_or(0))
+        if made.is_err() {
+            // rdma_create_qp refuses an id with a QP, so this cannot happen.
+            return Err(RdmaCoreError::Unsupported("a second QP on one id"));
+        }
+        Ok(init.cap)
     }
 
     pub fn qpn(&self) -> Option<u32> {
         // SAFETY: live id; its QP lives while `self.qp` is set.
-        self.qp.as_ref().map(|_| unsafe { (*(*self.id).qp).qp_num })
+        self.qp.get().map(|_| unsafe { (*(*self.id).qp).qp_num })
     }
 
     fn qp_ptr(&self) -> Result<(&Context, *mut ibv_qp), RdmaCoreError> {
         let q = self
             .qp
-            .as_ref()
+            .get()
             .ok_or(RdmaCoreError::Unsupported("a QP on this id"))?;
         // SAFETY: live id with a QP.
         Ok((&q.ctx, unsafe { (*self.id).qp }))
@@ -352,6 +384,24 @@ impl CmId {
     pub fn post_recv(&self, wr: &mut ibv_recv_wr) -> Result<(), RdmaCoreError> {
         let (ctx, qp) = self.qp_ptr()?;
         post_recv(ctx, qp, wr)
+    }
+
+    /// Posts one send work request in the engine's terms.
+    pub fn post_send_wr(&self, wr: &crate::verbs::SendWr) -> Result<(), RdmaCoreError> {
+        let (ctx, qp) = self.qp_ptr()?;
+        post_send_wr(ctx, qp, wr)
+    }
+
+    /// Posts one receive work request in the engine's terms.
+    pub fn post_recv_wr(&self, wr: &crate::verbs::RecvWr) -> Result<(), RdmaCoreError> {
+        let (ctx, qp) = self.qp_ptr()?;
+        post_recv_wr(ctx, qp, wr)
+    }
+
+    /// Moves the id's QP to the error state: everything posted completes, flushed.
+    pub fn set_error(&self) -> Result<(), RdmaCoreError> {
+        let (ctx, qp) = self.qp_ptr()?;
+        set_error(ctx, qp)
     }
 
     /// Accepts the request the id came from, with `private_data` in the reply.
@@ -393,7 +443,7 @@ impl Drop for CmId {
         // SAFETY: live id; its events were all acknowledged when read. The QP goes first,
         // then what it used (`self.qp`), then the id.
         unsafe {
-            if self.qp.is_some() {
+            if self.qp.get().is_some() {
                 (cm.rdma_destroy_qp)(self.id);
             }
             (cm.rdma_destroy_id)(self.id);

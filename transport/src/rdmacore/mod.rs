@@ -12,6 +12,7 @@
 pub mod cm;
 pub mod res;
 pub mod sys;
+pub mod wr;
 
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::fmt;

@@ -11,6 +11,7 @@ use std::ffi::{c_int, c_uint, c_void};
 use std::os::fd::RawFd;
 use std::sync::Arc;
 
+use smallvec::SmallVec;
 use tokio::io::unix::AsyncFd;
 
 use super::sys::*;
@@ -318,6 +319,27 @@ impl Cq {
         Ok(n as usize)
     }
 
+    /// Takes up to `max` completions into `out` in the engine's terms; returns how many.
+    pub fn poll_wc(
+        &self,
+        out: &mut Vec<crate::verbs::WorkCompletion>,
+        max: usize,
+    ) -> Result<usize, RdmaCoreError> {
+        let mut raw: SmallVec<[ibv_wc; 64]> = SmallVec::from_elem(ibv_wc::default(), max);
+        let poll = self
+            .ctx
+            .ops()
+            .poll_cq
+            .ok_or(RdmaCoreError::Unsupported("poll_cq"))?;
+        // SAFETY: the CQ is live and `raw` has room for `max` entries.
+        let n = unsafe { poll(self.cq, max as c_int, raw.as_mut_ptr()) };
+        if n < 0 {
+            return Err(failed("ibv_poll_cq", n));
+        }
+        out.extend(raw[..n as usize].iter().map(super::wr::completion));
+        Ok(n as usize)
+    }
+
     /// Asks for an event at the next completion.
     pub fn arm(&self) -> Result<(), RdmaCoreError> {
         let notify = self
@@ -467,6 +489,11 @@ impl Qp {
     pub fn post_recv(&self, wr: &mut ibv_recv_wr) -> Result<(), RdmaCoreError> {
         post_recv(&self.pd.ctx, self.qp, wr)
     }
+
+    /// Moves the QP to the error state: everything posted completes, flushed.
+    pub fn set_error(&self) -> Result<(), RdmaCoreError> {
+        set_error(&self.pd.ctx, self.qp)
+    }
 }
 
 /// `ibv_post_send` on `qp` of `ctx`, through the provider's operation table.
@@ -485,6 +512,20 @@ pub(crate) fn post_send(
     let rc = unsafe { post(qp, wr, &mut bad) };
     if rc != 0 {
         return Err(failed("ibv_post_send", rc));
+    }
+    Ok(())
+}
+
+/// `ibv_modify_qp` of `qp` of `ctx` to the error state.
+pub(crate) fn set_error(ctx: &Context, qp: *mut ibv_qp) -> Result<(), RdmaCoreError> {
+    let mut a = ibv_qp_attr {
+        qp_state: IBV_QPS_ERR,
+        ..Default::default()
+    };
+    // SAFETY: a live QP of `ctx`; `a` is a valid attribute block.
+    let rc = unsafe { (ctx.lib.verbs.ibv_modify_qp)(qp, &mut a, IBV_QP_STATE) };
+    if rc != 0 {
+        return Err(failed("ibv_modify_qp", rc));
     }
     Ok(())
 }

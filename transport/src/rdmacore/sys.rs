@@ -514,20 +514,45 @@ pub const IBV_ACCESS_REMOTE_WRITE: c_uint = 1 << 1;
 pub const IBV_ACCESS_REMOTE_READ: c_uint = 1 << 2;
 
 pub const IBV_WR_RDMA_WRITE: c_uint = 0;
+pub const IBV_WR_RDMA_WRITE_WITH_IMM: c_uint = 1;
 pub const IBV_WR_SEND: c_uint = 2;
+pub const IBV_WR_SEND_WITH_IMM: c_uint = 3;
 pub const IBV_WR_RDMA_READ: c_uint = 4;
+pub const IBV_WR_ATOMIC_CMP_AND_SWP: c_uint = 5;
+pub const IBV_WR_ATOMIC_FETCH_AND_ADD: c_uint = 6;
 pub const IBV_WR_LOCAL_INV: c_uint = 7;
 pub const IBV_WR_SEND_WITH_INV: c_uint = 9;
 
 pub const IBV_SEND_SIGNALED: c_uint = 1 << 1;
 pub const IBV_SEND_INLINE: c_uint = 1 << 3;
 
+pub const IBV_SEND_FENCE: c_uint = 1;
+pub const IBV_SEND_SOLICITED: c_uint = 1 << 2;
+
 pub const IBV_WC_SUCCESS: c_uint = 0;
+pub const IBV_WC_LOC_LEN_ERR: c_uint = 1;
+pub const IBV_WC_LOC_QP_OP_ERR: c_uint = 2;
+pub const IBV_WC_LOC_PROT_ERR: c_uint = 4;
+pub const IBV_WC_WR_FLUSH_ERR: c_uint = 5;
+pub const IBV_WC_BAD_RESP_ERR: c_uint = 7;
+pub const IBV_WC_LOC_ACCESS_ERR: c_uint = 8;
+pub const IBV_WC_REM_INV_REQ_ERR: c_uint = 9;
+pub const IBV_WC_REM_ACCESS_ERR: c_uint = 10;
+pub const IBV_WC_REM_OP_ERR: c_uint = 11;
+pub const IBV_WC_RETRY_EXC_ERR: c_uint = 12;
+pub const IBV_WC_RNR_RETRY_EXC_ERR: c_uint = 13;
+
 pub const IBV_WC_SEND: c_uint = 0;
 pub const IBV_WC_RDMA_WRITE: c_uint = 1;
 pub const IBV_WC_RDMA_READ: c_uint = 2;
+pub const IBV_WC_COMP_SWAP: c_uint = 3;
+pub const IBV_WC_FETCH_ADD: c_uint = 4;
 pub const IBV_WC_LOCAL_INV: c_uint = 6;
 pub const IBV_WC_RECV: c_uint = 1 << 7;
+pub const IBV_WC_RECV_RDMA_WITH_IMM: c_uint = (1 << 7) + 1;
+
+pub const IBV_WC_GRH: c_uint = 1;
+pub const IBV_WC_WITH_IMM: c_uint = 1 << 1;
 pub const IBV_WC_WITH_INV: c_uint = 1 << 3;
 
 pub const RDMA_PS_TCP: c_uint = 0x0106;

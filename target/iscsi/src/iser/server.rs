@@ -10,14 +10,12 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use rtgt_transport::cm::{prepare_qp, CmError, CmListener, ConnParams, ConnectRequest};
-use rtgt_transport::hca::{Hca, Placement};
-use rtgt_transport::verbs::Pd;
+use rtgt_rdma_channel::cm::{ConnectError, Listener, Provider, Request};
+use rtgt_transport::cm::ConnParams;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
-use super::conn::PoolMrs;
-use super::conn::{serve_until, Endpoint, IserStats, Peer, Sizing};
+use super::conn::{serve_until, IserStats, Peer, Sizing};
 use super::header::CmHeader;
 use crate::login::LOGIN_MAX_DATA;
 use crate::params::ISER_MAX_RECV_DATA;
@@ -28,45 +26,25 @@ pub const MAX_READ_DEPTH: u8 = 128;
 /// Queue depth used when no portal group matches the address connected to.
 const DEFAULT_QUEUE_DEPTH: u32 = 128;
 
-struct OnDevice {
-    pd: Pd,
-    pool_mrs: Option<Arc<PoolMrs>>,
-}
-
-/// Serves iSER on one soft-RoCE device, sharing sessions with the TCP server.
+/// Serves iSER on the RDMA provider's devices, sharing sessions with the TCP server.
 #[derive(Clone)]
 pub struct IserServer {
     shared: Arc<ServerShared>,
-    hca: Arc<Hca>,
-    /// Per device of the HCA: its protection domain and the buffer pool registered in it.
-    devices: Arc<[OnDevice]>,
+    rdma: Provider,
     stats: Arc<IserStats>,
     conns: Arc<Mutex<JoinSet<()>>>,
 }
 
 impl IserServer {
-    /// Registers the buffer pool with each device of the HCA (so data moves without copies;
-    /// buffers outside it are registered one by one) and prepares to listen.
-    pub fn new(shared: Arc<ServerShared>, hca: Arc<Hca>) -> Result<IserServer, CmError> {
-        let mut devices = Vec::new();
-        for dev in hca.devices() {
-            let pd = dev.alloc_pd().map_err(CmError::Verbs)?;
-            let pool_mrs = match PoolMrs::register(&pd, &shared.pool) {
-                Ok(m) => Some(Arc::new(m)),
-                Err(e) => {
-                    tracing::warn!(error = %e, "iSER: buffer pool not registered; data is registered per command");
-                    None
-                }
-            };
-            devices.push(OnDevice { pd, pool_mrs });
-        }
-        Ok(IserServer {
+    /// Serves on `rdma` (whose devices have the buffer pool registered, so data moves
+    /// without copies).
+    pub fn new(shared: Arc<ServerShared>, rdma: Provider) -> IserServer {
+        IserServer {
             shared,
-            hca,
-            devices: devices.into(),
+            rdma,
             stats: Arc::new(IserStats::default()),
             conns: Arc::new(Mutex::new(JoinSet::new())),
-        })
+        }
     }
 
     pub fn stats(&self) -> Arc<IserStats> {
@@ -78,9 +56,9 @@ impl IserServer {
         self.shared.sessions.len()
     }
 
-    /// Live RC QPs of the HCA (CM's QP1 excluded).
+    /// Live RDMA connections of the provider.
     pub fn live_qps(&self) -> usize {
-        self.hca.live_qps().saturating_sub(1)
+        self.rdma.live_qps()
     }
 
     /// Listens on `portal` until `shutdown` turns true.
@@ -88,15 +66,15 @@ impl IserServer {
         &self,
         portal: SocketAddr,
         shutdown: watch::Receiver<bool>,
-    ) -> Result<(), CmError> {
+    ) -> Result<(), ConnectError> {
         let listener = self.listen(portal)?;
         self.serve_on(listener, shutdown).await;
         Ok(())
     }
 
     /// Starts listening on `portal` (connect requests wait for [`IserServer::serve_on`]).
-    pub fn listen(&self, portal: SocketAddr) -> Result<CmListener, CmError> {
-        self.hca.cm().listen(portal)
+    pub fn listen(&self, portal: SocketAddr) -> Result<Listener, ConnectError> {
+        self.rdma.listen(portal)
     }
 
     /// Serves the connect requests of `listener` until `shutdown` turns true.
@@ -104,15 +82,15 @@ impl IserServer {
     /// one): the connections it accepts run there too.
     pub fn spawn_serve(
         &self,
-        listener: CmListener,
+        listener: Listener,
         shutdown: watch::Receiver<bool>,
     ) -> tokio::task::JoinHandle<()> {
         let me = self.clone();
-        self.hca
+        self.rdma
             .spawn(async move { me.serve_on(listener, shutdown).await })
     }
 
-    pub async fn serve_on(&self, mut listener: CmListener, mut shutdown: watch::Receiver<bool>) {
+    pub async fn serve_on(&self, mut listener: Listener, mut shutdown: watch::Receiver<bool>) {
         loop {
             tokio::select! {
                 r = listener.accept() => {
@@ -123,11 +101,10 @@ impl IserServer {
                     }
                     // The connection runs where the device that owns its QP runs.
                     let me = self.clone();
-                    let at = self.hca.place();
-                    let rt = self.hca.runtime_at(at.index());
+                    let rt = req.runtime();
                     let mut set = self.conns.lock().unwrap_or_else(|e| e.into_inner());
                     while set.try_join_next().is_some() {}
-                    set.spawn_on(async move { me.connection(req, at).await }, &rt);
+                    set.spawn_on(async move { me.connection(req).await }, &rt);
                 }
                 r = shutdown.changed() => {
                     if r.is_err() || *shutdown.borrow() {
@@ -156,8 +133,7 @@ impl IserServer {
         (LOGIN_MAX_DATA as u32).max(ISER_MAX_RECV_DATA)
     }
 
-    async fn connection(self, req: ConnectRequest, at: Placement) {
-        let on = &self.devices[at.index()];
+    async fn connection(self, req: Request) {
         let peer = req.peer();
         let local = req.local();
         let hdr = CmHeader::parse(req.private_data());
@@ -167,7 +143,7 @@ impl IserServer {
             self.max_recv_data(),
             read_depth as u32,
         );
-        let ep = match Endpoint::new(&on.pd, sizing) {
+        let ep = match req.endpoint(sizing) {
             Ok(ep) => ep,
             Err(e) => {
                 tracing::warn!(%peer, error = %e, "iSER: no resources for a connection");
@@ -175,8 +151,7 @@ impl IserServer {
                 return;
             }
         };
-        if let Err(e) = prepare_qp(&ep.qp).and_then(|_| ep.post_receives().map_err(CmError::Verbs))
-        {
+        if let Err(e) = ep.post_receives() {
             tracing::warn!(%peer, error = %e, "iSER: preparing the QP");
             req.reject(&CmHeader::answer(&hdr).to_bytes());
             return;
@@ -189,6 +164,8 @@ impl IserServer {
             rnr_retry_count: 7,
             ..ConnParams::default()
         };
+        let pool_mrs = req.pool_mrs();
+        let device = req.device().name.clone();
         let conn = match req.accept(&ep.qp, params).await {
             Ok(c) => Arc::new(c),
             Err(e) => {
@@ -196,7 +173,7 @@ impl IserServer {
                 return;
             }
         };
-        tracing::debug!(%peer, %local, send_with_invalidate = !hdr.send_w_inv_not_supported, "iSER connection established");
+        tracing::debug!(%peer, %local, %device, send_with_invalidate = !hdr.send_w_inv_not_supported, "iSER connection established");
         let c = conn.clone();
         serve_until(
             self.shared.clone(),
@@ -206,7 +183,7 @@ impl IserServer {
                 peer,
                 send_with_invalidate: !hdr.send_w_inv_not_supported,
             },
-            on.pool_mrs.clone(),
+            pool_mrs,
             self.stats.clone(),
             Box::pin(async move { c.disconnected().await }),
         )

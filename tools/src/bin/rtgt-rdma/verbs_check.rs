@@ -323,7 +323,7 @@ struct End {
 }
 
 impl End {
-    fn new(mut id: CmId) -> Result<End> {
+    fn new(id: CmId) -> Result<End> {
         let ctx = id.context().ok_or("the CM id has no device")?;
         let pd = Pd::alloc(&ctx).map_err(err("alloc PD"))?;
         let cq = Cq::create(&ctx, 16).map_err(err("create CQ"))?;

@@ -1,0 +1,108 @@
+#!/bin/bash
+# rtgtd inside the guest on rxe0 through the verbs provider (rdma-core), the guest's kernel
+# initiators against it over rxe: iSER login, ext4 files and fio verify; the same files read
+# back over SRP (ib_srp), fio verify; kill -9 of rtgtd under a logged-in iSER session and a
+# restart, iscsid reconnecting with the data intact; then the host's soft-RoCE initiators
+# bench against it (host_run) and rtgtd stops cleanly.
+set -euo pipefail
+ip=$LAB_GUEST_IP
+node=(-m node -T "$TARGET_IQN" -p "$ip")
+state=/tmp/rtgt-state
+rtgtd_pid=""
+
+modprobe -a iscsi_tcp sd_mod ext4
+lab_step "creating rxe0 on eth0"
+lab_rxe_add rxe0 eth0
+modprobe -a ib_iser ib_srp
+
+# start_rtgtd: rtgtd on /lab/rtgt.yaml, its log appended to $LAB_OUT/rtgtd.log; returns once
+# it serves iSER and SRP.
+start_rtgtd() {
+    mkdir -p "$state"
+    RUST_LOG=info /lab/bin/rtgtd --config /lab/rtgt.yaml --state-dir "$state" \
+        >>"$LAB_OUT/rtgtd.log" 2>&1 &
+    rtgtd_pid=$!
+    lab_retry 60 bash -c "grep -c 'iSER portal listening' $LAB_OUT/rtgtd.log | grep -qx $1" || {
+        cat "$LAB_OUT/rtgtd.log"
+        lab_fail "rtgtd does not serve iSER"
+    }
+    lab_retry 30 bash -c "grep -c 'SRP listening' $LAB_OUT/rtgtd.log | grep -qx $1" ||
+        lab_fail "rtgtd does not serve SRP"
+}
+
+lab_step "rtgtd on rxe0 (provider verbs)"
+start_rtgtd 1
+grep -q 'RDMA through rdma-core (provider verbs)' "$LAB_OUT/rtgtd.log" || lab_fail "rtgtd not on verbs"
+grep -q "address=$ip device=rxe0" "$LAB_OUT/rtgtd.log" || lab_fail "rtgtd: $ip not on rxe0"
+lab_step "rtgtd opens no UDP 4791 (rdma_rxe owns it)"
+ss -uanp | tee "$LAB_OUT/udp.txt"
+if grep ':4791 ' "$LAB_OUT/udp.txt" | grep -q rtgtd; then
+    lab_fail "rtgtd has a UDP 4791 socket"
+fi
+srp_target=$(grep -o "id_ext=[0-9a-f]*,ioc_guid=[0-9a-f]*,dest=$ip:5555" "$LAB_OUT/rtgtd.log" | tail -1)
+[[ -n $srp_target ]] || lab_fail "no SRP add_target string in rtgtd's log"
+
+lab_step "iSER: discovery and login over rxe0"
+echo "InitiatorName=iqn.2025-01.io.rtgt.lab:verbs-guest" >/etc/iscsi/initiatorname.iscsi
+iscsid
+iscsiadm -m discovery -t sendtargets -p "$ip" | tee "$LAB_OUT/discovery.txt"
+grep -q "$ip:3260,1 $TARGET_IQN" "$LAB_OUT/discovery.txt" || lab_fail "target not discovered"
+lab_iser_node "$ip" "$TARGET_IQN"
+# Reconnect quickly after the kill -9 below.
+iscsiadm "${node[@]}" --op update -n node.session.timeo.replacement_timeout -v 60
+iscsiadm "${node[@]}" --login
+iscsiadm -m session -P 1 | tee "$LAB_OUT/session.txt"
+grep -q 'Iface Transport: iser' "$LAB_OUT/session.txt" || lab_fail "session is not on iser"
+dev=$(lab_iscsi_disk "$ip" "$TARGET_IQN" 0 60) || lab_fail "no disk for LUN 0"
+name=${dev#/dev/}
+bytes=$(($(cat "/sys/class/block/$name/size") * 512))
+lab_step "disk $dev: $bytes bytes"
+((bytes == DISK_BYTES)) || lab_fail "disk size $bytes, expected $DISK_BYTES"
+lab_step "iSER: ext4 and files, fio verify"
+lab_files_create "$dev" 64M
+lab_files_verify "$dev" "over iSER"
+for bs in 4k 64k 1m; do
+    lab_fio_verify "$dev" "iser-randwrite-$bs" randwrite "$bs" 16 96m 8m
+done
+lab_fio_verify "$dev" iser-randrw-4k-qd64 randrw 4k 64 112m 4m
+iscsiadm "${node[@]}" --logout
+lab_retry 30 bash -c "! test -e /sys/class/block/$name" || lab_fail "disk still present after logout"
+
+lab_step "SRP: add_target $srp_target"
+lab_srp_add_target "$srp_target" || lab_fail "add_target failed"
+dev=$(lab_wwn_disk "$DISK_WWN" 60) || lab_fail "no SRP disk with WWN $DISK_WWN"
+lab_step "SRP: the files written over iSER, fio verify"
+lab_files_verify "$dev" "over SRP, written over iSER"
+for bs in 4k 64k 1m; do
+    lab_fio_verify "$dev" "srp-randwrite-$bs" randwrite "$bs" 16 128m 8m
+done
+lab_fio_verify "$dev" srp-randrw-4k-qd64 randrw 4k 64 144m 4m
+lab_srp_remove_all || lab_fail "SRP remote port not deleted"
+
+lab_step "kill -9 of rtgtd under a logged-in iSER session, restart, iscsid reconnects"
+iscsiadm "${node[@]}" --login
+dev=$(lab_iscsi_disk "$ip" "$TARGET_IQN" 0 60) || lab_fail "no disk after the second login"
+kill -9 "$rtgtd_pid"
+wait "$rtgtd_pid" 2>/dev/null || true
+sleep 2
+start_rtgtd 2
+lab_retry 90 bash -c "iscsiadm -m session -P 3 | grep -q 'iSCSI Session State: LOGGED_IN'" || {
+    iscsiadm -m session -P 3 || true
+    lab_fail "iSER session not back after the restart"
+}
+lab_files_verify "$dev" "after kill -9 and restart"
+lab_fio_verify "$dev" after-restart randrw 64k 16 160m 8m
+iscsiadm "${node[@]}" --logout
+
+lab_step "host bench against rtgtd on verbs"
+lab_signal target-ready "$srp_target"
+lab_wait host-done 600 || lab_fail "the host's bench did not finish"
+[[ $(lab_host_status) == 0 ]] || lab_fail "the host's bench failed"
+
+lab_step "rtgtd stops cleanly"
+kill -TERM "$rtgtd_pid"
+lab_retry 30 bash -c "! kill -0 $rtgtd_pid 2>/dev/null" || lab_fail "rtgtd did not stop"
+if grep -E 'panicked|ERROR' "$LAB_OUT/rtgtd.log"; then
+    lab_fail "rtgtd logged errors"
+fi
+lab_step "rtgt-verbs done"

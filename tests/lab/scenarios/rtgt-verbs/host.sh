@@ -1,0 +1,87 @@
+# shellcheck shell=bash
+# Host side of rtgt-verbs: hands rtgtd and its configuration to the guest, where it runs on
+# rdma_rxe through rdma-core; once the guest's own initiators are done, the host's soft-RoCE
+# initiators (rtgt-iscsi --iser, rtgt-srp) run their bench against it across the tap.
+
+VERBS_IQN=iqn.2025-01.io.rtgt.lab:verbs
+VERBS_WWN=6001405aabbccdd0011223344556677c
+
+host_setup() {
+    [[ -x ${RTGTD:-} ]] || lab_skip "RTGTD does not name the rtgtd binary"
+    local dir
+    dir=$(dirname "$RTGTD")
+    for b in rtgt-iscsi rtgt-srp; do
+        [[ -x $dir/$b ]] || {
+            echo "no $b next to rtgtd"
+            return 1
+        }
+    done
+    echo "BIN=$dir" >"$LAB_WORK/bin.env"
+    mkdir -p "$LAB_SHARE/bin"
+    cp "$RTGTD" "$LAB_SHARE/bin/rtgtd"
+    cat >"$LAB_SHARE/rtgt.yaml" <<YAML
+backstores:
+  - {name: disk, type: file, path: disk.img, size: 256MiB, block_size: 512,
+     serial: rtgtverbs01, wwn: $VERBS_WWN}
+targets:
+  - name: $VERBS_IQN
+    portal_groups:
+      - tag: 1
+        portals: ['$LAB_GUEST_IP:3260']
+        allow_any_initiator: true
+        luns: [{lun: 0, backstore: disk}]
+rdma:
+  provider: verbs
+  addresses: [$LAB_GUEST_IP]
+srp:
+  - name: verbs
+    listen: ['$LAB_GUEST_IP:5555']
+    allow_any_initiator: true
+    luns: [{lun: 0, backstore: disk}]
+YAML
+    cp "$LAB_SHARE/rtgt.yaml" "$LAB_RESULTS/rtgt.yaml"
+    lab_guest_export TARGET_IQN="$VERBS_IQN" DISK_WWN="$VERBS_WWN" DISK_BYTES=$((256 << 20))
+}
+
+# bench NAME CMD...: one initiator's bench run, its report line kept in bench.txt.
+bench() {
+    local name=$1 out
+    shift
+    out=$(timeout 120 "$@" 2>>"$LAB_RESULTS/bench.err") || {
+        echo "$name failed"
+        tail -20 "$LAB_RESULTS/bench.err"
+        return 1
+    }
+    printf '%s %s\n' "$name" "$(grep -o 'ios=.*' <<<"$out" | tail -1)" | tee -a "$LAB_RESULTS/bench.txt"
+    grep -q "^$name ios=[1-9]" "$LAB_RESULTS/bench.txt" || {
+        echo "$name: no I/O done"
+        return 1
+    }
+}
+
+host_run() {
+    lab_wait target-ready 700 || return 1
+    # shellcheck source=/dev/null
+    source "$LAB_WORK/bin.env"
+    local srp rc=0 url="iscsi://$LAB_GUEST_IP:3260/$VERBS_IQN/0"
+    srp=$(lab_event target-ready)
+    : >"$LAB_RESULTS/bench.txt"
+    local iser=("$BIN/rtgt-iscsi" --iser "$LAB_HOST_IP" --eth-mtu "$LAB_MTU")
+    local srpc=("$BIN/rtgt-srp" --local "$LAB_HOST_IP" --eth-mtu "$LAB_MTU" --lun 0)
+    bench iser-randwrite-4k "${iser[@]}" bench --url "$url" --rw randwrite --bs 4k --iodepth 16 --seconds 5 || rc=1
+    bench iser-randread-4k "${iser[@]}" bench --url "$url" --rw randread --bs 4k --iodepth 16 --seconds 5 || rc=1
+    bench iser-read-128k "${iser[@]}" bench --url "$url" --rw read --bs 128k --iodepth 4 --seconds 5 || rc=1
+    bench srp-randwrite-4k "${srpc[@]}" bench --target "$srp" --mode direct --rw randwrite --bs 4k --iodepth 16 --seconds 5 || rc=1
+    bench srp-randread-4k "${srpc[@]}" bench --target "$srp" --mode direct --rw randread --bs 4k --iodepth 16 --seconds 5 || rc=1
+    bench srp-read-128k "${srpc[@]}" bench --target "$srp" --mode indirect --rw read --bs 128k --iodepth 4 --seconds 5 || rc=1
+    bench srp-write-128k "${srpc[@]}" bench --target "$srp" --mode external --rw write --bs 128k --iodepth 4 --seconds 5 || rc=1
+    return "$rc"
+}
+
+host_check() {
+    # Every bench row ran.
+    [[ $(wc -l <"$LAB_RESULTS/bench.txt") == 7 ]] || {
+        echo "bench rows missing"
+        return 1
+    }
+}
