@@ -228,109 +228,12 @@ impl RdmaCore {
     }
 
     /// The RDMA devices of this host, their ports and GID tables.
-    pub fn devices(&self) -> Result<Vec<DeviceInfo>, RdmaCoreError> {
-        let list = DeviceList::get(self)?;
-        list.iter()
-            .map(|(name, dev)| self.device_info(dev, name))
-            .collect()
-    }
-
-    fn device_info(&self, dev: *mut ibv_device, name: String) -> Result<DeviceInfo, RdmaCoreError> {
-        let v = &self.verbs;
-        // SAFETY: `dev` is a device of a live list; the context is closed before returning.
-        let ctx = unsafe { (v.ibv_open_device)(dev) };
-        if ctx.is_null() {
-            return Err(RdmaCoreError::Call {
-                what: "ibv_open_device",
-                errno: errno(),
-            });
-        }
-        let info = self.query(ctx, name);
-        // SAFETY: `ctx` is open and nothing else refers to it.
-        unsafe { (v.ibv_close_device)(ctx) };
-        info
-    }
-
-    fn query(&self, ctx: *mut ibv_context, name: String) -> Result<DeviceInfo, RdmaCoreError> {
-        let v = &self.verbs;
-        // SAFETY: ibv_device_attr is plain data; all zeroes is a valid value.
-        let mut attr: ibv_device_attr = unsafe { std::mem::zeroed() };
-        // SAFETY: `ctx` is open; `attr` is a valid out-pointer of the header's type.
-        let rc = unsafe { (v.ibv_query_device)(ctx, &mut attr) };
-        if rc != 0 {
-            return Err(RdmaCoreError::Call {
-                what: "ibv_query_device",
-                errno: rc,
-            });
-        }
-        let mut ports = Vec::new();
-        for port in 1..=attr.phys_port_cnt {
-            let mut pa = ibv_port_attr::default();
-            // SAFETY: as above; the exported ibv_query_port fills the leading (compatible)
-            // part of the zeroed ibv_port_attr.
-            let rc = unsafe { (v.ibv_query_port)(ctx, port, &mut pa) };
-            if rc != 0 {
-                return Err(RdmaCoreError::Call {
-                    what: "ibv_query_port",
-                    errno: rc,
-                });
-            }
-            ports.push(PortInfo {
-                port,
-                active: pa.state == IBV_PORT_ACTIVE,
-                active_mtu: 128 << pa.active_mtu.clamp(1, 5),
-                ethernet: pa.link_layer == IBV_LINK_LAYER_ETHERNET,
-                gids: Vec::new(),
-            });
-        }
-        let slots: usize = (attr.phys_port_cnt as usize).max(1) * 256;
-        let mut entries = vec![ibv_gid_entry::default(); slots];
-        // SAFETY: `entries` has room for `slots` entries of the size passed.
-        let got = unsafe {
-            (v._ibv_query_gid_table)(
-                ctx,
-                entries.as_mut_ptr(),
-                slots,
-                0,
-                std::mem::size_of::<ibv_gid_entry>(),
-            )
-        };
-        if got < 0 {
-            return Err(RdmaCoreError::Call {
-                what: "ibv_query_gid_table",
-                errno: (-got) as i32,
-            });
-        }
-        for e in &entries[..got as usize] {
-            if let Some(p) = ports.iter_mut().find(|p| u32::from(p.port) == e.port_num) {
-                p.gids.push(GidInfo {
-                    index: e.gid_index,
-                    gid: e.gid.raw,
-                    kind: match e.gid_type {
-                        IBV_GID_TYPE_IB => GidKind::Ib,
-                        IBV_GID_TYPE_ROCE_V1 => GidKind::RoceV1,
-                        _ => GidKind::RoceV2,
-                    },
-                    netdev: if_name(e.ndev_ifindex),
-                });
-            }
-        }
-        let fw = attr
-            .fw_ver
+    pub fn devices(&'static self) -> Result<Vec<DeviceInfo>, RdmaCoreError> {
+        let names: Vec<String> = DeviceList::get(self)?.iter().map(|(n, _)| n).collect();
+        names
             .iter()
-            .take_while(|&&c| c != 0)
-            .map(|&c| c as u8);
-        Ok(DeviceInfo {
-            name,
-            fw_ver: String::from_utf8_lossy(&fw.collect::<Vec<u8>>()).into_owned(),
-            max_qp: attr.max_qp.max(0) as u32,
-            max_qp_wr: attr.max_qp_wr.max(0) as u32,
-            max_sge: attr.max_sge.max(0) as u32,
-            max_cqe: attr.max_cqe.max(0) as u32,
-            max_mr_size: attr.max_mr_size,
-            max_qp_rd_atom: attr.max_qp_rd_atom.max(0) as u32,
-            ports,
-        })
+            .map(|n| res::Context::open(self, n)?.info())
+            .collect()
     }
 }
 
@@ -379,24 +282,6 @@ impl Drop for DeviceList<'_> {
         // SAFETY: from ibv_get_device_list; contexts opened from it keep their devices.
         unsafe { (self.lib.verbs.ibv_free_device_list)(self.list) };
     }
-}
-
-fn if_name(index: u32) -> Option<String> {
-    if index == 0 {
-        return None;
-    }
-    let mut buf = [0 as c_char; libc::IF_NAMESIZE];
-    // SAFETY: `buf` has IF_NAMESIZE bytes, as if_indextoname requires.
-    let p = unsafe { libc::if_indextoname(index, buf.as_mut_ptr()) };
-    if p.is_null() {
-        return None;
-    }
-    // SAFETY: on success `buf` holds a NUL-terminated name.
-    Some(
-        unsafe { CStr::from_ptr(buf.as_ptr()) }
-            .to_string_lossy()
-            .into_owned(),
-    )
 }
 
 /// One RDMA device as rdma-core reports it.

@@ -15,7 +15,7 @@ use smallvec::SmallVec;
 use tokio::io::unix::AsyncFd;
 
 use super::sys::*;
-use super::{errno, DeviceList, RdmaCore, RdmaCoreError};
+use super::{errno, DeviceInfo, DeviceList, GidInfo, GidKind, PortInfo, RdmaCore, RdmaCoreError};
 use crate::verbs::Region;
 
 fn failed(what: &'static str, rc: c_int) -> RdmaCoreError {
@@ -109,6 +109,68 @@ impl Context {
             return Err(failed("ibv_query_port", rc));
         }
         Ok(pa)
+    }
+
+    /// The device's attributes, ports and GID tables.
+    pub fn info(&self) -> Result<DeviceInfo, RdmaCoreError> {
+        let attr = self.query()?;
+        let mut ports = Vec::new();
+        for port in 1..=attr.phys_port_cnt {
+            let pa = self.query_port(port)?;
+            ports.push(PortInfo {
+                port,
+                active: pa.state == IBV_PORT_ACTIVE,
+                active_mtu: 128 << pa.active_mtu.clamp(1, 5),
+                ethernet: pa.link_layer == IBV_LINK_LAYER_ETHERNET,
+                gids: Vec::new(),
+            });
+        }
+        let slots: usize = (attr.phys_port_cnt as usize).max(1) * 256;
+        let mut entries = vec![ibv_gid_entry::default(); slots];
+        // SAFETY: open context; `entries` has room for `slots` entries of the size passed.
+        let got = unsafe {
+            (self.lib.verbs._ibv_query_gid_table)(
+                self.ctx,
+                entries.as_mut_ptr(),
+                slots,
+                0,
+                std::mem::size_of::<ibv_gid_entry>(),
+            )
+        };
+        if got < 0 {
+            return Err(failed("ibv_query_gid_table", (-got) as c_int));
+        }
+        for e in &entries[..got as usize] {
+            if let Some(p) = ports.iter_mut().find(|p| u32::from(p.port) == e.port_num) {
+                p.gids.push(GidInfo {
+                    index: e.gid_index,
+                    gid: e.gid.raw,
+                    kind: match e.gid_type {
+                        IBV_GID_TYPE_IB => GidKind::Ib,
+                        IBV_GID_TYPE_ROCE_V1 => GidKind::RoceV1,
+                        _ => GidKind::RoceV2,
+                    },
+                    netdev: if_name(e.ndev_ifindex),
+                });
+            }
+        }
+        let fw: Vec<u8> = attr
+            .fw_ver
+            .iter()
+            .take_while(|&&c| c != 0)
+            .map(|&c| c as u8)
+            .collect();
+        Ok(DeviceInfo {
+            name: self.name.clone(),
+            fw_ver: String::from_utf8_lossy(&fw).into_owned(),
+            max_qp: attr.max_qp.max(0) as u32,
+            max_qp_wr: attr.max_qp_wr.max(0) as u32,
+            max_sge: attr.max_sge.max(0) as u32,
+            max_cqe: attr.max_cqe.max(0) as u32,
+            max_mr_size: attr.max_mr_size,
+            max_qp_rd_atom: attr.max_qp_rd_atom.max(0) as u32,
+            ports,
+        })
     }
 
     fn ops(&self) -> &ibv_context_ops {
@@ -554,4 +616,22 @@ impl Drop for Qp {
         // SAFETY: live QP; its PD and CQs are dropped after it.
         unsafe { (self.pd.ctx.lib.verbs.ibv_destroy_qp)(self.qp) };
     }
+}
+
+fn if_name(index: u32) -> Option<String> {
+    if index == 0 {
+        return None;
+    }
+    let mut buf = [0 as std::ffi::c_char; libc::IF_NAMESIZE];
+    // SAFETY: `buf` has IF_NAMESIZE bytes, as if_indextoname requires.
+    let p = unsafe { libc::if_indextoname(index, buf.as_mut_ptr()) };
+    if p.is_null() {
+        return None;
+    }
+    // SAFETY: on success `buf` holds a NUL-terminated name.
+    Some(
+        unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) }
+            .to_string_lossy()
+            .into_owned(),
+    )
 }

@@ -1,8 +1,9 @@
 #!/bin/bash
 # rtgtd inside the guest on rxe0 through the verbs provider (rdma-core), the guest's kernel
 # initiators against it over rxe: iSER login, ext4 files and fio verify; the same files read
-# back over SRP (ib_srp), fio verify; kill -9 of rtgtd under a logged-in iSER session and a
-# restart, iscsid reconnecting with the data intact; then the host's soft-RoCE initiators
+# back over SRP (ib_srp), fio verify, kill -9 of rtgtd under fio and a restart with ib_srp
+# reconnecting and the verify passing; kill -9 under a logged-in iSER session and a restart,
+# iscsid reconnecting with the data intact; then the host's soft-RoCE initiators
 # bench against it (host_run) and rtgtd stops cleanly.
 set -euo pipefail
 ip=$LAB_GUEST_IP
@@ -77,6 +78,24 @@ for bs in 4k 64k 1m; do
     lab_fio_verify "$dev" "srp-randwrite-$bs" randwrite "$bs" 16 128m 8m
 done
 lab_fio_verify "$dev" srp-randrw-4k-qd64 randrw 4k 64 144m 4m
+
+lab_step "SRP: kill -9 of rtgtd under fio, restart, ib_srp reconnects, verify passes"
+port=$(echo /sys/class/srp_remote_ports/port-*)
+echo 2 >"$port/reconnect_delay"
+echo 90 >"$port/fast_io_fail_tmo"
+echo 180 >"$port/dev_loss_tmo"
+echo 10 >"/sys/class/block/${dev#/dev/}/device/timeout"
+fio --name=srp-kill --filename="$dev" --rw=randwrite --bs=4k --iodepth=4 --offset=176m --size=16m \
+    --verify=crc32c --verify_fatal=1 --ioengine=libaio --direct=1 --eta=never \
+    --output="$LAB_OUT/fio-srp-kill.txt" &
+fio_pid=$!
+sleep 3
+kill -9 "$rtgtd_pid"
+wait "$rtgtd_pid" 2>/dev/null || true
+start_rtgtd 2
+wait "$fio_pid" || { cat "$LAB_OUT/fio-srp-kill.txt"; lab_fail "fio under kill -9 failed (SRP)"; }
+grep -q 'err= 0' "$LAB_OUT/fio-srp-kill.txt" || lab_fail "fio under kill -9 reported errors (SRP)"
+lab_files_verify "$dev" "over SRP after kill -9 and restart"
 lab_srp_remove_all || lab_fail "SRP remote port not deleted"
 
 lab_step "kill -9 of rtgtd under a logged-in iSER session, restart, iscsid reconnects"
@@ -85,7 +104,7 @@ dev=$(lab_iscsi_disk "$ip" "$TARGET_IQN" 0 60) || lab_fail "no disk after the se
 kill -9 "$rtgtd_pid"
 wait "$rtgtd_pid" 2>/dev/null || true
 sleep 2
-start_rtgtd 2
+start_rtgtd 3
 lab_retry 90 bash -c "iscsiadm -m session -P 3 | grep -q 'iSCSI Session State: LOGGED_IN'" || {
     iscsiadm -m session -P 3 || true
     lab_fail "iSER session not back after the restart"

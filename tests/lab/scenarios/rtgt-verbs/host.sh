@@ -75,6 +75,19 @@ host_run() {
     bench srp-randread-4k "${srpc[@]}" bench --target "$srp" --mode direct --rw randread --bs 4k --iodepth 16 --seconds 5 || rc=1
     bench srp-read-128k "${srpc[@]}" bench --target "$srp" --mode indirect --rw read --bs 128k --iodepth 4 --seconds 5 || rc=1
     bench srp-write-128k "${srpc[@]}" bench --target "$srp" --mode external --rw write --bs 128k --iodepth 4 --seconds 5 || rc=1
+    # A login to a target port that does not exist: SRP_LOGIN_REJ in the CM's REJ
+    # (rdma_reject with its private data).
+    local bad out
+    bad=$(sed 's/id_ext=[0-9a-f]*/id_ext=00000000deadbeef/' <<<"$srp")
+    if out=$(timeout 60 "$BIN/rtgt-srp" --local "$LAB_HOST_IP" --eth-mtu "$LAB_MTU" login --target "$bad" 2>&1); then
+        echo "login to a wrong target port succeeded"
+        rc=1
+    fi
+    echo "$out" | tee "$LAB_RESULTS/srp-reject.txt"
+    grep -q 'login rejected: SRP_LOGIN_REJ reason' "$LAB_RESULTS/srp-reject.txt" || {
+        echo "no SRP_LOGIN_REJ for a wrong target port"
+        rc=1
+    }
     return "$rc"
 }
 
