@@ -299,21 +299,21 @@ pub struct Link {
 }
 
 /// While it lives, the link's message SENDs wait, in order, and go to the send queue together
-/// when it drops, after the RDMA WRITEs and READs posted meanwhile (which are posted at once).
+/// when it drops, chained in one post (one doorbell on a NIC, one system call with rdma_rxe),
+/// after the RDMA WRITEs and READs posted meanwhile (which are posted at once).
 ///
 /// A fabric opens one around a batch of received commands: the data of all of them then goes
-/// out before their responses, so the engine finds runs of equal-sized packets to one peer
-/// (the WRITEs, then the responses) that leave as a few segmentation-offload sends instead of
-/// one per command. Nothing waits on a held SEND: before anything on the link waits for a
-/// credit, the held SENDs are posted.
+/// out before their responses, so the soft engine finds runs of equal-sized packets to one
+/// peer (the WRITEs, then the responses) that leave as a few segmentation-offload sends
+/// instead of one per command. Nothing waits on a held SEND: before anything on the link
+/// waits for a credit, the held SENDs are posted.
 pub struct SendBatch<'a> {
     link: &'a Link,
 }
 
 impl Drop for SendBatch<'_> {
     fn drop(&mut self) {
-        let held = lock(&self.link.held).take();
-        self.link.post_held(held.unwrap_or_default());
+        self.link.post_held(true);
     }
 }
 
@@ -408,8 +408,7 @@ impl Link {
         // Held SENDs never go out: their slots and credits return.
         let held = lock(&self.held).as_mut().map(std::mem::take);
         for wr in held.unwrap_or_default() {
-            self.release_slot((wr.wr_id & !TAG_MASK) as u32);
-            self.sq.add_permits(1);
+            self.unpost(wr.wr_id);
         }
         self.close_notify.notify_waiters();
         self.slots.close();
@@ -450,16 +449,62 @@ impl Link {
 
     /// Posts the SENDs held so far; the batch stays open.
     fn flush_held(&self) {
-        let held = lock(&self.held).as_mut().map(std::mem::take);
-        self.post_held(held.unwrap_or_default());
+        self.post_held(false);
     }
 
-    fn post_held(&self, held: Vec<SendWr>) {
-        for wr in held {
-            let slot = (wr.wr_id & !TAG_MASK) as u32;
-            if self.post(wr).is_err() {
-                self.release_slot(slot);
+    /// Posts the SENDs a batch held, in order, chained in one post (one doorbell). `end`
+    /// ends the batch.
+    ///
+    /// The post happens under the batch's lock, so a SEND that finds no batch open (and so
+    /// posts at once) goes after the chain, never between its taking and its posting.
+    fn post_held(&self, end: bool) {
+        let (ids, failed) = {
+            let mut held = lock(&self.held);
+            let list = if end {
+                held.take()
+            } else {
+                held.as_mut().map(std::mem::take)
+            };
+            let Some(list) = list.filter(|l| !l.is_empty()) else {
+                return;
+            };
+            let ids: smallvec::SmallVec<[u64; 32]> = list.iter().map(|wr| wr.wr_id).collect();
+            if self.is_closing() {
+                (ids, Some((0, None)))
+            } else {
+                self.posted.fetch_add(ids.len(), Ordering::AcqRel);
+                let r = self.qp.post_send_list(list);
+                (ids, r.err().map(|(sent, e)| (sent, Some(e))))
             }
+        };
+        // Outside the lock: closing takes it.
+        if let Some((sent, e)) = failed {
+            let lost = &ids[sent.min(ids.len())..];
+            if let Some(e) = e {
+                self.posted.fetch_sub(lost.len(), Ordering::AcqRel);
+                tracing::debug!(peer = %self.peer, error = %e, "post_send failed");
+            }
+            for &id in lost {
+                self.unpost(id);
+            }
+            self.close();
+        }
+    }
+
+    /// Returns what a work request that never went out held: its send queue credit, and its
+    /// slot, or its operation (buffer, READ credit; a waiter sees the channel drop).
+    fn unpost(&self, wr_id: u64) {
+        self.sq.add_permits(1);
+        match wr_id & TAG_MASK {
+            TAG_SLOT => self.release_slot((wr_id & !TAG_MASK) as u32),
+            TAG_OP => {
+                if let Some(op) = lock(&self.ops).remove(wr_id & !TAG_MASK) {
+                    if op.read {
+                        self.reads.add_permits(1);
+                    }
+                }
+            }
+            _ => {}
         }
     }
 
@@ -953,8 +998,9 @@ mod tests {
             .collect()
     }
 
-    #[tokio::test]
-    async fn held_sends_follow_the_writes_and_never_block_a_wait() {
+    /// A link from a sending endpoint on one engine to a receiving one on another, connected
+    /// through a loopback pair; its receiver and both protection domains.
+    fn linked_pair() -> (Arc<Link>, Receiver, soft::Pd, soft::Pd) {
         let (la, lb) = loopback::pair(1024);
         let da = Device::new(DeviceConfig::new("a", vec![ip(1)])).unwrap();
         let db = Device::new(DeviceConfig::new("b", vec![ip(2)])).unwrap();
@@ -977,6 +1023,54 @@ mod tests {
         connect(&eb, ip(1), ea.qp.qpn());
         let link = Arc::new(Link::new(&ea, "10.0.0.2:0".parse().unwrap(), None).unwrap());
         tokio::spawn(poll_send(link.clone(), ea.send_cq().clone()));
+        (link, Receiver::new(eb), pa, pb)
+    }
+
+    #[tokio::test]
+    async fn a_batch_posts_its_sends_in_one_chain_and_close_returns_what_it_held() {
+        let (link, mut rx, _pa, _pb) = linked_pair();
+        let wait = Duration::from_secs(5);
+        {
+            let _batch = link.batch_sends();
+            link.send(&[b"one"], None).await.unwrap();
+            link.send(&[b"two"], None).await.unwrap();
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            assert!(messages(&mut rx).is_empty(), "a held SEND went out");
+            assert_eq!(link.posted(), 0);
+        }
+        let mut got = Vec::new();
+        tokio::time::timeout(wait, async {
+            while got.len() < 2 {
+                got.extend(messages(&mut rx));
+                if got.len() < 2 {
+                    rx.wait().await;
+                }
+            }
+        })
+        .await
+        .expect("the batch never went out");
+        assert_eq!(got, [b"one".to_vec(), b"two".to_vec()]);
+        tokio::time::timeout(wait, async {
+            while link.posted() > 0 || lock(&link.free_slots).len() < 2 {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+        .await
+        .unwrap();
+
+        // Closed with a SEND held: its slot and credit come back; nothing is posted.
+        let _batch = link.batch_sends();
+        link.send(&[b"never"], None).await.unwrap();
+        assert_eq!(lock(&link.free_slots).len(), 1);
+        link.close();
+        assert_eq!(lock(&link.free_slots).len(), 2);
+        assert_eq!(link.posted(), 0);
+        assert!(messages(&mut rx).is_empty());
+    }
+
+    #[tokio::test]
+    async fn held_sends_follow_the_writes_and_never_block_a_wait() {
+        let (link, mut rx, pa, pb) = linked_pair();
         let target = Arc::new(Region::zeroed(4096));
         let target_mr = pb
             .reg_mr(target.clone(), Access::LOCAL_WRITE | Access::REMOTE_WRITE)
@@ -984,13 +1078,12 @@ mod tests {
         let source = Arc::new(Region::zeroed(4096));
         source.write(0, b"data!");
         let source_mr = Arc::new(Mr::Soft(pa.reg_mr(source, Access::LOCAL_WRITE).unwrap()));
-        let mut rx = Receiver::new(eb);
         let wait = Duration::from_secs(5);
         {
             let _batch = link.batch_sends();
             link.send(&[b"one"], None).await.unwrap();
             link.send(&[b"two"], None).await.unwrap();
-            // A WRITE posted in the batch goes at once; the SENDs before it wait.
+            // A WRITE waited on goes at once; the SENDs before it wait.
             link.sq_credit().await.unwrap();
             let op = SendOp::RdmaWrite {
                 remote_addr: target_mr.iova(),

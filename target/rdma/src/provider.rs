@@ -301,6 +301,20 @@ impl Qp {
         }
     }
 
+    /// Posts `wrs` in order (chained in one post with `verbs`: one doorbell). On failure, how
+    /// many went out before the one that failed (those complete), and why.
+    pub fn post_send_list(&self, wrs: Vec<SendWr>) -> Result<(), (usize, ProviderError)> {
+        match self {
+            Qp::Soft(q) => {
+                for (i, wr) in wrs.into_iter().enumerate() {
+                    q.post_send(wr).map_err(|e| (i, e.into()))?;
+                }
+                Ok(())
+            }
+            Qp::Verbs(id) => id.post_send_wrs(&wrs).map_err(|(i, e)| (i, e.into())),
+        }
+    }
+
     pub fn post_recv(&self, wr: RecvWr) -> Result<(), ProviderError> {
         match self {
             Qp::Soft(q) => Ok(q.post_recv(wr)?),

@@ -12,7 +12,7 @@ use tokio::io::unix::AsyncFd;
 
 use super::res::{post_recv, post_send, set_error, watch, Context, Cq, Pd};
 use super::sys::*;
-use super::wr::{post_recv_wr, post_send_wr};
+use super::wr::{post_recv_wr, post_send_wr, post_send_wrs};
 use super::{errno, RdmaCore, RdmaCoreError};
 use crate::cm::ConnParams;
 use crate::sockaddr::{from_storage, to_storage};
@@ -377,7 +377,7 @@ impl CmId {
     /// Posts sends on the id's QP (as [`super::res::Qp::post_send`]).
     pub fn post_send(&self, wr: &mut ibv_send_wr) -> Result<(), RdmaCoreError> {
         let (ctx, qp) = self.qp_ptr()?;
-        post_send(ctx, qp, wr)
+        post_send(ctx, qp, wr).map_err(|(_, e)| e)
     }
 
     /// Posts receives on the id's QP.
@@ -390,6 +390,16 @@ impl CmId {
     pub fn post_send_wr(&self, wr: &crate::verbs::SendWr) -> Result<(), RdmaCoreError> {
         let (ctx, qp) = self.qp_ptr()?;
         post_send_wr(ctx, qp, wr)
+    }
+
+    /// Posts `wrs` chained, in order; on failure, how many went out before the one that
+    /// failed, and why.
+    pub fn post_send_wrs(
+        &self,
+        wrs: &[crate::verbs::SendWr],
+    ) -> Result<(), (usize, RdmaCoreError)> {
+        let (ctx, qp) = self.qp_ptr().map_err(|e| (0, e))?;
+        post_send_wrs(ctx, qp, wrs)
     }
 
     /// Posts one receive work request in the engine's terms.

@@ -544,7 +544,7 @@ impl Qp {
     /// Posts a chain of send work requests. The memory their SGEs name must stay registered
     /// and in place until they complete.
     pub fn post_send(&self, wr: &mut ibv_send_wr) -> Result<(), RdmaCoreError> {
-        post_send(&self.pd.ctx, self.qp, wr)
+        post_send(&self.pd.ctx, self.qp, wr).map_err(|(_, e)| e)
     }
 
     /// Posts a chain of receive work requests (same rules as [`Qp::post_send`]).
@@ -558,22 +558,23 @@ impl Qp {
     }
 }
 
-/// `ibv_post_send` on `qp` of `ctx`, through the provider's operation table.
+/// `ibv_post_send` on `qp` of `ctx`, through the provider's operation table. On failure, the
+/// request the provider stopped at (those before it were posted).
 pub(crate) fn post_send(
     ctx: &Context,
     qp: *mut ibv_qp,
     wr: &mut ibv_send_wr,
-) -> Result<(), RdmaCoreError> {
-    let post = ctx
-        .ops()
-        .post_send
-        .ok_or(RdmaCoreError::Unsupported("post_send"))?;
+) -> Result<(), (*mut ibv_send_wr, RdmaCoreError)> {
+    let post = ctx.ops().post_send.ok_or((
+        wr as *mut ibv_send_wr,
+        RdmaCoreError::Unsupported("post_send"),
+    ))?;
     let mut bad = std::ptr::null_mut();
     // SAFETY: a live QP of `ctx`; the chain and its SGE lists are valid for the call (the
     // provider copies them into its queue).
     let rc = unsafe { post(qp, wr, &mut bad) };
     if rc != 0 {
-        return Err(failed("ibv_post_send", rc));
+        return Err((bad, failed("ibv_post_send", rc)));
     }
     Ok(())
 }

@@ -24,14 +24,55 @@ fn sges(list: &[crate::verbs::Sge]) -> Sges {
         .collect()
 }
 
+/// Work requests chained in one `ibv_post_send` without allocating, up to this many.
+const CHAIN_INLINE: usize = 16;
+
 /// `ibv_post_send` of one work request. Inline data is copied by the provider during the call.
 pub(crate) fn post_send_wr(
     ctx: &Context,
     qp: *mut ibv_qp,
     wr: &SendWr,
 ) -> Result<(), RdmaCoreError> {
-    let inline = wr.flags.contains(SendFlags::INLINE) && !wr.inline_data.is_empty();
-    let mut list = if inline {
+    post_send_wrs(ctx, qp, std::slice::from_ref(wr)).map_err(|(_, e)| e)
+}
+
+/// `ibv_post_send` of `wrs` chained, in order: one doorbell (one system call with rdma_rxe)
+/// for all of them. On failure, the number posted before the one that failed (those will
+/// complete), and why.
+pub(crate) fn post_send_wrs(
+    ctx: &Context,
+    qp: *mut ibv_qp,
+    wrs: &[SendWr],
+) -> Result<(), (usize, RdmaCoreError)> {
+    if wrs.is_empty() {
+        return Ok(());
+    }
+    // Every SGE list first, so that the chain's pointers into them stay put.
+    let mut lists: SmallVec<[Sges; CHAIN_INLINE]> = wrs.iter().map(sge_list).collect();
+    let mut chain: SmallVec<[ibv_send_wr; CHAIN_INLINE]> = SmallVec::with_capacity(wrs.len());
+    for (i, (wr, list)) in wrs.iter().zip(lists.iter_mut()).enumerate() {
+        chain.push(fill(wr, list).map_err(|e| (i, e))?);
+    }
+    let base = chain.as_mut_ptr();
+    for i in 1..chain.len() {
+        // SAFETY: `i` is within the chain, whose storage does not move from here on.
+        chain[i - 1].next = unsafe { base.add(i) };
+    }
+    post_send(ctx, qp, &mut chain[0]).map_err(|(bad, e)| {
+        // The provider names the request it stopped at; those before it went out.
+        let posted = if bad.is_null() {
+            0
+        } else {
+            // SAFETY: `bad` points into the chain.
+            (unsafe { bad.offset_from(base) }).clamp(0, chain.len() as isize) as usize
+        };
+        (posted, e)
+    })
+}
+
+/// The SGEs of `wr` as the provider reads them (inline data as one SGE).
+fn sge_list(wr: &SendWr) -> Sges {
+    if wr.flags.contains(SendFlags::INLINE) && !wr.inline_data.is_empty() {
         let mut l = Sges::new();
         l.push(ibv_sge {
             addr: wr.inline_data.as_ptr() as u64,
@@ -41,7 +82,11 @@ pub(crate) fn post_send_wr(
         l
     } else {
         sges(&wr.sg_list)
-    };
+    }
+}
+
+/// `wr` as rdma-core's work request over `list` (its SGEs, which must outlive the post).
+fn fill(wr: &SendWr, list: &mut Sges) -> Result<ibv_send_wr, RdmaCoreError> {
     // SAFETY: ibv_send_wr is plain data (pointers may be null); all zeroes is valid.
     let mut w: ibv_send_wr = unsafe { std::mem::zeroed() };
     w.wr_id = wr.wr_id;
@@ -120,7 +165,7 @@ pub(crate) fn post_send_wr(
         }
         SendOp::FastReg(_) => return Err(RdmaCoreError::Unsupported("fast registration")),
     }
-    post_send(ctx, qp, &mut w)
+    Ok(w)
 }
 
 /// `ibv_post_recv` of one work request.
