@@ -18,6 +18,11 @@
 //!   allocation above the pool's largest class), which gets a one-off region. Operations hold
 //!   their buffer until their completion arrives, so a cancelled command never frees memory
 //!   the engine may still write.
+//! * Completions: only some send work requests are signalled — one someone waits for (an
+//!   RDMA READ), a message SEND posted on its own, the last of a chained batch, and at least
+//!   one in every [`Link::signal_every`] — and a completion retires every work request posted
+//!   before it as well (an RC send queue completes in order), so a command's RDMA WRITEs and
+//!   the batch it answers in cost one completion.
 //! * Failure: a failed completion or a failed post moves the QP to the error state, flushes
 //!   everything posted, and runs the close hooks once ([`Link::on_close`]): the fabric's task
 //!   set fails every outstanding task there.
@@ -26,6 +31,7 @@ pub mod cm;
 pub mod mem;
 pub mod provider;
 
+use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -52,6 +58,9 @@ const POLL_BATCH: usize = 64;
 /// so the NIC fetches no send slot) where the provider allows it: a SCSI response with its
 /// sense data fits.
 pub const INLINE_MAX: u32 = 256;
+
+/// At most this many send work requests in a row go unsignalled.
+const SIGNAL_EVERY_MAX: u32 = 16;
 
 /// Work request ids: a send slot's SEND, or an operation someone may wait for.
 pub const TAG_SLOT: u64 = 1 << 62;
@@ -260,6 +269,47 @@ impl Ops {
     }
 }
 
+/// Send work requests in the order they went to the send queue, until a completion retires
+/// them.
+#[derive(Default)]
+struct Order {
+    ids: VecDeque<u64>,
+    /// Posted unsignalled since the last signalled one.
+    quiet: u32,
+}
+
+impl Order {
+    /// Queues `wr`, signalled if `force`, or if it would otherwise be the `every`-th
+    /// unsignalled one in a row.
+    fn push(&mut self, wr: &mut SendWr, force: bool, every: u32) {
+        if force || self.quiet + 1 >= every {
+            wr.flags |= SendFlags::SIGNALED;
+            self.quiet = 0;
+        } else {
+            wr.flags.remove(SendFlags::SIGNALED);
+            self.quiet += 1;
+        }
+        self.ids.push_back(wr.wr_id);
+    }
+
+    /// Forgets the last `n` queued (their post failed).
+    fn drop_last(&mut self, n: usize) {
+        let keep = self.ids.len().saturating_sub(n);
+        self.ids.truncate(keep);
+        self.quiet = 0;
+    }
+
+    /// Moves to `out` what a completion of `wr_id` retires: every work request posted before
+    /// it, then itself. False if `wr_id` is not in flight.
+    fn retire(&mut self, wr_id: u64, out: &mut smallvec::SmallVec<[u64; 32]>) -> bool {
+        let Some(n) = self.ids.iter().position(|&id| id == wr_id) else {
+            return false;
+        };
+        out.extend(self.ids.drain(..=n));
+        true
+    }
+}
+
 /// What an operation keeps alive until its completion.
 pub enum Hold {
     None,
@@ -288,7 +338,13 @@ pub struct Link {
     /// RDMA READs in flight.
     reads: Semaphore,
     ops: Mutex<Ops>,
+    /// Posted, not yet retired, in posting order; taken around every post.
+    order: Mutex<Order>,
+    /// See [`Link::signal_every`].
+    signal_every: u32,
     posted: AtomicUsize,
+    /// Send completions handled.
+    completions: AtomicUsize,
     closing: AtomicBool,
     close_notify: Notify,
     on_close: Mutex<Vec<CloseHook>>,
@@ -349,7 +405,13 @@ impl Link {
             sq: Semaphore::new(r.send_queue as usize),
             reads: Semaphore::new(r.rdma_read_depth as usize),
             ops: Mutex::new(Ops::default()),
+            order: Mutex::new(Order {
+                ids: VecDeque::with_capacity(r.send_queue as usize),
+                quiet: 0,
+            }),
+            signal_every: (r.send_queue / 4).clamp(1, SIGNAL_EVERY_MAX),
             posted: AtomicUsize::new(0),
+            completions: AtomicUsize::new(0),
             closing: AtomicBool::new(false),
             close_notify: Notify::new(),
             on_close: Mutex::new(Vec::new()),
@@ -472,8 +534,17 @@ impl Link {
             if self.is_closing() {
                 (ids, Some((0, None)))
             } else {
+                let mut list = list;
+                let mut order = lock(&self.order);
+                let last = list.len() - 1;
+                for (i, wr) in list.iter_mut().enumerate() {
+                    order.push(wr, i == last, self.signal_every);
+                }
                 self.posted.fetch_add(ids.len(), Ordering::AcqRel);
                 let r = self.qp.post_send_list(list);
+                if let Err((sent, _)) = &r {
+                    order.drop_last(ids.len() - sent.min(&ids.len()));
+                }
                 (ids, r.err().map(|(sent, e)| (sent, Some(e))))
             }
         };
@@ -508,14 +579,22 @@ impl Link {
         }
     }
 
-    /// Posts `wr` (its send queue credit already taken).
-    pub fn post(&self, wr: SendWr) -> Result<(), LinkError> {
+    /// Posts `wr` (its send queue credit already taken), signalled if `signal` (or if the
+    /// run of unsignalled ones is long enough).
+    fn post(&self, mut wr: SendWr, signal: bool) -> Result<(), LinkError> {
         if self.is_closing() {
             self.sq.add_permits(1);
             return Err(LinkError::Closed);
         }
+        let mut order = lock(&self.order);
+        order.push(&mut wr, signal, self.signal_every);
         self.posted.fetch_add(1, Ordering::AcqRel);
-        if let Err(e) = self.qp.post_send(wr) {
+        let r = self.qp.post_send(wr);
+        if r.is_err() {
+            order.drop_last(1);
+        }
+        drop(order);
+        if let Err(e) = r {
             self.posted.fetch_sub(1, Ordering::AcqRel);
             self.sq.add_permits(1);
             tracing::debug!(peer = %self.peer, error = %e, "post_send failed");
@@ -585,7 +664,7 @@ impl Link {
                 return Ok(());
             }
         }
-        if let Err(e) = self.post(wr) {
+        if let Err(e) = self.post(wr, true) {
             self.release_slot(slot);
             return Err(e);
         }
@@ -625,7 +704,7 @@ impl Link {
             read,
         });
         let wr = SendWr::new(TAG_OP | id, op, sg_list);
-        if let Err(e) = self.post(wr) {
+        if let Err(e) = self.post(wr, want || read) {
             lock(&self.ops).remove(id);
             if read {
                 self.reads.add_permits(1);
@@ -776,27 +855,35 @@ impl Link {
         Landing::into_buf(landing).ok_or(LinkError::Closed)
     }
 
-    /// Handles one send-side completion.
+    /// At most this many send work requests in a row go unsignalled (a quarter of the send
+    /// queue, at most 16), so credits come back while the queue is still far from full.
+    pub fn signal_every(&self) -> u32 {
+        self.signal_every
+    }
+
+    /// Send completions handled so far.
+    pub fn completions(&self) -> usize {
+        self.completions.load(Ordering::Acquire)
+    }
+
+    /// Handles one send-side completion: it retires the work requests posted before it too.
     pub fn completed(&self, wc: &WorkCompletion) {
-        self.posted.fetch_sub(1, Ordering::AcqRel);
-        self.sq.add_permits(1);
-        match wc.wr_id & TAG_MASK {
-            TAG_SLOT => self.release_slot((wc.wr_id & !TAG_MASK) as u32),
-            TAG_OP => {
-                let op = lock(&self.ops).remove(wc.wr_id & !TAG_MASK);
-                if let Some(op) = op {
-                    if op.read {
-                        self.reads.add_permits(1);
-                    }
-                    let Op { done, _hold, .. } = op;
-                    // The buffer is released before the waiter wakes.
-                    drop(_hold);
-                    if let Some(tx) = done {
-                        let _ = tx.send(wc.status);
-                    }
-                }
-            }
-            _ => {}
+        self.completions.fetch_add(1, Ordering::AcqRel);
+        let mut ids = smallvec::SmallVec::<[u64; 32]>::new();
+        if !lock(&self.order).retire(wc.wr_id, &mut ids) {
+            tracing::debug!(peer = %self.peer, wr_id = wc.wr_id, "completion of nothing in flight");
+            return;
+        }
+        let last = ids.len() - 1;
+        for (i, &id) in ids.iter().enumerate() {
+            // An unsignalled one before it completed, and successfully: an error always has
+            // a completion of its own.
+            let status = if i == last {
+                wc.status
+            } else {
+                WcStatus::Success
+            };
+            self.retired(id, status);
         }
         if wc.status != WcStatus::Success && wc.status != WcStatus::WrFlushErr {
             tracing::warn!(
@@ -806,6 +893,40 @@ impl Link {
                 "RDMA send-side operation failed; closing the connection"
             );
             self.close();
+        }
+    }
+
+    /// Returns what one work request held, its completion status to whoever waits.
+    fn retired(&self, wr_id: u64, status: WcStatus) {
+        self.posted.fetch_sub(1, Ordering::AcqRel);
+        self.sq.add_permits(1);
+        match wr_id & TAG_MASK {
+            TAG_SLOT => self.release_slot((wr_id & !TAG_MASK) as u32),
+            TAG_OP => {
+                let op = lock(&self.ops).remove(wr_id & !TAG_MASK);
+                if let Some(op) = op {
+                    if op.read {
+                        self.reads.add_permits(1);
+                    }
+                    let Op { done, _hold, .. } = op;
+                    // The buffer is released before the waiter wakes.
+                    drop(_hold);
+                    if let Some(tx) = done {
+                        let _ = tx.send(status);
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Retires everything still in flight of a closed link whose QP has nothing more to
+    /// report (unsignalled work requests that had completed before the QP failed get no
+    /// completion, flushed or not).
+    fn retire_all(&self) {
+        let ids: Vec<u64> = lock(&self.order).ids.drain(..).collect();
+        for id in ids {
+            self.retired(id, WcStatus::WrFlushErr);
         }
     }
 
@@ -829,6 +950,8 @@ impl Link {
 /// everything posted has completed.
 pub async fn poll_send(link: Arc<Link>, cq: Cq) {
     let mut wcs = Vec::with_capacity(POLL_BATCH);
+    // Waits of a closed link that found nothing.
+    let mut quiet = 0;
     loop {
         wcs.clear();
         cq.poll_into(&mut wcs, POLL_BATCH);
@@ -836,20 +959,25 @@ pub async fn poll_send(link: Arc<Link>, cq: Cq) {
             link.completed(wc);
         }
         if !wcs.is_empty() {
+            quiet = 0;
             continue;
         }
-        if link.is_closing() && link.posted() == 0 {
-            break;
+        if link.is_closing() {
+            // What the failed QP will report is in its CQ already (the soft engine flushes
+            // as the QP enters the error state), or a NIC has been quiet for a second: what
+            // is left completed unsignalled before the failure, or is lost with the QP.
+            if link.qp.flushes_at_once() || quiet >= 5 {
+                link.retire_all();
+            }
+            if link.posted() == 0 {
+                break;
+            }
         }
         tokio::select! {
             _ = cq.wait_nonempty() => {}
             _ = link.closed(), if !link.is_closing() => {}
-            // A closed QP flushes what it holds; this only bounds the wait for a QP that
-            // was already gone.
             _ = tokio::time::sleep(Duration::from_millis(200)), if link.is_closing() => {
-                if !link.qp.completes_posted() {
-                    break;
-                }
+                quiet += 1;
             }
         }
     }
@@ -1001,6 +1129,20 @@ mod tests {
     /// A link from a sending endpoint on one engine to a receiving one on another, connected
     /// through a loopback pair; its receiver and both protection domains.
     fn linked_pair() -> (Arc<Link>, Receiver, soft::Pd, soft::Pd) {
+        let (link, rx, pa, pb, _) = linked_pair_with(8);
+        (link, rx, pa, pb)
+    }
+
+    /// [`linked_pair`] with a send queue of `send_queue` entries, and its send poller.
+    fn linked_pair_with(
+        send_queue: u32,
+    ) -> (
+        Arc<Link>,
+        Receiver,
+        soft::Pd,
+        soft::Pd,
+        tokio::task::JoinHandle<()>,
+    ) {
         let (la, lb) = loopback::pair(1024);
         let da = Device::new(DeviceConfig::new("a", vec![ip(1)])).unwrap();
         let db = Device::new(DeviceConfig::new("b", vec![ip(2)])).unwrap();
@@ -1012,7 +1154,7 @@ mod tests {
             recv_slot_len: 256,
             send_slots: 2,
             send_slot_len: 256,
-            send_queue: 8,
+            send_queue,
             rdma_read_depth: 1,
         };
         let (ea, eb) = (
@@ -1022,8 +1164,110 @@ mod tests {
         connect(&ea, ip(2), eb.qp.qpn());
         connect(&eb, ip(1), ea.qp.qpn());
         let link = Arc::new(Link::new(&ea, "10.0.0.2:0".parse().unwrap(), None).unwrap());
-        tokio::spawn(poll_send(link.clone(), ea.send_cq().clone()));
-        (link, Receiver::new(eb), pa, pb)
+        let poller = tokio::spawn(poll_send(link.clone(), ea.send_cq().clone()));
+        (link, Receiver::new(eb), pa, pb, poller)
+    }
+
+    /// A region of `pd` the peer may RDMA WRITE to, and one of `pa` to write from.
+    fn write_regions(pa: &soft::Pd, pb: &soft::Pd) -> (Arc<Region>, soft::Mr, Arc<Mr>) {
+        let target = Arc::new(Region::zeroed(4096));
+        let target_mr = pb
+            .reg_mr(target.clone(), Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+            .unwrap();
+        let source = Arc::new(Region::zeroed(4096));
+        source.write(0, b"data!");
+        let source_mr = Arc::new(Mr::Soft(pa.reg_mr(source, Access::LOCAL_WRITE).unwrap()));
+        (target, target_mr, source_mr)
+    }
+
+    /// Posts an RDMA WRITE of `source[0..5]` to `target[at..]` that nobody waits for.
+    async fn post_write(link: &Link, target: &soft::Mr, source: &Arc<Mr>, at: u64) {
+        link.sq_credit().await.unwrap();
+        let op = SendOp::RdmaWrite {
+            remote_addr: target.iova() + at,
+            rkey: target.rkey(),
+        };
+        let rx = link
+            .post_op(op, source.sge(0, 5).into(), Hold::Mr(source.clone()), false)
+            .unwrap();
+        assert!(rx.is_none());
+    }
+
+    async fn until(what: &str, mut done: impl FnMut() -> bool) {
+        tokio::time::timeout(Duration::from_secs(5), async {
+            while !done() {
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+        })
+        .await
+        .unwrap_or_else(|_| panic!("timed out waiting for {what}"));
+    }
+
+    #[tokio::test]
+    async fn writes_and_the_response_after_them_cost_one_completion() {
+        let (link, mut rx, pa, pb, _poller) = linked_pair_with(64);
+        assert_eq!(link.signal_every(), 16);
+        let (target, target_mr, source_mr) = write_regions(&pa, &pb);
+        for i in 0..10 {
+            post_write(&link, &target_mr, &source_mr, i * 8).await;
+        }
+        let mut landed = [0u8; 5];
+        until("the WRITEs to land", || {
+            target.read(9 * 8, &mut landed);
+            &landed == b"data!"
+        })
+        .await;
+        // Done, but unsignalled: nothing returned yet.
+        assert_eq!((link.completions(), link.posted()), (0, 10));
+        link.send(&[b"response"], None).await.unwrap();
+        until("the response's completion", || link.posted() == 0).await;
+        assert_eq!(link.completions(), 1);
+        assert_eq!(link.sq.available_permits(), 64);
+        assert_eq!(messages(&mut rx), [b"response".to_vec()]);
+
+        // A chained batch: one completion, at its end.
+        {
+            let _batch = link.batch_sends();
+            link.send(&[b"a"], None).await.unwrap();
+            link.send(&[b"b"], None).await.unwrap();
+        }
+        until("the batch's completion", || link.posted() == 0).await;
+        assert_eq!(link.completions(), 2);
+        assert_eq!(lock(&link.free_slots).len(), 2);
+
+        // A long run of WRITEs signals one in every sixteen, so credits keep coming back.
+        for i in 0..20 {
+            post_write(&link, &target_mr, &source_mr, i * 8).await;
+        }
+        until("the sixteenth WRITE's completion", || link.posted() == 4).await;
+        assert_eq!(link.completions(), 3);
+        assert_eq!(link.sq.available_permits(), 60);
+    }
+
+    #[tokio::test]
+    async fn a_closed_link_retires_what_completed_unsignalled() {
+        let (link, _rx, pa, pb, poller) = linked_pair_with(64);
+        let (target, target_mr, source_mr) = write_regions(&pa, &pb);
+        for i in 0..3 {
+            post_write(&link, &target_mr, &source_mr, i * 8).await;
+        }
+        let mut landed = [0u8; 5];
+        until("the WRITEs to land", || {
+            target.read(2 * 8, &mut landed);
+            &landed == b"data!"
+        })
+        .await;
+        assert_eq!(link.posted(), 3);
+        assert_eq!(Arc::strong_count(&source_mr), 4);
+        // No completion will come for them: closing returns their credits and buffers.
+        link.close();
+        tokio::time::timeout(Duration::from_secs(5), poller)
+            .await
+            .expect("the send poller outlived its link")
+            .unwrap();
+        assert_eq!(link.posted(), 0);
+        assert_eq!(link.completions(), 0);
+        assert_eq!(Arc::strong_count(&source_mr), 1);
     }
 
     #[tokio::test]

@@ -336,13 +336,15 @@ impl Qp {
         }
     }
 
-    /// Whether what was posted will still complete (flushed if need be): false once the
-    /// engine dropped the QP.
-    pub fn completes_posted(&self) -> bool {
+    /// Whether a QP in the error state has already reported (flushed) everything posted to
+    /// it that will ever complete.
+    pub fn flushes_at_once(&self) -> bool {
         match self {
+            // The engine flushes the queues as the QP enters the error state.
             Qp::Soft(q) => q.state() == QpState::Err,
-            // The NIC flushes a QP in the error state; the id keeps it until dropped.
-            Qp::Verbs(_) => true,
+            // The NIC (or rdma_rxe's completer) flushes a QP in the error state a little
+            // later; the id keeps the QP until dropped.
+            Qp::Verbs(_) => false,
         }
     }
 
