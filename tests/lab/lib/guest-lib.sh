@@ -172,3 +172,73 @@ lab_perftest() {
     cat "$log"
     return 1
 }
+
+# lab_resets_under_fio DEV NAME OFFSET SG_RESET_OPTION...: fio randwrite with crc32c verify on
+# DEV while sg_reset issues each reset in turn (-d: LOGICAL UNIT RESET, -t: the target reset of
+# the transport); every reset must succeed and no I/O error may reach fio (the initiator retries
+# what a reset aborted).
+lab_resets_under_fio() {
+    local dev=$1 name=$2 offset=$3 pid r
+    shift 3
+    fio --name="$name" --filename="$dev" --rw=randwrite --bs=4k --iodepth=16 --offset="$offset" \
+        --size=32m --verify=crc32c --verify_fatal=1 --ioengine=libaio --direct=1 --eta=never \
+        --output="$LAB_OUT/fio-$name.txt" &
+    pid=$!
+    sleep 2
+    for r in "$@"; do
+        lab_step "$name: sg_reset $r $dev"
+        sg_reset "$r" "$dev" || lab_fail "sg_reset $r failed ($name)"
+        sleep 1
+    done
+    wait "$pid" || { cat "$LAB_OUT/fio-$name.txt"; lab_fail "fio $name failed"; }
+    grep -q 'err= 0' "$LAB_OUT/fio-$name.txt" || lab_fail "fio $name reported errors"
+}
+
+# lab_rdma_loopback IP IQN SRP_TARGET WWN BYTES: the in-guest loopback run over rxe0 that an
+# RDMA target inside the guest (rtgtd on the verbs provider, or the kernel's LIO) must pass:
+# iSER discovery (TCP) and login, a disk of BYTES, ext4 files and fio verify, LOGICAL UNIT
+# RESET and the target reset under fio, logout; then ib_srp logs in with SRP_TARGET (the
+# add_target string), the disk with NAA designator WWN holds the files written over iSER, fio
+# verify, LOGICAL UNIT RESET under fio. Leaves the SRP disk logged in: its path in LAB_SRP_DEV.
+lab_rdma_loopback() {
+    local ip=$1 iqn=$2 srp=$3 wwn=$4 want=$5 dev name bytes bs
+    local node=(-m node -T "$iqn" -p "$ip")
+    lab_step "iSER: discovery and login over rxe0"
+    echo "InitiatorName=iqn.2025-01.io.rtgt.lab:verbs-guest" >/etc/iscsi/initiatorname.iscsi
+    pgrep -x iscsid >/dev/null || iscsid
+    iscsiadm -m discovery -t sendtargets -p "$ip" | tee "$LAB_OUT/discovery.txt"
+    grep -q "$ip:3260,1 $iqn" "$LAB_OUT/discovery.txt" || lab_fail "target not discovered"
+    lab_iser_node "$ip" "$iqn"
+    # Reconnect quickly after a target restart.
+    iscsiadm "${node[@]}" --op update -n node.session.timeo.replacement_timeout -v 60
+    iscsiadm "${node[@]}" --login
+    iscsiadm -m session -P 1 | tee "$LAB_OUT/session.txt"
+    grep -q 'Iface Transport: iser' "$LAB_OUT/session.txt" || lab_fail "session is not on iser"
+    dev=$(lab_iscsi_disk "$ip" "$iqn" 0 60) || lab_fail "no disk for LUN 0"
+    name=${dev#/dev/}
+    bytes=$(($(cat "/sys/class/block/$name/size") * 512))
+    lab_step "disk $dev: $bytes bytes"
+    ((bytes == want)) || lab_fail "disk size $bytes, expected $want"
+    lab_step "iSER: ext4 and files, fio verify"
+    lab_files_create "$dev" 64M
+    lab_files_verify "$dev" "over iSER"
+    for bs in 4k 64k 1m; do
+        lab_fio_verify "$dev" "iser-randwrite-$bs" randwrite "$bs" 16 96m 8m
+    done
+    lab_fio_verify "$dev" iser-randrw-4k-qd64 randrw 4k 64 112m 4m
+    lab_resets_under_fio "$dev" iser-resets 120m -d -t
+    iscsiadm "${node[@]}" --logout
+    lab_retry 30 bash -c "! test -e /sys/class/block/$name" || lab_fail "disk still present after logout"
+
+    lab_step "SRP: add_target $srp"
+    lab_srp_add_target "$srp" || lab_fail "add_target failed"
+    dev=$(lab_wwn_disk "$wwn" 60) || lab_fail "no SRP disk with WWN $wwn"
+    lab_step "SRP: the files written over iSER, fio verify"
+    lab_files_verify "$dev" "over SRP, written over iSER"
+    for bs in 4k 64k 1m; do
+        lab_fio_verify "$dev" "srp-randwrite-$bs" randwrite "$bs" 16 128m 8m
+    done
+    lab_fio_verify "$dev" srp-randrw-4k-qd64 randrw 4k 64 144m 4m
+    lab_resets_under_fio "$dev" srp-resets 152m -d
+    LAB_SRP_DEV=$dev
+}

@@ -38,7 +38,8 @@ say() { printf '%s [host] %s\n' "$(date +%H:%M:%S)" "$*"; }
 have() { declare -F "$1" >/dev/null; }
 
 mkdir -p "$LAB_SHARE/lib" "$LAB_SHARE/scenario" "$LAB_EVENTS" "$LAB_SHARE/out"
-cp "$LAB_DIR/lib/events.sh" "$LAB_DIR/lib/guest-lib.sh" "$LAB_DIR/lib/guest-run.sh" "$LAB_SHARE/lib/"
+cp "$LAB_DIR/lib/events.sh" "$LAB_DIR/lib/guest-lib.sh" "$LAB_DIR/lib/guest-run.sh" \
+    "$LAB_DIR/lib/lio.sh" "$LAB_SHARE/lib/"
 # -L: a scenario may share its scripts with another through symbolic links.
 cp -aL "$SCEN_DIR/." "$LAB_SHARE/scenario/"
 {

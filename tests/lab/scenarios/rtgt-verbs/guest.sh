@@ -1,7 +1,8 @@
 #!/bin/bash
 # rtgtd inside the guest on rxe0 through the verbs provider (rdma-core), the guest's kernel
-# initiators against it over rxe: iSER login, ext4 files and fio verify; the same files read
-# back over SRP (ib_srp), fio verify, kill -9 of rtgtd under fio and a restart with ib_srp
+# initiators against it over rxe (lab_rdma_loopback, which LIO passes in lio-verbs): iSER login,
+# ext4 files, fio verify and resets under fio; the same files read back over SRP (ib_srp), fio
+# verify and a LOGICAL UNIT RESET under fio; kill -9 of rtgtd under fio and a restart with ib_srp
 # reconnecting and the verify passing; kill -9 under a logged-in iSER session and a restart,
 # iscsid reconnecting with the data intact; then the host's soft-RoCE initiators
 # bench against it (host_run) and rtgtd stops cleanly.
@@ -43,41 +44,8 @@ fi
 srp_target=$(grep -o "id_ext=[0-9a-f]*,ioc_guid=[0-9a-f]*,dest=$ip:5555" "$LAB_OUT/rtgtd.log" | tail -1)
 [[ -n $srp_target ]] || lab_fail "no SRP add_target string in rtgtd's log"
 
-lab_step "iSER: discovery and login over rxe0"
-echo "InitiatorName=iqn.2025-01.io.rtgt.lab:verbs-guest" >/etc/iscsi/initiatorname.iscsi
-iscsid
-iscsiadm -m discovery -t sendtargets -p "$ip" | tee "$LAB_OUT/discovery.txt"
-grep -q "$ip:3260,1 $TARGET_IQN" "$LAB_OUT/discovery.txt" || lab_fail "target not discovered"
-lab_iser_node "$ip" "$TARGET_IQN"
-# Reconnect quickly after the kill -9 below.
-iscsiadm "${node[@]}" --op update -n node.session.timeo.replacement_timeout -v 60
-iscsiadm "${node[@]}" --login
-iscsiadm -m session -P 1 | tee "$LAB_OUT/session.txt"
-grep -q 'Iface Transport: iser' "$LAB_OUT/session.txt" || lab_fail "session is not on iser"
-dev=$(lab_iscsi_disk "$ip" "$TARGET_IQN" 0 60) || lab_fail "no disk for LUN 0"
-name=${dev#/dev/}
-bytes=$(($(cat "/sys/class/block/$name/size") * 512))
-lab_step "disk $dev: $bytes bytes"
-((bytes == DISK_BYTES)) || lab_fail "disk size $bytes, expected $DISK_BYTES"
-lab_step "iSER: ext4 and files, fio verify"
-lab_files_create "$dev" 64M
-lab_files_verify "$dev" "over iSER"
-for bs in 4k 64k 1m; do
-    lab_fio_verify "$dev" "iser-randwrite-$bs" randwrite "$bs" 16 96m 8m
-done
-lab_fio_verify "$dev" iser-randrw-4k-qd64 randrw 4k 64 112m 4m
-iscsiadm "${node[@]}" --logout
-lab_retry 30 bash -c "! test -e /sys/class/block/$name" || lab_fail "disk still present after logout"
-
-lab_step "SRP: add_target $srp_target"
-lab_srp_add_target "$srp_target" || lab_fail "add_target failed"
-dev=$(lab_wwn_disk "$DISK_WWN" 60) || lab_fail "no SRP disk with WWN $DISK_WWN"
-lab_step "SRP: the files written over iSER, fio verify"
-lab_files_verify "$dev" "over SRP, written over iSER"
-for bs in 4k 64k 1m; do
-    lab_fio_verify "$dev" "srp-randwrite-$bs" randwrite "$bs" 16 128m 8m
-done
-lab_fio_verify "$dev" srp-randrw-4k-qd64 randrw 4k 64 144m 4m
+lab_rdma_loopback "$ip" "$TARGET_IQN" "$srp_target" "$DISK_WWN" "$DISK_BYTES"
+dev=$LAB_SRP_DEV
 
 lab_step "SRP: kill -9 of rtgtd under fio, restart, ib_srp reconnects, verify passes"
 port=$(echo /sys/class/srp_remote_ports/port-*)

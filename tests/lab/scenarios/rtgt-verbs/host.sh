@@ -68,6 +68,13 @@ host_run() {
     : >"$LAB_RESULTS/bench.txt"
     local iser=("$BIN/rtgt-iscsi" --iser "$LAB_HOST_IP" --eth-mtu "$LAB_MTU")
     local srpc=("$BIN/rtgt-srp" --local "$LAB_HOST_IP" --eth-mtu "$LAB_MTU" --lun 0)
+    # Session reinstatement: a second login with the same ISID ends the first session (its
+    # READs in flight fail, its QP is torn down on verbs) and the second one serves.
+    timeout 60 "${iser[@]}" reinstate --url "$url" | tee "$LAB_RESULTS/reinstate.txt" || rc=1
+    grep -q '^reinstated:' "$LAB_RESULTS/reinstate.txt" || {
+        echo "no reinstatement"
+        rc=1
+    }
     bench iser-randwrite-4k "${iser[@]}" bench --url "$url" --rw randwrite --bs 4k --iodepth 16 --seconds 5 || rc=1
     bench iser-randread-4k "${iser[@]}" bench --url "$url" --rw randread --bs 4k --iodepth 16 --seconds 5 || rc=1
     bench iser-read-128k "${iser[@]}" bench --url "$url" --rw read --bs 128k --iodepth 4 --seconds 5 || rc=1

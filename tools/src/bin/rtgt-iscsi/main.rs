@@ -93,6 +93,13 @@ enum Cmd {
         #[arg(long, default_value_t = 10)]
         seconds: u64,
     },
+    /// Session reinstatement, as an initiator that lost its connection performs it: logs in,
+    /// keeps READs in flight, logs in again with the same initiator name and ISID; the target
+    /// must end the first session (its commands fail, it does not hang) and serve the second.
+    Reinstate {
+        #[arg(long)]
+        url: String,
+    },
     /// Power-cut tests: write a pattern with flushes and log the acknowledgements, then check
     /// what survived.
     #[command(subcommand)]
@@ -141,40 +148,130 @@ fn login_config(cli: &Cli, url: Option<&IscsiUrl>) -> LoginConfig {
     }
 }
 
-/// A session and, for iSER, the device it runs on (kept as long as the session).
+/// Where sessions of one URL log in: its address and, for iSER, the device they run on
+/// (kept as long as the sessions).
+struct Portal {
+    u: IscsiUrl,
+    addr: std::net::SocketAddr,
+    rdma: Option<(Hca, rtgt_transport::verbs::Pd)>,
+}
+
+impl Portal {
+    async fn new(cli: &Cli, url: &str) -> Result<Portal, IscsiError> {
+        let u: IscsiUrl = url.parse()?;
+        let addr = initiator::resolve(&u.host, u.port).await?;
+        let rdma = match cli.iser {
+            None => None,
+            Some(local) => {
+                let mut hc = HcaConfig::new(vec![local]);
+                hc.eth_mtu = cli.eth_mtu;
+                hc.busy_poll = std::time::Duration::from_micros(cli.busy_poll);
+                let hca =
+                    Hca::open(&hc).map_err(|e| IscsiError::Address(format!("RDMA device: {e}")))?;
+                let pd = hca
+                    .device()
+                    .alloc_pd()
+                    .map_err(|_| IscsiError::Protocol("RDMA protection domain"))?;
+                Some((hca, pd))
+            }
+        };
+        Ok(Portal { u, addr, rdma })
+    }
+
+    /// Logs in with `cfg` and clears unit attentions (power on, reset) before real work.
+    async fn login(&self, cfg: LoginConfig) -> Result<Session, IscsiError> {
+        let s = match &self.rdma {
+            None => Session::connect(self.addr, cfg).await?,
+            Some((hca, pd)) => Session::connect_iser_cm(hca.cm(), pd, self.addr, cfg).await?,
+        };
+        for _ in 0..4 {
+            if s.command(self.u.lun, &[0u8; 6], None, 0).await?.is_good() {
+                break;
+            }
+        }
+        Ok(s)
+    }
+}
+
+/// A session and the portal it logged in through.
 struct Opened {
     s: Session,
     u: IscsiUrl,
-    _hca: Option<Hca>,
+    _portal: Portal,
 }
 
 async fn open(cli: &Cli, url: &str) -> Result<Opened, IscsiError> {
-    let u: IscsiUrl = url.parse()?;
-    let addr = initiator::resolve(&u.host, u.port).await?;
-    let cfg = login_config(cli, Some(&u));
-    let (s, hca) = match cli.iser {
-        None => (Session::connect(addr, cfg).await?, None),
-        Some(local) => {
-            let mut hc = HcaConfig::new(vec![local]);
-            hc.eth_mtu = cli.eth_mtu;
-            hc.busy_poll = std::time::Duration::from_micros(cli.busy_poll);
-            let hca =
-                Hca::open(&hc).map_err(|e| IscsiError::Address(format!("RDMA device: {e}")))?;
-            let pd = hca
-                .device()
-                .alloc_pd()
-                .map_err(|_| IscsiError::Protocol("RDMA protection domain"))?;
-            let s = Session::connect_iser_cm(hca.cm(), &pd, addr, cfg).await?;
-            (s, Some(hca))
-        }
+    let portal = Portal::new(cli, url).await?;
+    let s = portal.login(login_config(cli, Some(&portal.u))).await?;
+    Ok(Opened {
+        s,
+        u: portal.u.clone(),
+        _portal: portal,
+    })
+}
+
+/// See [`Cmd::Reinstate`].
+async fn reinstate(cli: &Cli, url: &str) -> Result<(), IscsiError> {
+    const PATIENCE: std::time::Duration = std::time::Duration::from_secs(20);
+    let portal = Portal::new(cli, url).await?;
+    let lun = portal.u.lun;
+    let cfg = login_config(cli, Some(&portal.u));
+    let first = portal.login(cfg.clone()).await?;
+    let (bs, _) = capacity(&first, lun).await?;
+    // READs kept in flight on the first session until one fails.
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let reader = {
+        let (s, done) = (first.clone(), done.clone());
+        tokio::spawn(async move {
+            loop {
+                match s.command(lun, &rw16(0x88, 0, 8), None, bs * 8).await {
+                    Ok(r) if r.is_good() => {
+                        done.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    }
+                    Ok(r) => return format!("SCSI status 0x{:02x}", r.status),
+                    Err(e) => return e.to_string(),
+                }
+            }
+        })
     };
-    // Clear unit attentions (power on, reset) before real work.
-    for _ in 0..4 {
-        if s.command(u.lun, &[0u8; 6], None, 0).await?.is_good() {
-            break;
-        }
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    let before = done.load(std::sync::atomic::Ordering::Relaxed);
+    if before == 0 || reader.is_finished() {
+        return Err(IscsiError::Protocol(
+            "no READ completed on the first session",
+        ));
     }
-    Ok(Opened { s, u, _hca: hca })
+    let second = portal.login(cfg).await?;
+    let ended = tokio::time::timeout(PATIENCE, reader)
+        .await
+        .map_err(|_| IscsiError::Protocol("the first session still runs after reinstatement"))?
+        .map_err(|_| IscsiError::Protocol("reader task failed"))?;
+    let data = Bytes::from(vec![0xa5u8; (bs * 8) as usize]);
+    check(
+        &second
+            .command(lun, &rw16(0x8a, 64, 8), Some(data.clone()), 0)
+            .await?,
+    )?;
+    let r = second
+        .command(lun, &rw16(0x88, 64, 8), None, bs * 8)
+        .await?;
+    check(&r)?;
+    if r.data != data {
+        return Err(IscsiError::Protocol(
+            "the second session read back other data",
+        ));
+    }
+    println!(
+        "reinstated: first session (TSIH {}) ended after {} READs ({ended}); second session \
+         (TSIH {}) wrote and read back {} bytes",
+        first.tsih(),
+        done.load(std::sync::atomic::Ordering::Relaxed),
+        second.tsih(),
+        data.len()
+    );
+    first.disconnect().await;
+    let _ = second.logout().await;
+    Ok(())
 }
 
 /// READ CAPACITY(16): (block size, number of blocks).
@@ -326,6 +423,7 @@ async fn run(cli: Cli) -> Result<(), IscsiError> {
             let bs = parse_size(bs).map_err(IscsiError::Address)?;
             bench(&cli, url, *rw, bs, *iodepth, *seconds).await?;
         }
+        Cmd::Reinstate { url } => reinstate(&cli, url).await?,
         // Run by main: its errors are not iSCSI errors.
         Cmd::Durability(_) => {}
     }
