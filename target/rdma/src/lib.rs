@@ -1203,6 +1203,16 @@ mod tests {
         .unwrap_or_else(|_| panic!("timed out waiting for {what}"));
     }
 
+    /// Waits until [`post_write`]'s bytes are in `target` at `at`.
+    async fn landed(target: &Region, at: usize) {
+        let mut got = [0u8; 5];
+        until("the WRITEs to land", || {
+            target.read(at, &mut got);
+            &got == b"data!"
+        })
+        .await;
+    }
+
     #[tokio::test]
     async fn writes_and_the_response_after_them_cost_one_completion() {
         let (link, mut rx, pa, pb, _poller) = linked_pair_with(64);
@@ -1211,12 +1221,7 @@ mod tests {
         for i in 0..10 {
             post_write(&link, &target_mr, &source_mr, i * 8).await;
         }
-        let mut landed = [0u8; 5];
-        until("the WRITEs to land", || {
-            target.read(9 * 8, &mut landed);
-            &landed == b"data!"
-        })
-        .await;
+        landed(&target, 9 * 8).await;
         // Done, but unsignalled: nothing returned yet.
         assert_eq!((link.completions(), link.posted()), (0, 10));
         link.send(&[b"response"], None).await.unwrap();
@@ -1251,12 +1256,7 @@ mod tests {
         for i in 0..3 {
             post_write(&link, &target_mr, &source_mr, i * 8).await;
         }
-        let mut landed = [0u8; 5];
-        until("the WRITEs to land", || {
-            target.read(2 * 8, &mut landed);
-            &landed == b"data!"
-        })
-        .await;
+        landed(&target, 2 * 8).await;
         assert_eq!(link.posted(), 3);
         assert_eq!(Arc::strong_count(&source_mr), 4);
         // No completion will come for them: closing returns their credits and buffers.
@@ -1315,13 +1315,7 @@ mod tests {
     #[tokio::test]
     async fn held_sends_follow_the_writes_and_never_block_a_wait() {
         let (link, mut rx, pa, pb) = linked_pair();
-        let target = Arc::new(Region::zeroed(4096));
-        let target_mr = pb
-            .reg_mr(target.clone(), Access::LOCAL_WRITE | Access::REMOTE_WRITE)
-            .unwrap();
-        let source = Arc::new(Region::zeroed(4096));
-        source.write(0, b"data!");
-        let source_mr = Arc::new(Mr::Soft(pa.reg_mr(source, Access::LOCAL_WRITE).unwrap()));
+        let (target, target_mr, source_mr) = write_regions(&pa, &pb);
         let wait = Duration::from_secs(5);
         {
             let _batch = link.batch_sends();

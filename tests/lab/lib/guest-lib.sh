@@ -98,6 +98,20 @@ lab_iser_node() {
     iscsiadm -m node -T "$2" -p "$1" --op update -n iface.transport_name -v iser
 }
 
+# lab_iser_login PORTAL IQN BYTES: log in to the iser node record of IQN at PORTAL, check that
+# the session runs on iser and that LUN 0's disk has BYTES; the disk's path in LAB_DEV.
+lab_iser_login() {
+    local name bytes
+    iscsiadm -m node -T "$2" -p "$1" --login
+    iscsiadm -m session -P 1 | tee "$LAB_OUT/session.txt"
+    grep -q 'Iface Transport: iser' "$LAB_OUT/session.txt" || lab_fail "session is not on iser"
+    LAB_DEV=$(lab_iscsi_disk "$1" "$2" 0 60) || lab_fail "no disk for LUN 0"
+    name=${LAB_DEV#/dev/}
+    bytes=$(($(cat "/sys/class/block/$name/size") * 512))
+    lab_step "disk $LAB_DEV: $bytes bytes"
+    ((bytes == $3)) || lab_fail "disk size $bytes, expected $3"
+}
+
 # lab_srp_add_target OPTIONS [SRP_DEVICE]: log in to an SRP target through ib_srp
 # (`id_ext=...,ioc_guid=...,dest=IP:PORT[,...]` as written to add_target; default device
 # srp-rxe0-1). Returns the status of the write: ib_srp logs in before it returns. A target
@@ -201,7 +215,7 @@ lab_resets_under_fio() {
 # add_target string), the disk with NAA designator WWN holds the files written over iSER, fio
 # verify, LOGICAL UNIT RESET under fio. Leaves the SRP disk logged in: its path in LAB_SRP_DEV.
 lab_rdma_loopback() {
-    local ip=$1 iqn=$2 srp=$3 wwn=$4 want=$5 dev name bytes bs
+    local ip=$1 iqn=$2 srp=$3 wwn=$4 want=$5 dev name bs
     local node=(-m node -T "$iqn" -p "$ip")
     lab_step "iSER: discovery and login over rxe0"
     echo "InitiatorName=iqn.2025-01.io.rtgt.lab:verbs-guest" >/etc/iscsi/initiatorname.iscsi
@@ -211,14 +225,9 @@ lab_rdma_loopback() {
     lab_iser_node "$ip" "$iqn"
     # Reconnect quickly after a target restart.
     iscsiadm "${node[@]}" --op update -n node.session.timeo.replacement_timeout -v 60
-    iscsiadm "${node[@]}" --login
-    iscsiadm -m session -P 1 | tee "$LAB_OUT/session.txt"
-    grep -q 'Iface Transport: iser' "$LAB_OUT/session.txt" || lab_fail "session is not on iser"
-    dev=$(lab_iscsi_disk "$ip" "$iqn" 0 60) || lab_fail "no disk for LUN 0"
+    lab_iser_login "$ip" "$iqn" "$want"
+    dev=$LAB_DEV
     name=${dev#/dev/}
-    bytes=$(($(cat "/sys/class/block/$name/size") * 512))
-    lab_step "disk $dev: $bytes bytes"
-    ((bytes == want)) || lab_fail "disk size $bytes, expected $want"
     lab_step "iSER: ext4 and files, fio verify"
     lab_files_create "$dev" 64M
     lab_files_verify "$dev" "over iSER"

@@ -33,14 +33,9 @@ cat "$LAB_OUT/badlogin.txt"
 set_node node.session.auth.password "$CHAP_SECRET"
 
 lab_step "iSER login (CHAP)"
-iscsiadm "${node[@]}" --login
-iscsiadm -m session -P 1 | tee "$LAB_OUT/session.txt"
-grep -q 'Iface Transport: iser' "$LAB_OUT/session.txt" || lab_fail "session is not on iser"
-dev=$(lab_iscsi_disk "$portal" "$TARGET_IQN" 0 60) || lab_fail "no disk for LUN 0"
+lab_iser_login "$portal" "$TARGET_IQN" "$DISK_BYTES"
+dev=$LAB_DEV
 name=${dev#/dev/}
-bytes=$(($(cat "/sys/class/block/$name/size") * 512))
-lab_step "disk $dev: $bytes bytes"
-((bytes == DISK_BYTES)) || lab_fail "disk size $bytes, expected $DISK_BYTES"
 wwid=$(cat "/sys/class/block/$name/device/wwid")
 lab_step "wwid $wwid"
 [[ $wwid == "naa.$DISK_WWN" ]] || lab_fail "wwid $wwid, expected naa.$DISK_WWN"
