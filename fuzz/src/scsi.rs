@@ -66,8 +66,10 @@ impl Lab {
                     transport_id: transport_id(&initiator_port),
                     initiator_port,
                     target_port: "iqn.2025-01.io.rtgt:fuzz,t,0x0001".into(),
-                    relative_port: 1,
-                    port_group: 1,
+                    // Two target port groups of two ports each: SET TARGET PORT GROUPS
+                    // moves one nexus's group away from another's.
+                    relative_port: u16::from(id) + 1,
+                    port_group: u16::from(id) % 2 + 1,
                 }
             })
             .collect();
@@ -174,12 +176,12 @@ pub fn scsi_cdb(data: &[u8]) {
     lab.finish();
 }
 
-/// Parameter lists of PERSISTENT RESERVE OUT, UNMAP, MODE SELECT(6/10), EXTENDED COPY and
-/// SANITIZE through a SCSI `Device`: the CDB is well formed (its PARAMETER LIST LENGTH is
+/// Parameter lists of PERSISTENT RESERVE OUT, UNMAP, MODE SELECT(6/10), EXTENDED COPY,
+/// SANITIZE and SET TARGET PORT GROUPS through a SCSI `Device`: the CDB is well formed (its PARAMETER LIST LENGTH is
 /// the length of the data-out buffer), the parameter list is arbitrary. Same checks as
 /// [`scsi_cdb`], and none of these commands returns data-in.
 ///
-/// Input: up to 8 records of a 4-byte header — byte 0 the command (bits 0-5, mod 6) and the
+/// Input: up to 8 records of a 4-byte header — byte 0 the command (bits 0-5, mod 7) and the
 /// nexus (bits 6-7), byte 1 the PERSISTENT RESERVE OUT service action (bits 0-2) and type
 /// (bits 3-6), bytes 2-3 the parameter list length (little endian) — followed by the
 /// parameter list, cut short at the end of the input and at what the CDB field can express.
@@ -193,7 +195,7 @@ pub fn scsi_params(data: &[u8]) {
         let hdr = take(&mut rest, 4);
         let (sel, flags) = (hdr[0], hdr[1]);
         let want = usize::from(u16::from_le_bytes([hdr[2], hdr[3]]));
-        let (cdb, max_len): (Vec<u8>, usize) = match (sel & 0x3f) % 6 {
+        let (cdb, max_len): (Vec<u8>, usize) = match (sel & 0x3f) % 7 {
             // PERSISTENT RESERVE OUT: service action, scope LU, type.
             0 => (
                 vec![0x5f, flags & 0x07, (flags >> 3) & 0x0f, 0, 0, 0, 0, 0, 0, 0],
@@ -211,7 +213,9 @@ pub fn scsi_params(data: &[u8]) {
                 0xffff,
             ),
             // SANITIZE, OVERWRITE.
-            _ => (vec![0x48, 0x01, 0, 0, 0, 0, 0, 0, 0, 0], 0xffff),
+            5 => (vec![0x48, 0x01, 0, 0, 0, 0, 0, 0, 0, 0], 0xffff),
+            // SET TARGET PORT GROUPS.
+            _ => (vec![0xa4, 0x0a, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0], 0xffff),
         };
         let params = take(&mut rest, want.min(max_len));
         let mut cdb = cdb;
@@ -220,6 +224,7 @@ pub fn scsi_params(data: &[u8]) {
             0x5f => cdb[5..9].copy_from_slice(&(len as u32).to_be_bytes()),
             0x15 => cdb[4] = len as u8,
             0x83 => cdb[10..14].copy_from_slice(&(len as u32).to_be_bytes()),
+            0xa4 => cdb[6..10].copy_from_slice(&(len as u32).to_be_bytes()),
             _ => cdb[7..9].copy_from_slice(&(len as u16).to_be_bytes()),
         }
         let r = lab.execute(sel >> 6, cdb, params, 0);

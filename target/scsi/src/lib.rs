@@ -16,6 +16,7 @@
 //! per-command statistics it records. This crate depends on no fabric, transport or
 //! admin API crate.
 
+mod alua;
 pub mod cdb;
 pub mod core;
 mod lun_map;
@@ -42,6 +43,7 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use rtgt_backstore::{Backstore, BackstoreError, BufPool, IoBuf};
 
+pub use alua::{AccessState, AluaConfig, AluaError, PortGroup};
 pub use lun_map::{lun_from_bytes, lun_to_bytes};
 pub use ua::UnitAttention;
 pub use xcopy::DeviceRegistry;
@@ -256,6 +258,9 @@ pub struct DeviceConfig {
     /// Registry through which EXTENDED COPY resolves copy targets; the device registers
     /// itself in [`Device::new`].
     pub registry: Option<Arc<DeviceRegistry>>,
+    /// Target port groups and their access states (learned from the I_T nexuses when
+    /// none are configured).
+    pub alua: AluaConfig,
 }
 
 impl Default for DeviceConfig {
@@ -275,6 +280,7 @@ impl Default for DeviceConfig {
             sanitize_rate: DEFAULT_SANITIZE_RATE,
             pr_file: None,
             registry: None,
+            alua: AluaConfig::default(),
         }
     }
 }
@@ -310,6 +316,7 @@ struct DevState {
     loaded: bool,
     sanitize: sbc::SanitizeState,
     copies: xcopy::HeldResults,
+    alua: alua::Alua,
 }
 
 impl DevState {
@@ -390,6 +397,8 @@ pub struct Device {
     lbppb_exp: u8,
     num_blocks: AtomicU64,
     hw_read_only: bool,
+    /// TPGS of standard INQUIRY data ([`AluaConfig::tpgs`]).
+    tpgs: u8,
     state: Mutex<DevState>,
     range_lock: Arc<range_lock::RangeLock>,
     /// Ordering of the logical unit's task set ([`task`]).
@@ -523,6 +532,7 @@ impl Device {
             )));
         }
         let lbppb_exp = (pbs / bs).trailing_zeros() as u8;
+        config.alua.validate().map_err(ScsiError::InvalidConfig)?;
         let pr = match &config.pr_file {
             Some(p) => pr::load(p)?,
             None => pr::PrState::default(),
@@ -540,6 +550,7 @@ impl Device {
             lbppb_exp,
             num_blocks: AtomicU64::new(info.num_blocks),
             hw_read_only: info.read_only || config.read_only,
+            tpgs: config.alua.tpgs(),
             state: Mutex::new(DevState {
                 nexuses: HashMap::new(),
                 mode: defaults,
@@ -550,6 +561,7 @@ impl Device {
                 loaded: true,
                 sanitize: sbc::SanitizeState::default(),
                 copies: xcopy::HeldResults::default(),
+                alua: alua::Alua::new(&config.alua),
             }),
             range_lock: Arc::new(range_lock::RangeLock::with_exclusive_align(
                 (rtgt_backstore::PAGE / u64::from(bs)).max(1),
@@ -599,6 +611,7 @@ impl Device {
         match c.support {
             Support::Always => true,
             Support::Thin => self.thin(),
+            Support::ExplicitAlua => self.tpgs & 0x20 != 0,
         }
     }
 
@@ -729,6 +742,39 @@ impl Device {
         self.lock().mode.wce
     }
 
+    /// TPGS of standard INQUIRY data: 01b implicit, 10b explicit, 11b both.
+    pub fn tpgs(&self) -> u8 {
+        self.tpgs >> 4
+    }
+
+    /// The target port groups and their states now.
+    pub fn port_groups(&self) -> Vec<PortGroup> {
+        self.lock().alua.groups()
+    }
+
+    /// The access state of the target port group `nexus` comes through.
+    pub fn access_state(&self, nexus: &Nexus) -> AccessState {
+        self.lock().alua.state_of(nexus)
+    }
+
+    /// Changes the state (and, when given, the preferred bit) of target port group `group`
+    /// as an implicit transition (an administrator, a cluster manager): when the state
+    /// changed, every I_T nexus gets ASYMMETRIC ACCESS STATE CHANGED.
+    pub fn set_access_state(
+        &self,
+        group: u16,
+        state: AccessState,
+        preferred: Option<bool>,
+    ) -> Result<(), AluaError> {
+        let mut st = self.lock();
+        if st.alua.set_implicit(group, state, preferred)? {
+            st.post_all(UnitAttention::AsymmetricAccessChanged, None);
+            tracing::info!(device = %self.config.name, group, state = state.name(),
+                "target port group state set");
+        }
+        Ok(())
+    }
+
     /// Establishes REPORTED LUNS DATA HAS CHANGED for every I_T nexus.
     pub fn reported_luns_changed(&self) {
         self.lock()
@@ -839,6 +885,9 @@ impl Device {
         let desc = {
             let mut st = self.lock();
             let d_sense = st.mode.d_sense;
+            if !st.nexuses.contains_key(&nexus.id) {
+                st.alua.learn(nexus);
+            }
             let ns = st.nexuses.entry(nexus.id).or_insert_with(|| {
                 let mut ua = UaQueue::default();
                 ua.push(UnitAttention::PowerOn);
@@ -869,6 +918,9 @@ impl Device {
                 return (Err(Sense::invalid_cdb(0, None).into()), d_sense, None);
             }
             let cdb = &cmd.cdb[..desc.cdb_len()];
+            if let Some(s) = st.alua.state_of(nexus).refuses(desc) {
+                return (Err(s.into()), d_sense, None);
+            }
             if let Some(holder) = st.spc2 {
                 if holder != nexus.id && !desc.spc2_ok {
                     return (Err(Fail::Conflict), d_sense, None);
@@ -932,6 +984,8 @@ impl Device {
             Op::PrOut => spc::pr_out(ctx),
             Op::ReportSupportedOpcodes => spc::report_supported_opcodes(ctx),
             Op::ReportSupportedTmf => spc::report_supported_tmf(ctx),
+            Op::ReportTargetPortGroups => alua::report_target_port_groups(ctx),
+            Op::SetTargetPortGroups => alua::set_target_port_groups(ctx),
             Op::ReportLuns => Ok(lun_map::report_luns_single(ctx)),
             Op::ReadCapacity10 => sbc::read_capacity10(ctx),
             Op::ReadCapacity16 => sbc::read_capacity16(ctx),

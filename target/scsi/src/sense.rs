@@ -23,6 +23,14 @@ pub mod asc {
     pub type Code = (u8, u8);
     pub const NO_ADDITIONAL: Code = (0x00, 0x00);
     pub const NOT_READY_INIT_REQUIRED: Code = (0x04, 0x02);
+    /// LOGICAL UNIT NOT ACCESSIBLE, ASYMMETRIC ACCESS STATE TRANSITION.
+    pub const ALUA_TRANSITION: Code = (0x04, 0x0A);
+    /// LOGICAL UNIT NOT ACCESSIBLE, TARGET PORT IN STANDBY STATE.
+    pub const ALUA_STANDBY: Code = (0x04, 0x0B);
+    /// LOGICAL UNIT NOT ACCESSIBLE, TARGET PORT IN UNAVAILABLE STATE.
+    pub const ALUA_UNAVAILABLE: Code = (0x04, 0x0C);
+    /// LOGICAL UNIT NOT READY, OFFLINE.
+    pub const LU_OFFLINE: Code = (0x04, 0x12);
     pub const SANITIZE_IN_PROGRESS: Code = (0x04, 0x1B);
     pub const NOT_READY_TO_READY_CHANGE: Code = (0x28, 0x00);
     pub const SANITIZE_COMMAND_FAILED: Code = (0x31, 0x03);
@@ -55,6 +63,7 @@ pub mod asc {
     pub const RESERVATIONS_RELEASED: Code = (0x2A, 0x04);
     pub const REGISTRATIONS_PREEMPTED: Code = (0x2A, 0x05);
     pub const CAPACITY_DATA_CHANGED: Code = (0x2A, 0x09);
+    pub const ASYMMETRIC_ACCESS_STATE_CHANGED: Code = (0x2A, 0x06);
     pub const SAVING_PARAMS_NOT_SUPPORTED: Code = (0x39, 0x00);
     pub const REPORTED_LUNS_CHANGED: Code = (0x3F, 0x0E);
     pub const INTERNAL_TARGET_FAILURE: Code = (0x44, 0x00);

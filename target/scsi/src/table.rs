@@ -43,6 +43,8 @@ pub enum Op {
     GetLbaStatus,
     ReportSupportedOpcodes,
     ReportSupportedTmf,
+    ReportTargetPortGroups,
+    SetTargetPortGroups,
     ReportLuns,
     Sanitize,
 }
@@ -94,6 +96,8 @@ pub enum Support {
     Always,
     /// Only thin-provisioned logical units (LBPME=1).
     Thin,
+    /// Only logical units with a target port group that allows explicit changes.
+    ExplicitAlua,
 }
 
 #[derive(Debug)]
@@ -157,6 +161,11 @@ const fn spc2_ok(mut c: CmdDesc) -> CmdDesc {
 
 const fn thin(mut c: CmdDesc) -> CmdDesc {
     c.support = Support::Thin;
+    c
+}
+
+const fn explicit_alua(mut c: CmdDesc) -> CmdDesc {
+    c.support = Support::ExplicitAlua;
     c
 }
 
@@ -231,8 +240,10 @@ pub static TABLE: &[CmdDesc] = &[
     media(d(0x9e, Some(0x10), "READ CAPACITY(16)", Op::ReadCapacity16, &[0x9e, 0x10, L4, L4, L4, L4, L4, L4, L4, L4, 0xff, 0xff, 0xff, 0xff, 0x01, 0], In, Allowed)),
     media(d(0x9e, Some(0x12), "GET LBA STATUS", Op::GetLbaStatus, &[0x9e, 0x12, L4, L4, L4, L4, L4, L4, L4, L4, 0xff, 0xff, 0xff, 0xff, 0, 0], In, Read)),
     spc2_ok(d(0xa0, None, "REPORT LUNS", Op::ReportLuns, &[0xa0, 0, 0xff, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0, 0], In, Allowed)),
+    d(0xa3, Some(0x0a), "REPORT TARGET PORT GROUPS", Op::ReportTargetPortGroups, &[0xa3, 0xea, 0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0, 0], In, Allowed),
     d(0xa3, Some(0x0c), "REPORT SUPPORTED OPERATION CODES", Op::ReportSupportedOpcodes, &[0xa3, 0x0c, 0x87, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0, 0], In, Allowed),
     d(0xa3, Some(0x0d), "REPORT SUPPORTED TASK MANAGEMENT FUNCTIONS", Op::ReportSupportedTmf, &[0xa3, 0x0d, 0x80, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0, 0], In, Allowed),
+    explicit_alua(d(0xa4, Some(0x0a), "SET TARGET PORT GROUPS", Op::SetTargetPortGroups, &[0xa4, 0x0a, 0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0, 0], Out, Write)),
     media(d(0xa8, None, "READ(12)", Op::Read, &[0xa8, 0x1a, L4, L4, L4, L4, 0xff, 0xff, 0xff, 0xff, 0x1f, 0], In, Read)),
     media(d(0xaa, None, "WRITE(12)", Op::Write, &[0xaa, 0x1a, L4, L4, L4, L4, 0xff, 0xff, 0xff, 0xff, 0x1f, 0], Out, Write)),
     media(d(0xae, None, "WRITE AND VERIFY(12)", Op::WriteAndVerify, &[0xae, 0x16, L4, L4, L4, L4, 0xff, 0xff, 0xff, 0xff, 0x1f, 0], Out, Write)),
@@ -248,6 +259,7 @@ pub fn param_list_len(desc: &CmdDesc, cdb: &[u8]) -> Option<u32> {
         (Op::ModeSelect, 0x15) => field::ALLOC6,
         (Op::ModeSelect, _) | (Op::Unmap, _) | (Op::Sanitize, _) => field::PARAM_LEN10,
         (Op::PrOut, _) => field::PR_PARAM_LEN,
+        (Op::SetTargetPortGroups, _) => field::ALLOC12,
         (Op::ExtendedCopy, _) => field::XCOPY_PARAM_LEN,
         _ => return None,
     };

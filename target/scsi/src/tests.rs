@@ -2587,3 +2587,287 @@ async fn random_cdbs_never_panic() {
         }
     }
 }
+
+// --- Asymmetric logical unit access ---
+
+/// A nexus through target port group `group` and relative target port `port`.
+fn nx_port(id: u64, group: u16, port: u16) -> Nexus {
+    Nexus {
+        relative_port: port,
+        port_group: group,
+        ..nx(id)
+    }
+}
+
+/// Groups 1 (port 1, active/optimized, preferred) and 2 (port 2, standby), both allowing
+/// implicit and explicit changes.
+fn alua_cfg() -> DeviceConfig {
+    let g = |id: u16, state| PortGroup {
+        id,
+        relative_ports: vec![id],
+        state,
+        preferred: id == 1,
+        implicit: true,
+        explicit: true,
+    };
+    DeviceConfig {
+        alua: AluaConfig {
+            groups: vec![
+                g(1, AccessState::ActiveOptimized),
+                g(2, AccessState::Standby),
+            ],
+            transition_secs: 30,
+        },
+        ..cfg()
+    }
+}
+
+const RTPG_EXT: [u8; 12] = [0xa3, 0x2a, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0];
+const READ10: [u8; 10] = [0x28, 0, 0, 0, 0, 0, 0, 0, 1, 0];
+
+/// (group, state code, PREF, status code, relative ports) of each descriptor of extended
+/// REPORT TARGET PORT GROUPS data.
+fn rtpg_groups(d: &[u8]) -> Vec<(u16, u8, bool, u8, Vec<u16>)> {
+    assert_eq!(d[4] & 0x70, 0x10, "extended header");
+    let mut out = Vec::new();
+    let mut at = 8;
+    while at + 8 <= d.len() {
+        let n = d[at + 7] as usize;
+        let ports = (0..n)
+            .map(|i| u16::from_be_bytes([d[at + 10 + 4 * i], d[at + 11 + 4 * i]]))
+            .collect();
+        out.push((
+            u16::from_be_bytes([d[at + 2], d[at + 3]]),
+            d[at] & 0x0f,
+            d[at] & 0x80 != 0,
+            d[at + 5],
+            ports,
+        ));
+        at += 8 + 4 * n;
+    }
+    out
+}
+
+fn stpg(descs: &[(u8, u16)]) -> (Vec<u8>, Vec<u8>) {
+    let mut p = vec![0u8; 4];
+    for (state, group) in descs {
+        p.extend_from_slice(&[*state, 0]);
+        p.extend_from_slice(&group.to_be_bytes());
+    }
+    let mut cdb = vec![0xa4, 0x0a, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+    cdb[6..10].copy_from_slice(&(p.len() as u32).to_be_bytes());
+    (cdb, p)
+}
+
+#[tokio::test]
+async fn alua_groups_are_learned_from_the_nexuses_when_none_are_configured() {
+    let dev = make(cfg());
+    let (a, b) = (nx_port(1, 1, 1), nx_port(2, 2, 5));
+    ready(&dev, &a).await;
+    ready(&dev, &b).await;
+    let r = run(&dev, &a, &[0x12, 0, 0, 0, 96, 0], None, 96).await;
+    assert_eq!(data(&r)[5] & 0x30, 0x30, "TPGS: implicit and explicit");
+    let r = run(&dev, &a, &RTPG_EXT, None, 256).await;
+    good(&r);
+    assert_eq!(
+        rtpg_groups(&data(&r)),
+        [(1, 0, false, 0, vec![1]), (2, 0, false, 0, vec![5])]
+    );
+    // The length-only format: the same descriptors after a 4-byte header.
+    let length_only = [0xa3, 0x0a, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0];
+    let r2 = run(&dev, &a, &length_only, None, 256).await;
+    assert_eq!(&data(&r2)[4..], &data(&r)[8..]);
+    // A format this device server does not know.
+    let bad_format = [0xa3, 0x4a, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0];
+    let r = run(&dev, &a, &bad_format, None, 256).await;
+    invalid_cdb(&r);
+}
+
+#[tokio::test]
+async fn standby_and_the_other_states_refuse_what_spc_says_with_the_exact_sense() {
+    let dev = make(alua_cfg());
+    let (a, b) = (nx_port(1, 1, 1), nx_port(2, 2, 2));
+    ready(&dev, &a).await;
+    good(&run(&dev, &a, &READ10, None, 512).await);
+    // B's first command reports the power-on unit attention, then the state's sense.
+    let r = run(&dev, &b, &[0; 6], None, 0).await;
+    check(&r, key::UNIT_ATTENTION, asc::POWER_ON_RESET);
+    let standby = (key::NOT_READY, asc::ALUA_STANDBY);
+    check(&run(&dev, &b, &[0; 6], None, 0).await, standby.0, standby.1);
+    check(
+        &run(&dev, &b, &READ10, None, 512).await,
+        standby.0,
+        standby.1,
+    );
+    let write = [0x2a, 0, 0, 0, 0, 0, 0, 0, 1, 0];
+    check(
+        &run(&dev, &b, &write, Some(&[7u8; 512]), 0).await,
+        standby.0,
+        standby.1,
+    );
+    // Standby answers INQUIRY, READ CAPACITY, REPORT TARGET PORT GROUPS and PR IN.
+    good(&run(&dev, &b, &[0x12, 0, 0, 0, 96, 0], None, 96).await);
+    good(
+        &run(
+            &dev,
+            &b,
+            &[0x9e, 0x10, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 32, 0, 0],
+            None,
+            32,
+        )
+        .await,
+    );
+    good(&run(&dev, &b, &RTPG_EXT, None, 256).await);
+    good(&run(&dev, &b, &[0x5e, 0, 0, 0, 0, 0, 0, 0x20, 0, 0], None, 32).await);
+    let r = run(&dev, &b, &RTPG_EXT, None, 256).await;
+    let d = data(&r);
+    assert_eq!(d[5], 30, "implicit transition time");
+    assert_eq!(
+        rtpg_groups(&d),
+        [(1, 0x0, true, 0, vec![1]), (2, 0x2, false, 0, vec![2])]
+    );
+
+    // Implicit changes (the API): every nexus hears of them, and each state answers with
+    // its own sense.
+    for (state, sense) in [
+        (AccessState::Unavailable, asc::ALUA_UNAVAILABLE),
+        (AccessState::Transitioning, asc::ALUA_TRANSITION),
+        (AccessState::Offline, asc::LU_OFFLINE),
+    ] {
+        dev.set_access_state(2, state, None).unwrap();
+        for n in [&a, &b] {
+            let r = run(&dev, n, &READ10, None, 512).await;
+            check(
+                &r,
+                key::UNIT_ATTENTION,
+                asc::ASYMMETRIC_ACCESS_STATE_CHANGED,
+            );
+        }
+        good(&run(&dev, &a, &READ10, None, 512).await);
+        check(
+            &run(&dev, &b, &READ10, None, 512).await,
+            key::NOT_READY,
+            sense,
+        );
+        // Unavailable also refuses READ CAPACITY; every state answers INQUIRY and RTPG.
+        let rc = run(&dev, &b, &[0x25, 0, 0, 0, 0, 0, 0, 0, 0, 0], None, 8).await;
+        check(&rc, key::NOT_READY, sense);
+        good(&run(&dev, &b, &RTPG_EXT, None, 256).await);
+    }
+    let r = run(&dev, &a, &RTPG_EXT, None, 256).await;
+    assert_eq!(rtpg_groups(&data(&r))[1].3, 2, "status: altered implicitly");
+    // The same state again changes nothing and tells nobody.
+    dev.set_access_state(2, AccessState::Offline, None).unwrap();
+    good(&run(&dev, &a, &READ10, None, 512).await);
+    assert_eq!(
+        dev.set_access_state(9, AccessState::Standby, None),
+        Err(AluaError::UnknownGroup(9))
+    );
+
+    // A port in no configured group is unavailable.
+    let c = nx_port(3, 7, 7);
+    let r = run(&dev, &c, &[0; 6], None, 0).await;
+    check(&r, key::UNIT_ATTENTION, asc::POWER_ON_RESET);
+    let r = run(&dev, &c, &READ10, None, 512).await;
+    check(&r, key::NOT_READY, asc::ALUA_UNAVAILABLE);
+}
+
+#[tokio::test]
+async fn set_target_port_groups_switches_the_owner_and_tells_the_other_nexuses() {
+    let dev = make(alua_cfg());
+    let (a, b) = (nx_port(1, 1, 1), nx_port(2, 2, 2));
+    ready(&dev, &a).await;
+    let r = run(&dev, &b, &[0; 6], None, 0).await;
+    check(&r, key::UNIT_ATTENTION, asc::POWER_ON_RESET);
+    // B (standby) moves the logical unit to its own group.
+    let (cdb, p) = stpg(&[(0x2, 1), (0x0, 2)]);
+    good(&run(&dev, &b, &cdb, Some(&p), 0).await);
+    good(&run(&dev, &b, &READ10, None, 512).await);
+    let r = run(&dev, &a, &READ10, None, 512).await;
+    check(
+        &r,
+        key::UNIT_ATTENTION,
+        asc::ASYMMETRIC_ACCESS_STATE_CHANGED,
+    );
+    check(
+        &run(&dev, &a, &READ10, None, 512).await,
+        key::NOT_READY,
+        asc::ALUA_STANDBY,
+    );
+    let r = run(&dev, &a, &RTPG_EXT, None, 256).await;
+    assert_eq!(
+        rtpg_groups(&data(&r)),
+        [(1, 0x2, true, 1, vec![1]), (2, 0x0, false, 1, vec![2])]
+    );
+}
+
+#[tokio::test]
+async fn set_target_port_groups_refuses_bad_lists_and_changes_nothing() {
+    let dev = make(alua_cfg());
+    let a = nx_port(1, 1, 1);
+    ready(&dev, &a).await;
+    let before = data(&run(&dev, &a, &RTPG_EXT, None, 256).await);
+    let param = |at: usize| (key::ILLEGAL_REQUEST, asc::INVALID_FIELD_IN_PARAM_LIST, at);
+    for (descs, why) in [
+        (vec![(0x0, 2), (0x2, 9)], param(10)), // an unknown group after a valid one
+        (vec![(0xf, 2)], param(4)),            // transitioning cannot be asked for
+        (vec![(0x4, 2)], param(4)),            // logical block dependent: unsupported
+        (vec![(0x7, 1)], param(4)),            // reserved state
+    ] {
+        let (cdb, p) = stpg(&descs);
+        let r = run(&dev, &a, &cdb, Some(&p), 0).await;
+        let (k, c, q) = sense_of(&r);
+        assert_eq!((k, (c, q)), (why.0, why.1), "{descs:?}");
+        let s = r.sense.as_ref().unwrap();
+        // SKSV with the field pointer of the offending byte.
+        assert_eq!(s[15] & 0x80, 0x80);
+        assert_eq!(
+            u16::from_be_bytes([s[16], s[17]]) as usize,
+            why.2,
+            "{descs:?}"
+        );
+    }
+    // A list that ends inside a descriptor, or shorter than it says.
+    let (mut cdb, p) = stpg(&[(0x0, 2)]);
+    cdb[9] = 6;
+    let r = run(&dev, &a, &cdb, Some(&p[..6]), 0).await;
+    check(&r, key::ILLEGAL_REQUEST, asc::PARAMETER_LIST_LENGTH_ERROR);
+    cdb[9] = 12;
+    let r = run(&dev, &a, &cdb, Some(&p), 0).await;
+    check(&r, key::ILLEGAL_REQUEST, asc::PARAMETER_LIST_LENGTH_ERROR);
+    // A zero-length list is no change.
+    cdb[9] = 0;
+    good(&run(&dev, &a, &cdb, None, 0).await);
+    assert_eq!(data(&run(&dev, &a, &RTPG_EXT, None, 256).await), before);
+}
+
+#[tokio::test]
+async fn groups_without_explicit_changes_have_no_set_target_port_groups() {
+    let mut c = alua_cfg();
+    for g in &mut c.alua.groups {
+        g.explicit = false;
+    }
+    let dev = make(c);
+    let a = nx_port(1, 1, 1);
+    ready(&dev, &a).await;
+    let r = run(&dev, &a, &[0x12, 0, 0, 0, 96, 0], None, 96).await;
+    assert_eq!(data(&r)[5] & 0x30, 0x10, "TPGS: implicit only");
+    let (cdb, p) = stpg(&[(0x2, 1)]);
+    let r = run(&dev, &a, &cdb, Some(&p), 0).await;
+    check(&r, key::ILLEGAL_REQUEST, asc::INVALID_FIELD_IN_CDB);
+    // One group that refuses explicit changes among others that allow them.
+    let mut c = alua_cfg();
+    c.alua.groups[1].explicit = false;
+    let dev = make(c);
+    ready(&dev, &a).await;
+    let (cdb, p) = stpg(&[(0x0, 2)]);
+    let r = run(&dev, &a, &cdb, Some(&p), 0).await;
+    check(&r, key::ILLEGAL_REQUEST, asc::INVALID_FIELD_IN_PARAM_LIST);
+    // Duplicate groups or ports in the configuration are refused at creation.
+    let mut c = alua_cfg();
+    c.alua.groups[1].relative_ports = vec![1];
+    assert!(matches!(
+        Device::new(ram(), BufPool::new(1 << 20), c),
+        Err(ScsiError::InvalidConfig(_))
+    ));
+}

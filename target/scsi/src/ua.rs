@@ -29,6 +29,8 @@ pub enum UnitAttention {
     RegistrationsPreempted,
     /// CAPACITY DATA HAS CHANGED (2Ah/09h).
     CapacityChanged,
+    /// ASYMMETRIC ACCESS STATE CHANGED (2Ah/06h): a target port group changed state.
+    AsymmetricAccessChanged,
     /// REPORTED LUNS DATA HAS CHANGED (3Fh/0Eh).
     ReportedLunsChanged,
 }
@@ -46,6 +48,7 @@ impl UnitAttention {
             UnitAttention::ReservationsReleased => asc::RESERVATIONS_RELEASED,
             UnitAttention::RegistrationsPreempted => asc::REGISTRATIONS_PREEMPTED,
             UnitAttention::CapacityChanged => asc::CAPACITY_DATA_CHANGED,
+            UnitAttention::AsymmetricAccessChanged => asc::ASYMMETRIC_ACCESS_STATE_CHANGED,
             UnitAttention::ReportedLunsChanged => asc::REPORTED_LUNS_CHANGED,
         }
     }

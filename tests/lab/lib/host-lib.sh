@@ -33,6 +33,28 @@ lab_skip() {
     exit 77
 }
 
+# lab_rtgt_bin [--share] TOOL...: the rtgt tools a scenario's host side runs must be next to
+# RTGTD (the scenario is skipped when RTGTD names no binary); writes BIN=<that directory> to
+# $LAB_WORK/bin.env for host_run to source. --share also copies rtgtd into the guest's share
+# (/lab/bin/rtgtd).
+lab_rtgt_bin() {
+    local share=0 dir b
+    [[ ${1:-} == --share ]] && { share=1; shift; }
+    [[ -x ${RTGTD:-} ]] || lab_skip "RTGTD does not name the rtgtd binary"
+    dir=$(dirname "$RTGTD")
+    for b in "$@"; do
+        [[ -x $dir/$b ]] || {
+            echo "no $b next to rtgtd"
+            return 1
+        }
+    done
+    echo "BIN=$dir" >"$LAB_WORK/bin.env"
+    if ((share)); then
+        mkdir -p "$LAB_SHARE/bin"
+        cp "$RTGTD" "$LAB_SHARE/bin/rtgtd"
+    fi
+}
+
 # lab_report TEXT: a line printed by run.sh under the scenario's PASS/FAIL line.
 lab_report() {
     printf '%s\n' "$*" >>"$LAB_RESULTS/report"

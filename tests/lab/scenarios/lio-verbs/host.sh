@@ -9,14 +9,7 @@ LIO_SERIAL=aabbccdd001122334455667788
 LIO_WWN=6001405aabbccdd00112233445566778
 
 host_setup() {
-    [[ -x ${RTGTD:-} ]] || lab_skip "RTGTD does not name the rtgtd binary"
-    local bin
-    bin=$(dirname "$RTGTD")/rtgt-iscsi
-    [[ -x $bin ]] || {
-        echo "no rtgt-iscsi next to rtgtd"
-        return 1
-    }
-    echo "RTGT_ISCSI=$bin" >"$LAB_WORK/bin.env"
+    lab_rtgt_bin rtgt-iscsi || return 1
     lab_guest_export TARGET_IQN="$LIO_IQN" DISK_SERIAL="$LIO_SERIAL" DISK_WWN="$LIO_WWN" \
         DISK_BYTES=$((256 << 20))
 }
@@ -25,7 +18,7 @@ host_run() {
     lab_wait target-ready 500 || return 1
     # shellcheck source=/dev/null
     source "$LAB_WORK/bin.env"
-    timeout 60 "$RTGT_ISCSI" --iser "$LAB_HOST_IP" --eth-mtu "$LAB_MTU" \
+    timeout 60 "$BIN/rtgt-iscsi" --iser "$LAB_HOST_IP" --eth-mtu "$LAB_MTU" \
         reinstate --url "iscsi://$LAB_GUEST_IP:3260/$LIO_IQN/0" | tee "$LAB_RESULTS/reinstate.txt"
     grep -q '^reinstated:' "$LAB_RESULTS/reinstate.txt"
 }

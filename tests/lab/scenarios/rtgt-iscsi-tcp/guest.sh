@@ -1,6 +1,7 @@
 #!/bin/bash
 # open-iscsi against rtgtd: discovery, CHAP login, size and WWN, ext4 with checksummed files
-# across a remount, fio verify on the raw device, logout, mutual CHAP re-login with the data
+# across a remount, fio verify on the raw device, the path's target port group reported,
+# set to standby (READ refused with the standby sense) and back with sg_stpg, logout, mutual CHAP re-login with the data
 # still there, and rtgtd restarted twice (SIGTERM, kill -9) under the logged-in session.
 set -euo pipefail
 portal=$LAB_HOST_IP
@@ -69,6 +70,25 @@ for rw in randrw write; do
         done
     done
 done
+
+lab_step "ALUA: REPORT TARGET PORT GROUPS, SET TARGET PORT GROUPS to standby and back"
+echo "device handler: $(cat "/sys/class/block/$name/device/dh_state" 2>/dev/null || echo none)"
+read10=(28 00 00 00 00 00 00 00 01 00)
+sg_rtpg --decode "$dev" | tee "$LAB_OUT/rtpg.txt"
+grep -q 'target port group id : 0x1' "$LAB_OUT/rtpg.txt" || lab_fail "RTPG: no group 1"
+grep -qi 'access state : 0x00' "$LAB_OUT/rtpg.txt" || lab_fail "RTPG: group 1 not active/optimized"
+sg_stpg --standby "$dev" || lab_fail "SET TARGET PORT GROUPS (standby) failed"
+if sg_raw -r 512 "$dev" "${read10[@]}" >"$LAB_OUT/standby-read.txt" 2>&1; then
+    lab_fail "a READ on a standby path succeeded"
+fi
+cat "$LAB_OUT/standby-read.txt"
+grep -qi 'standby' "$LAB_OUT/standby-read.txt" || lab_fail "no standby sense for a READ"
+sg_stpg --optimized "$dev" || lab_fail "SET TARGET PORT GROUPS (active/optimized) failed"
+sg_raw -r 512 "$dev" "${read10[@]}" >/dev/null 2>&1 || lab_fail "READ after returning to active/optimized"
+sg_rtpg --decode "$dev" | tee "$LAB_OUT/rtpg-after.txt"
+grep -qi 'access state : 0x00' "$LAB_OUT/rtpg-after.txt" || lab_fail "RTPG: not back to active/optimized"
+grep -qi 'status code : 0x01' "$LAB_OUT/rtpg-after.txt" || lab_fail "RTPG: no 'altered by SET TARGET PORT GROUPS'"
+lab_files_verify "$dev" "after standby and back"
 
 lab_step "logout"
 iscsiadm "${node[@]}" --logout

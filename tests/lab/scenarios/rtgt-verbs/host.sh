@@ -7,18 +7,7 @@ VERBS_IQN=iqn.2025-01.io.rtgt.lab:verbs
 VERBS_WWN=6001405aabbccdd0011223344556677c
 
 host_setup() {
-    [[ -x ${RTGTD:-} ]] || lab_skip "RTGTD does not name the rtgtd binary"
-    local dir
-    dir=$(dirname "$RTGTD")
-    for b in rtgt-iscsi rtgt-srp; do
-        [[ -x $dir/$b ]] || {
-            echo "no $b next to rtgtd"
-            return 1
-        }
-    done
-    echo "BIN=$dir" >"$LAB_WORK/bin.env"
-    mkdir -p "$LAB_SHARE/bin"
-    cp "$RTGTD" "$LAB_SHARE/bin/rtgtd"
+    lab_rtgt_bin --share rtgt-iscsi rtgt-srp || return 1
     cat >"$LAB_SHARE/rtgt.yaml" <<YAML
 backstores:
   - {name: disk, type: file, path: disk.img, size: 256MiB, block_size: 512,

@@ -16,18 +16,8 @@ ROWS=(
 )
 
 host_setup() {
-    [[ -x ${RTGTD:-} ]] || lab_skip "RTGTD does not name the rtgtd binary"
-    local dir p
-    dir=$(dirname "$RTGTD")
-    for b in rtgt-iscsi rtgt-srp; do
-        [[ -x $dir/$b ]] || {
-            echo "no $b next to rtgtd"
-            return 1
-        }
-    done
-    echo "BIN=$dir" >"$LAB_WORK/bin.env"
-    mkdir -p "$LAB_SHARE/bin"
-    cp "$RTGTD" "$LAB_SHARE/bin/rtgtd"
+    local p
+    lab_rtgt_bin --share rtgt-iscsi rtgt-srp || return 1
     for p in soft verbs; do
         cat >"$LAB_SHARE/rtgt-$p.yaml" <<YAML
 backstores:
