@@ -338,11 +338,11 @@ pub struct Link {
     /// RDMA READs in flight.
     reads: Semaphore,
     ops: Mutex<Ops>,
-    /// Posted, not yet retired, in posting order; taken around every post.
+    /// Posted, not yet retired, in posting order ([`Link::posted`] is its length); taken
+    /// around every post.
     order: Mutex<Order>,
     /// See [`Link::signal_every`].
     signal_every: u32,
-    posted: AtomicUsize,
     /// Send completions handled.
     completions: AtomicUsize,
     closing: AtomicBool,
@@ -410,7 +410,6 @@ impl Link {
                 quiet: 0,
             }),
             signal_every: (r.send_queue / 4).clamp(1, SIGNAL_EVERY_MAX),
-            posted: AtomicUsize::new(0),
             completions: AtomicUsize::new(0),
             closing: AtomicBool::new(false),
             close_notify: Notify::new(),
@@ -470,7 +469,7 @@ impl Link {
         // Held SENDs never go out: their slots and credits return.
         let held = lock(&self.held).as_mut().map(std::mem::take);
         for wr in held.unwrap_or_default() {
-            self.unpost(wr.wr_id);
+            self.release(wr.wr_id, None);
         }
         self.close_notify.notify_waiters();
         self.slots.close();
@@ -540,7 +539,6 @@ impl Link {
                 for (i, wr) in list.iter_mut().enumerate() {
                     order.push(wr, i == last, self.signal_every);
                 }
-                self.posted.fetch_add(ids.len(), Ordering::AcqRel);
                 let r = self.qp.post_send_list(list);
                 if let Err((sent, _)) = &r {
                     order.drop_last(ids.len() - sent.min(&ids.len()));
@@ -552,30 +550,12 @@ impl Link {
         if let Some((sent, e)) = failed {
             let lost = &ids[sent.min(ids.len())..];
             if let Some(e) = e {
-                self.posted.fetch_sub(lost.len(), Ordering::AcqRel);
                 tracing::debug!(peer = %self.peer, error = %e, "post_send failed");
             }
             for &id in lost {
-                self.unpost(id);
+                self.release(id, None);
             }
             self.close();
-        }
-    }
-
-    /// Returns what a work request that never went out held: its send queue credit, and its
-    /// slot, or its operation (buffer, READ credit; a waiter sees the channel drop).
-    fn unpost(&self, wr_id: u64) {
-        self.sq.add_permits(1);
-        match wr_id & TAG_MASK {
-            TAG_SLOT => self.release_slot((wr_id & !TAG_MASK) as u32),
-            TAG_OP => {
-                if let Some(op) = lock(&self.ops).remove(wr_id & !TAG_MASK) {
-                    if op.read {
-                        self.reads.add_permits(1);
-                    }
-                }
-            }
-            _ => {}
         }
     }
 
@@ -588,14 +568,12 @@ impl Link {
         }
         let mut order = lock(&self.order);
         order.push(&mut wr, signal, self.signal_every);
-        self.posted.fetch_add(1, Ordering::AcqRel);
         let r = self.qp.post_send(wr);
         if r.is_err() {
             order.drop_last(1);
         }
         drop(order);
         if let Err(e) = r {
-            self.posted.fetch_sub(1, Ordering::AcqRel);
             self.sq.add_permits(1);
             tracing::debug!(peer = %self.peer, error = %e, "post_send failed");
             self.close();
@@ -883,7 +861,7 @@ impl Link {
             } else {
                 WcStatus::Success
             };
-            self.retired(id, status);
+            self.release(id, Some(status));
         }
         if wc.status != WcStatus::Success && wc.status != WcStatus::WrFlushErr {
             tracing::warn!(
@@ -896,9 +874,10 @@ impl Link {
         }
     }
 
-    /// Returns what one work request held, its completion status to whoever waits.
-    fn retired(&self, wr_id: u64, status: WcStatus) {
-        self.posted.fetch_sub(1, Ordering::AcqRel);
+    /// Returns what one work request held: its send queue credit, and its slot, or its
+    /// operation (buffer, READ credit) with its completion status to whoever waits — `None`
+    /// for one that never went out (a waiter sees the channel drop).
+    fn release(&self, wr_id: u64, status: Option<WcStatus>) {
         self.sq.add_permits(1);
         match wr_id & TAG_MASK {
             TAG_SLOT => self.release_slot((wr_id & !TAG_MASK) as u32),
@@ -911,7 +890,7 @@ impl Link {
                     let Op { done, _hold, .. } = op;
                     // The buffer is released before the waiter wakes.
                     drop(_hold);
-                    if let Some(tx) = done {
+                    if let (Some(tx), Some(status)) = (done, status) {
                         let _ = tx.send(status);
                     }
                 }
@@ -926,13 +905,13 @@ impl Link {
     fn retire_all(&self) {
         let ids: Vec<u64> = lock(&self.order).ids.drain(..).collect();
         for id in ids {
-            self.retired(id, WcStatus::WrFlushErr);
+            self.release(id, Some(WcStatus::WrFlushErr));
         }
     }
 
     /// Work requests posted and not yet completed.
     pub fn posted(&self) -> usize {
-        self.posted.load(Ordering::Acquire)
+        lock(&self.order).ids.len()
     }
 
     /// Waits (briefly) until what was posted has gone out, so a final response is not
