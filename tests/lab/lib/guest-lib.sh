@@ -208,6 +208,22 @@ lab_resets_under_fio() {
     grep -q 'err= 0' "$LAB_OUT/fio-$name.txt" || lab_fail "fio $name reported errors"
 }
 
+# lab_rtgtd_start CONFIG STATE_DIR LOG [N]: rtgtd from the share on CONFIG, its log appended
+# to LOG; returns, its pid in LAB_RTGTD_PID, once LOG shows the iSER portal and SRP listening
+# N times (default 1; a restart appends to the same log and waits for the next).
+lab_rtgtd_start() {
+    local cfg=$1 state=$2 log=$3 n=${4:-1}
+    mkdir -p "$state"
+    RUST_LOG=info /lab/bin/rtgtd --config "$cfg" --state-dir "$state" >>"$log" 2>&1 &
+    LAB_RTGTD_PID=$!
+    lab_retry 60 bash -c "(( \$(grep -c 'iSER portal listening' $log) >= $n ))" || {
+        cat "$log"
+        lab_fail "rtgtd does not serve iSER"
+    }
+    lab_retry 30 bash -c "(( \$(grep -c 'SRP listening' $log) >= $n ))" ||
+        lab_fail "rtgtd does not serve SRP"
+}
+
 # lab_rdma_loopback IP IQN SRP_TARGET WWN BYTES: the in-guest loopback run over rxe0 that an
 # RDMA target inside the guest (rtgtd on the verbs provider, or the kernel's LIO) must pass:
 # iSER discovery (TCP) and login, a disk of BYTES, ext4 files and fio verify, LOGICAL UNIT

@@ -17,19 +17,11 @@ lab_step "creating rxe0 on eth0"
 lab_rxe_add rxe0 eth0
 modprobe -a ib_iser ib_srp
 
-# start_rtgtd: rtgtd on /lab/rtgt.yaml, its log appended to $LAB_OUT/rtgtd.log; returns once
-# it serves iSER and SRP.
+# start_rtgtd N: rtgtd on /lab/rtgt.yaml for the N-th time, its log appended to
+# $LAB_OUT/rtgtd.log; returns once it serves iSER and SRP.
 start_rtgtd() {
-    mkdir -p "$state"
-    RUST_LOG=info /lab/bin/rtgtd --config /lab/rtgt.yaml --state-dir "$state" \
-        >>"$LAB_OUT/rtgtd.log" 2>&1 &
-    rtgtd_pid=$!
-    lab_retry 60 bash -c "grep -c 'iSER portal listening' $LAB_OUT/rtgtd.log | grep -qx $1" || {
-        cat "$LAB_OUT/rtgtd.log"
-        lab_fail "rtgtd does not serve iSER"
-    }
-    lab_retry 30 bash -c "grep -c 'SRP listening' $LAB_OUT/rtgtd.log | grep -qx $1" ||
-        lab_fail "rtgtd does not serve SRP"
+    lab_rtgtd_start /lab/rtgt.yaml "$state" "$LAB_OUT/rtgtd.log" "$1"
+    rtgtd_pid=$LAB_RTGTD_PID
 }
 
 lab_step "rtgtd on rxe0 (provider verbs)"

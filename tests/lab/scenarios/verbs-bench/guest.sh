@@ -13,16 +13,8 @@ rtgtd_ticks() { awk '{ print $14 + $15, $14 }' "/proc/$pid/stat"; }
 phase() {
     local p=$1 n t0 u0 t1 u1 g0 srp
     lab_step "rtgtd on the $p provider"
-    mkdir -p "/tmp/state-$p"
-    RUST_LOG=info /lab/bin/rtgtd --config "/lab/rtgt-$p.yaml" --state-dir "/tmp/state-$p" \
-        >"$LAB_OUT/rtgtd-$p.log" 2>&1 &
-    pid=$!
-    lab_retry 60 bash -c "grep -q 'iSER portal listening' $LAB_OUT/rtgtd-$p.log" || {
-        cat "$LAB_OUT/rtgtd-$p.log"
-        lab_fail "rtgtd ($p) does not serve iSER"
-    }
-    lab_retry 30 bash -c "grep -q 'id_ext=.*dest=$LAB_GUEST_IP:5555' $LAB_OUT/rtgtd-$p.log" ||
-        lab_fail "rtgtd ($p) does not serve SRP"
+    lab_rtgtd_start "/lab/rtgt-$p.yaml" "/tmp/state-$p" "$LAB_OUT/rtgtd-$p.log"
+    pid=$LAB_RTGTD_PID
     srp=$(grep -o "id_ext=[0-9a-f]*,ioc_guid=[0-9a-f]*,dest=$LAB_GUEST_IP:5555" "$LAB_OUT/rtgtd-$p.log" | tail -1)
     : >"$LAB_OUT/cpu-$p.txt"
     lab_signal "ready-$p" "$srp"
