@@ -67,14 +67,6 @@ impl AccessState {
         AccessState::ALL.into_iter().find(|s| s.name() == name)
     }
 
-    /// Processes READ and WRITE.
-    pub fn is_active(self) -> bool {
-        matches!(
-            self,
-            AccessState::ActiveOptimized | AccessState::ActiveNonOptimized
-        )
-    }
-
     /// The sense a command this state does not process ends with, or `None` when it is
     /// processed. Standby also answers READ CAPACITY, as Linux's target does, so that a host
     /// sizes the disk on a standby path.
@@ -266,10 +258,6 @@ impl Alua {
                 },
                 |(g, _)| g.state,
             )
-    }
-
-    pub(crate) fn groups(&self) -> Vec<PortGroup> {
-        self.groups.iter().map(|(g, _)| g.clone()).collect()
     }
 
     /// Sets the state of group `id` as an implicit change; whether it changed.

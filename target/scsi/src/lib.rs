@@ -742,21 +742,6 @@ impl Device {
         self.lock().mode.wce
     }
 
-    /// TPGS of standard INQUIRY data: 01b implicit, 10b explicit, 11b both.
-    pub fn tpgs(&self) -> u8 {
-        self.tpgs >> 4
-    }
-
-    /// The target port groups and their states now.
-    pub fn port_groups(&self) -> Vec<PortGroup> {
-        self.lock().alua.groups()
-    }
-
-    /// The access state of the target port group `nexus` comes through.
-    pub fn access_state(&self, nexus: &Nexus) -> AccessState {
-        self.lock().alua.state_of(nexus)
-    }
-
     /// Changes the state (and, when given, the preferred bit) of target port group `group`
     /// as an implicit transition (an administrator, a cluster manager): when the state
     /// changed, every I_T nexus gets ASYMMETRIC ACCESS STATE CHANGED.
