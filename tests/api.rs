@@ -1759,6 +1759,20 @@ fn every_route(srp_listen: &str, portal: u16, extra_portal: u16) -> Vec<Call> {
             "/api/v1/discovery/auth",
             Some(&auth),
         ),
+        c("GET", "/api/v1/alua", "/api/v1/alua", None),
+        c(
+            "PUT",
+            "/api/v1/alua",
+            "/api/v1/alua",
+            Some(&json!({"transition_secs": 5, "groups": [{"id": 0}]})),
+        ),
+        c("GET", "/api/v1/alua/states", "/api/v1/alua/states", None),
+        c(
+            "PUT",
+            "/api/v1/alua/groups/{id}/state",
+            "/api/v1/alua/groups/0/state",
+            Some(&json!({"state": "active_non_optimized", "preferred": true})),
+        ),
         c("GET", "/api/v1/srp/ports", "/api/v1/srp/ports", None),
         c("POST", "/api/v1/srp/ports", "/api/v1/srp/ports", Some(&srp)),
         c("GET", "/api/v1/srp/ports/{name}", s, None),
@@ -2386,4 +2400,246 @@ fn tls_listeners() {
     );
     assert!(String::from_utf8_lossy(&out.stdout).contains("spare"));
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The target port group and relative port of VPD 0x83 designators (types 4h and 5h).
+fn vpd83_port(d: &[u8]) -> (u16, u16) {
+    let (mut at, mut rel, mut group) = (4, 0, 0);
+    while at + 4 <= d.len() {
+        let len = d[at + 3] as usize;
+        let v = u16::from_be_bytes([d[at + 6], d[at + 7]]);
+        match d[at + 1] & 0x0f {
+            4 => rel = v,
+            5 => group = v,
+            _ => {}
+        }
+        at += 4 + len;
+    }
+    (rel, group)
+}
+
+/// A target port group descriptor: group, state code, PREF, relative ports.
+type GroupDesc = (u16, u8, bool, Vec<u16>);
+
+/// The implicit transition time and each descriptor of extended REPORT TARGET PORT GROUPS
+/// data.
+fn rtpg(d: &[u8]) -> (u8, Vec<GroupDesc>) {
+    let mut out = Vec::new();
+    let mut at = 8;
+    while at + 8 <= d.len() {
+        let n = d[at + 7] as usize;
+        let ports = (0..n)
+            .map(|i| u16::from_be_bytes([d[at + 10 + 4 * i], d[at + 11 + 4 * i]]))
+            .collect();
+        out.push((
+            u16::from_be_bytes([d[at + 2], d[at + 3]]),
+            d[at] & 0x0f,
+            d[at] & 0x80 != 0,
+            ports,
+        ));
+        at += 8 + 4 * n;
+    }
+    (d[5], out)
+}
+
+const RTPG_EXT: [u8; 12] = [0xa3, 0x2a, 0, 0, 0, 0, 0, 0, 4, 0, 0, 0];
+const READ10: [u8; 10] = [0x28, 0, 0, 0, 0, 0, 0, 0, 1, 0];
+
+/// Two portal groups of one target in two ALUA groups: what initiators see through each
+/// (INQUIRY, VPD 0x83, REPORT TARGET PORT GROUPS, the state's sense), a failover through the
+/// API and rtgtctl with the unit attention on both paths, a change that would leave no
+/// active group refused with 409, per-backstore states, metrics, persistence across a
+/// restart, and a portal group moved to another group ending its sessions.
+#[test]
+fn alua_groups_through_the_api() {
+    let (p1, p2) = (free_port(), free_port());
+    let config = format!(
+        "\
+backstores:
+  - {{name: d0, type: ramdisk, size: 8MiB}}
+targets:
+  - name: {TARGET}
+    portal_groups:
+      - {{tag: 1, portals: ['127.0.0.1:{p1}'], allow_any_initiator: true, alua_group: 1, luns: [{{lun: 0, backstore: d0}}], params: {{NopInInterval: 0}}}}
+      - {{tag: 2, portals: ['127.0.0.1:{p2}'], allow_any_initiator: true, alua_group: 2, luns: [{{lun: 0, backstore: d0}}], params: {{NopInInterval: 0}}}}
+alua:
+  transition_secs: 10
+  groups:
+    - {{id: 1, preferred: true}}
+    - {{id: 2, state: active_non_optimized, remote_ports: [9]}}
+rdma: {{enabled: false}}
+{NO_TCP_API}"
+    );
+    let mut d = Daemon::start("alua", &config);
+    let c = d.client();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let connect = |port: u16, isid: u8| {
+        let addr = format!("127.0.0.1:{port}").parse().unwrap();
+        rt.block_on(Session::connect(addr, login(port, INI_A, isid)))
+            .unwrap()
+    };
+    let (a, b) = (connect(p1, 1), connect(p2, 2));
+    let mut uas = Vec::new();
+    let cmd = |s: &Session, cdb: &[u8], len: u32, uas: &mut Vec<(u8, u8)>| {
+        rt.block_on(run(s, 0, cdb, None, len, uas))
+    };
+
+    // What each path reports.
+    let r = cmd(&a, &[0x12, 0, 0, 0, 96, 0], 96, &mut uas);
+    assert_eq!(r.data[5] & 0x30, 0x10, "TPGS: implicit changes only");
+    let r = cmd(&b, &[0x12, 1, 0x83, 0, 255, 0], 255, &mut uas);
+    assert_eq!(vpd83_port(&r.data), (2, 2));
+    let r = cmd(&a, &[0x12, 1, 0x83, 0, 255, 0], 255, &mut uas);
+    assert_eq!(vpd83_port(&r.data), (1, 1));
+    let r = cmd(&a, &RTPG_EXT, 1024, &mut uas);
+    assert!(r.is_good(), "{r:?}");
+    assert_eq!(
+        rtpg(&r.data),
+        (10, vec![(1, 0, true, vec![1]), (2, 1, false, vec![2, 9])])
+    );
+    // No explicit changes: SET TARGET PORT GROUPS is not supported.
+    let stpg = [0xa4, 0x0a, 0, 0, 0, 0, 0, 0, 0, 8, 0, 0];
+    let r = rt
+        .block_on(a.command(0, &stpg, Some(Bytes::from(vec![0, 0, 0, 0, 0, 0, 0, 2])), 0))
+        .unwrap();
+    assert_eq!(r.sense_key(), Some((5, 0x24, 0)), "{r:?}");
+    assert!(cmd(&a, &READ10, 512, &mut uas).is_good());
+    assert!(cmd(&b, &READ10, 512, &mut uas).is_good());
+
+    // Failover: group 1 to standby. Both paths hear of it; A answers with the state's sense.
+    uas.clear();
+    let g: serde_json::Value = c
+        .send(
+            "PUT",
+            "/api/v1/alua/groups/1/state",
+            &serde_json::json!({"state": "standby"}),
+        )
+        .unwrap();
+    assert_eq!(g["state"], "standby");
+    let r = cmd(&a, &READ10, 512, &mut uas);
+    assert_eq!(r.sense_key(), Some((2, 0x04, 0x0b)), "{r:?}");
+    assert!(cmd(&b, &READ10, 512, &mut uas).is_good());
+    assert_eq!(uas, [(0x2a, 0x06), (0x2a, 0x06)]);
+    // Standby still sizes the disk.
+    assert!(cmd(&a, &READ_CAPACITY16, 32, &mut uas).is_good());
+
+    // No group would stay active: 409, and nothing changes.
+    let before = std::fs::read_to_string(&d.config).unwrap();
+    let e = c.send(
+        "PUT",
+        "/api/v1/alua/groups/2/state",
+        &serde_json::json!({"state": "standby"}),
+    );
+    let Err(ClientError::Http {
+        status, message, ..
+    }) = e
+    else {
+        panic!("expected 409, got {e:?}");
+    };
+    assert_eq!(status, 409);
+    assert!(message.contains("no active target port group"), "{message}");
+    assert_eq!(std::fs::read_to_string(&d.config).unwrap(), before);
+    assert!(cmd(&b, &READ10, 512, &mut uas).is_good());
+    // Bad requests: an unknown group, an unknown state, an unknown backstore.
+    for (path, body, want) in [
+        ("/api/v1/alua/groups/7/state", r#"{"state":"standby"}"#, 404),
+        ("/api/v1/alua/groups/1/state", r#"{"state":"asleep"}"#, 422),
+        (
+            "/api/v1/alua/groups/1/state",
+            r#"{"state":"standby","backstore":"nope"}"#,
+            404,
+        ),
+    ] {
+        let body: serde_json::Value = serde_json::from_str(body).unwrap();
+        assert_eq!(
+            status_of(c.send("PUT", path, &body)).0,
+            want,
+            "{path} {body}"
+        );
+    }
+    // A portal group in a group the section does not have.
+    let mut alua: serde_json::Value = c.get("/api/v1/alua").unwrap();
+    alua["groups"][1]["id"] = serde_json::json!(5);
+    assert_eq!(status_of(c.send("PUT", "/api/v1/alua", &alua)).0, 422);
+
+    // rtgtctl moves it back; one backstore's state differs on its own.
+    let (ok, out, err) = rtgtctl(&d, &["alua", "set", "1", "active_optimized"]);
+    assert!(ok, "{out}{err}");
+    let (ok, out, err) = rtgtctl(
+        &d,
+        &["alua", "set", "2", "unavailable", "--backstore", "d0"],
+    );
+    assert!(ok, "{out}{err}");
+    let r = cmd(&b, &READ10, 512, &mut uas);
+    assert_eq!(r.sense_key(), Some((2, 0x04, 0x0c)), "{r:?}");
+    assert!(cmd(&a, &READ10, 512, &mut uas).is_good());
+    let (ok, out, err) = rtgtctl(&d, &["alua", "show"]);
+    assert!(ok, "{out}{err}");
+    let rows: Vec<Vec<&str>> = out
+        .lines()
+        .skip(1)
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    assert_eq!(rows[0][..5], ["d0", "1", "active_optimized", "yes", "1"]);
+    assert_eq!(rows[1][..5], ["d0", "2", "unavailable", "no", "2,9"]);
+    let alua: rtgt_api::alua::Alua = c.get("/api/v1/alua").unwrap();
+    assert_eq!(alua.groups[1].backstores.len(), 1);
+    let metrics = c.get_text("/metrics").unwrap();
+    assert!(
+        metrics.contains("rtgt_alua_access_state{backstore=\"d0\",group=\"2\"} 3"),
+        "{metrics}"
+    );
+    // The same state as the group's is no override.
+    let (ok, out, err) = rtgtctl(
+        &d,
+        &[
+            "alua",
+            "set",
+            "2",
+            "active_non_optimized",
+            "--backstore",
+            "d0",
+        ],
+    );
+    assert!(ok, "{out}{err}");
+    let alua: rtgt_api::alua::Alua = c.get("/api/v1/alua").unwrap();
+    assert!(alua.groups[1].backstores.is_empty());
+
+    // The states are in the configuration: a restart serves them.
+    let (ok, _, _) = rtgtctl(&d, &["alua", "set", "2", "active_optimized"]);
+    assert!(ok);
+    let states: Vec<rtgt_api::AluaView> = c.get("/api/v1/alua/states").unwrap();
+    drop((a, b));
+    d.kill9();
+    d.spawn();
+    let c = d.client();
+    assert_eq!(
+        c.get::<Vec<rtgt_api::AluaView>>("/api/v1/alua/states")
+            .unwrap(),
+        states
+    );
+
+    // Portal group 2 moves to group 1: its sessions end (the initiator logs in again and
+    // finds its new group).
+    let b = connect(p2, 2);
+    assert!(cmd(&b, &READ10, 512, &mut uas).is_good());
+    let mut doc: Config = c.get("/api/v1/config").unwrap();
+    doc.targets[0].portal_groups[1].alua_group = Some(1);
+    let report: ChangeReport =
+        serde_json::from_value(c.send("PUT", "/api/v1/config", &doc).unwrap()).unwrap();
+    assert!(
+        report
+            .changes
+            .iter()
+            .any(|ch| ch.action == "ended" && ch.object == "session"),
+        "{report:?}"
+    );
+    let r = rt.block_on(b.command(0, &READ10, None, 512));
+    assert!(r.is_err() || !r.unwrap().is_good());
+    let b = connect(p2, 3);
+    let r = cmd(&b, &[0x12, 1, 0x83, 0, 255, 0], 255, &mut uas);
+    assert_eq!(vpd83_port(&r.data), (2, 1));
+    let r = cmd(&b, &RTPG_EXT, 1024, &mut uas);
+    assert_eq!(rtpg(&r.data).1[0], (1, 0, true, vec![1, 2]));
+    assert!(!d.log().contains("panicked"));
 }

@@ -11,6 +11,8 @@ use std::io::Write;
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 
+use crate::alua::{Alua, PortDecl, PortKey, TargetPort};
+use crate::fields::{is_default, is_false, is_true, yes};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use utoipa::ToSchema;
@@ -143,9 +145,6 @@ pub enum BackstoreKind {
 fn default_block_size() -> u32 {
     512
 }
-fn default_true() -> bool {
-    true
-}
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -170,10 +169,10 @@ pub struct Backstore {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub serial: Option<String>,
     /// Thin provisioning: UNMAP and WRITE SAME with UNMAP deallocate.
-    #[serde(default = "default_true")]
+    #[serde(default = "yes")]
     pub thin: bool,
     /// Volatile write cache (WCE): writes are durable after SYNCHRONIZE CACHE or FUA.
-    #[serde(default = "default_true")]
+    #[serde(default = "yes")]
     pub write_cache: bool,
     /// File and block backstores: `true` moves aligned transfers with O_DIRECT, past the
     /// page cache (where the file system supports it); `false` serves through the page
@@ -198,10 +197,6 @@ pub struct Backstore {
     /// background; 0 is unlimited. Default 32MiB.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sanitize_rate: Option<ByteSize>,
-}
-
-fn is_false(b: &bool) -> bool {
-    !*b
 }
 
 impl Backstore {
@@ -416,18 +411,13 @@ pub struct PortalGroup {
     /// device, when the `rdma` section brings one up).
     #[serde(default = "yes", skip_serializing_if = "is_true")]
     pub iser: bool,
-}
-
-fn yes() -> bool {
-    true
-}
-
-fn is_true(v: &bool) -> bool {
-    *v
-}
-
-fn is_default<T: Default + PartialEq>(v: &T) -> bool {
-    *v == T::default()
+    /// Target port group (an `id` of the `alua` section); the default group 0 when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub alua_group: Option<u16>,
+    /// Relative target port identifier (VPD 0x83, the groups' port lists, persistent
+    /// reservations made through this port). Default: the tag.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub relative_port: Option<u16>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
@@ -486,6 +476,14 @@ pub struct SrpPort {
     pub luns: Vec<Lun>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub acls: Vec<SrpAcl>,
+    /// Target port group (an `id` of the `alua` section); the default group 0 when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub alua_group: Option<u16>,
+    /// Relative target port identifier (VPD 0x83, the groups' port lists, persistent
+    /// reservations made through this port). Default: the lowest that no portal group or other SRP port has, in the document's order (set it when
+    /// ports are added and removed and registrations must stay).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub relative_port: Option<u16>,
 }
 
 /// Parses 16 hex digits, with or without `0x`.
@@ -578,6 +576,12 @@ pub trait Port {
     /// Whether any initiator is admitted, and sees all LUNs, without an ACL.
     fn allow_any_initiator(&self) -> bool;
 
+    /// Its target port group, as configured.
+    fn alua_group(&self) -> Option<u16>;
+
+    /// Its relative target port identifier, as configured.
+    fn relative_port(&self) -> Option<u16>;
+
     /// Replaces every secret it holds by [`REDACTED`].
     fn redact(&mut self) {
         self.acls_mut().iter_mut().for_each(PortAcl::redact);
@@ -601,8 +605,8 @@ pub trait Port {
     }
 }
 
-/// The list accessors of a [`Port`] whose fields are `luns`, `acls` and
-/// `allow_any_initiator`.
+/// The accessors of a [`Port`] whose fields are `luns`, `acls`, `allow_any_initiator`,
+/// `alua_group` and `relative_port`.
 macro_rules! port_lists {
     ($acl:ty) => {
         fn luns(&self) -> &[Lun] {
@@ -623,6 +627,14 @@ macro_rules! port_lists {
 
         fn allow_any_initiator(&self) -> bool {
             self.allow_any_initiator
+        }
+
+        fn alua_group(&self) -> Option<u16> {
+            self.alua_group
+        }
+
+        fn relative_port(&self) -> Option<u16> {
+            self.relative_port
         }
     };
 }
@@ -847,6 +859,9 @@ pub struct Config {
     pub api: ApiConfig,
     #[serde(default, skip_serializing_if = "is_default")]
     pub policy: Policy,
+    /// Asymmetric logical unit access: target port groups and their access states.
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub alua: Alua,
 }
 
 /// The administration API's listeners and who may use them. Read at start: the API cannot
@@ -860,7 +875,7 @@ pub struct ApiConfig {
     pub listen: Vec<SocketAddr>,
     /// Serve the API on a unix socket too (no token: only root, rtgtd's own user and the
     /// members of `socket_group` may connect).
-    #[serde(default = "default_true")]
+    #[serde(default = "yes")]
     pub socket: bool,
     /// Where the socket is; default `rtgtd.sock` in `$RUNTIME_DIRECTORY` (under systemd,
     /// `/run/rtgt`), else in the state directory.
@@ -1217,6 +1232,60 @@ impl Config {
         groups.chain(srp)
     }
 
+    /// Every target port with its relative port and group ([`crate::alua::resolve`]):
+    /// portal groups first, then SRP ports, in the document's order.
+    pub fn target_ports(&self) -> Vec<TargetPort> {
+        fn decl<P: Port>(
+            p: &P,
+            key: PortKey,
+            at: String,
+            name: String,
+            default: Option<u16>,
+        ) -> PortDecl {
+            PortDecl {
+                key,
+                at,
+                name,
+                relative_port: p.relative_port(),
+                default_port: default,
+                alua_group: p.alua_group(),
+                backstores: p.luns().iter().map(|l| l.backstore.clone()).collect(),
+            }
+        }
+        let mut decls = Vec::new();
+        for (ti, t) in self.targets.iter().enumerate() {
+            for (gi, g) in t.portal_groups.iter().enumerate() {
+                decls.push(decl(
+                    g,
+                    PortKey::PortalGroup(t.name.clone(), g.tag),
+                    format!("targets[{ti}].portal_groups[{gi}]"),
+                    format!("{} portal group {}", t.name, g.tag),
+                    Some(g.tag),
+                ));
+            }
+        }
+        for (si, p) in self.srp.iter().enumerate() {
+            decls.push(decl(
+                p,
+                PortKey::Srp(p.name.clone()),
+                format!("srp[{si}]"),
+                format!("SRP port {}", p.name),
+                None,
+            ));
+        }
+        crate::alua::resolve(decls, &self.alua)
+    }
+
+    /// Why this document cannot replace `old`, which is in force, though it is valid
+    /// ([`Alua::conflict`]).
+    pub fn conflict(&self, old: &Config) -> Option<String> {
+        self.alua.conflict(
+            &old.alua,
+            &self.target_ports(),
+            self.backstores.iter().map(|b| b.name.as_str()),
+        )
+    }
+
     /// Checks what the types cannot: references, uniqueness, ranges. Returns the path of the
     /// bad field and why.
     pub fn validate(&self) -> Result<(), (String, String)> {
@@ -1363,7 +1432,9 @@ impl Config {
         self.policy
             .validate()
             .map_err(|(f, m)| (format!("policy.{f}"), m))?;
-        self.validate_srp()
+        self.validate_srp()?;
+        self.alua
+            .validate(&self.target_ports(), |b| self.backstore(b).is_some())
     }
 
     fn validate_srp(&self) -> Result<(), (String, String)> {
@@ -2112,5 +2183,117 @@ mod tests {
         ] {
             assert_eq!(err_of(&format!("{base}{yaml}")).0, path, "{yaml}");
         }
+    }
+
+    #[test]
+    fn alua_ports_groups_and_states() {
+        use rtgt_scsi::core::PortIds;
+        use rtgt_scsi::AccessState;
+        // Without groups: every port a group of its own; SRP ports take the lowest free
+        // relative ports after the portal groups' tags.
+        let c = Config::embedded_default();
+        let ports = c.target_ports();
+        let ids: Vec<PortIds> = ports.iter().map(|p| p.ids).collect();
+        assert_eq!(ids, [PortIds::alone(1), PortIds::alone(2)]);
+        assert!(c.alua.lu_config(&ports, "disk0").groups.is_empty());
+
+        let base = "backstores: [{name: a, type: null, size: 1M}, {name: b, type: null, size: 1M}]
+targets:
+  - name: iqn.2025-01.io.rtgt:t
+    portal_groups:
+      - {tag: 1, portals: ['127.0.0.1:3260'], alua_group: 1, luns: [{lun: 0, backstore: a}, {lun: 1, backstore: b}]}
+      - {tag: 2, portals: ['127.0.0.2:3260'], alua_group: 2, luns: [{lun: 0, backstore: a}]}
+srp:
+  - {name: p0, luns: [{lun: 0, backstore: a}]}
+  - {name: p1, relative_port: 40, alua_group: 2, luns: [{lun: 0, backstore: b}]}
+";
+        let groups = "alua:
+  transition_secs: 5
+  groups:
+    - {id: 1, preferred: true}
+    - {id: 2, state: standby, explicit: true, remote_ports: [3, 7], backstores: [{backstore: b, state: active_non_optimized}]}
+";
+        let c = Config::from_yaml(&format!("{base}{groups}"), Path::new("t.yaml")).unwrap();
+        let ports = c.target_ports();
+        let ids: Vec<(u16, u16)> = ports
+            .iter()
+            .map(|p| (p.ids.relative_port, p.ids.port_group))
+            .collect();
+        // p0 names no group: the default group 0; its relative port skips 1, 2 (tags),
+        // 3 (remote) and 40 (p1's own).
+        assert_eq!(ids, [(1, 1), (2, 2), (4, 0), (40, 2)]);
+        let lu = c.alua.lu_config(&ports, "a");
+        assert_eq!(lu.transition_secs, 5);
+        let short: Vec<(u16, Vec<u16>, AccessState, bool, bool)> = lu
+            .groups
+            .iter()
+            .map(|g| {
+                (
+                    g.id,
+                    g.relative_ports.clone(),
+                    g.state,
+                    g.preferred,
+                    g.explicit,
+                )
+            })
+            .collect();
+        assert_eq!(
+            short,
+            [
+                (0, vec![4], AccessState::ActiveOptimized, false, false),
+                (1, vec![1], AccessState::ActiveOptimized, true, false),
+                (2, vec![2, 3, 7], AccessState::Standby, false, true),
+            ]
+        );
+        let lu = c.alua.lu_config(&ports, "b");
+        assert_eq!(lu.groups.len(), 2, "no port of the default group maps b");
+        assert_eq!(lu.groups[1].relative_ports, [40, 3, 7]);
+        assert_eq!(lu.groups[1].state, AccessState::ActiveNonOptimized);
+        assert_eq!(c.conflict(&c), None);
+
+        // 409s: no active group left for a; a group with explicit changes only moved.
+        let mut none = c.clone();
+        none.alua.groups[0].state = AccessState::Standby;
+        none.targets[0].portal_groups.remove(0);
+        none.srp.remove(0);
+        let why = none.conflict(&c).unwrap();
+        assert!(
+            why.contains("backstore \"a\" would have no active"),
+            "{why}"
+        );
+        assert!(why.contains("group 2 standby"), "{why}");
+        let mut explicit_only = c.clone();
+        explicit_only.alua.groups[1].implicit = false;
+        let mut moved = explicit_only.clone();
+        moved.alua.groups[1].state = AccessState::ActiveOptimized;
+        assert!(moved
+            .conflict(&explicit_only)
+            .unwrap()
+            .contains("only explicit"));
+
+        // Bad sections and ports.
+        for (yaml, path) in [
+            ("alua: {groups: [{id: 1}, {id: 1}, {id: 2}]}\n", "alua.groups[1].id"),
+            ("alua: {groups: [{id: 1, remote_ports: [0]}, {id: 2}]}\n", "alua.groups[0].remote_ports[0]"),
+            ("alua: {groups: [{id: 1, remote_ports: [5]}, {id: 2, remote_ports: [5]}]}\n", "alua.groups[1].remote_ports[0]"),
+            ("alua: {groups: [{id: 1, backstores: [{backstore: z, state: standby}]}, {id: 2}]}\n", "alua.groups[0].backstores[0].backstore"),
+            ("alua: {groups: [{id: 1}]}\n", "targets[0].portal_groups[1].alua_group"),
+            ("alua: {groups: [{id: 1, remote_ports: [40]}, {id: 2}]}\n", "srp[1].relative_port"),
+            ("alua: {groups: [{id: 1, state: asleep}, {id: 2}]}\n", "alua.groups[0].state"),
+        ] {
+            assert_eq!(err_of(&format!("{base}{yaml}")).0, path, "{yaml}");
+        }
+        // Without groups a port may not name one.
+        assert_eq!(err_of(base).0, "targets[0].portal_groups[0].alua_group");
+        // The fuzz seed: two targets with a portal group 1 each, one of them sharing a LUN
+        // and so given its own relative port.
+        let seed = include_str!("../../fuzz/seeds/config_yaml/alua.yaml");
+        let c = Config::from_yaml(seed, Path::new("alua.yaml")).unwrap();
+        let mut shared = c.clone();
+        shared.targets[1].portal_groups[0].relative_port = None;
+        assert_eq!(
+            shared.validate().unwrap_err().0,
+            "targets[1].portal_groups[0].relative_port"
+        );
     }
 }

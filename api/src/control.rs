@@ -85,6 +85,22 @@ pub struct RdmaListenerView {
     pub device: String,
 }
 
+/// A target port group of one logical unit as it is now: the configuration's state, or
+/// what SET TARGET PORT GROUPS made it since.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct AluaView {
+    pub backstore: String,
+    pub group: u16,
+    /// active_optimized, active_non_optimized, standby, unavailable, offline or
+    /// transitioning.
+    pub state: String,
+    pub preferred: bool,
+    /// Relative target port identifiers of its ports (other processes' included).
+    pub relative_ports: Vec<u16>,
+    pub implicit: bool,
+    pub explicit: bool,
+}
+
 /// A live session as the API shows it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct SessionView {
@@ -159,4 +175,6 @@ pub trait Control: Send + Sync + 'static {
     fn ready(&self) -> bool;
     /// The Prometheus text exposition of the target's metrics.
     fn metrics(&self) -> String;
+    /// The target port groups of every logical unit, with their states now.
+    async fn alua(&self) -> Vec<AluaView>;
 }

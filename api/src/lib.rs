@@ -2,11 +2,13 @@
 //! tree), its validation and its atomic persistence; the REST API over a [`Control`] handle
 //! that the daemon implements; Prometheus metrics; the client `rtgtctl` uses.
 
+pub mod alua;
 pub mod auth;
 pub mod client;
 pub mod config;
 pub mod control;
 pub mod diff;
+mod fields;
 pub mod lio;
 pub mod metrics;
 pub mod resource;
@@ -16,6 +18,6 @@ pub mod token;
 
 pub use config::{Config, ConfigError};
 pub use control::{
-    Change, ChangeReport, Control, ControlError, RdmaDeviceView, RdmaListenerView, RdmaView,
-    SessionView,
+    AluaView, Change, ChangeReport, Control, ControlError, RdmaDeviceView, RdmaListenerView,
+    RdmaView, SessionView,
 };

@@ -273,6 +273,8 @@ pub fn convert(json: &str) -> Result<Import, String> {
                 acls,
                 params: params(g.get("parameters").unwrap_or(&Value::Null), &attrs),
                 iser: iser_on > 0,
+                alua_group: None,
+                relative_port: None,
             });
         }
         if groups.is_empty() {

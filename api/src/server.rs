@@ -28,11 +28,12 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, OpenApi, ToSchema};
 
+use crate::alua::{Alua, AluaGroup, AluaLuState};
 use crate::auth::{Caller, Guard, PeerCred, Scope};
 use crate::config::{
     Acl, ApiConfig, Auth, Backstore, Config, Lun, MappedLun, Policy, PortAcl, PortalGroup, Target,
 };
-use crate::control::{ChangeReport, Control, ControlError, RdmaView, SessionView};
+use crate::control::{AluaView, ChangeReport, Control, ControlError, RdmaView, SessionView};
 use crate::resource::{
     each_kind, operation_id, request_name, template, Args, EachKind, Part, PathArgs, PortKind,
     Verb, API_PREFIX, OPERATIONS,
@@ -389,6 +390,12 @@ impl Api {
             .route(
                 "/discovery/auth",
                 get(get_discovery_auth).put(put_discovery_auth),
+            )
+            .route("/alua", get(get_alua).put(put_alua))
+            .route("/alua/states", get(list_alua_states))
+            .route(
+                "/alua/groups/{id}/state",
+                axum::routing::put(put_alua_state),
             )
             .route("/sessions", get(list_sessions))
             .route("/rdma", get(get_rdma))
@@ -1423,6 +1430,119 @@ async fn put_discovery_auth(State(st): St, Body(a): Body<Auth>) -> Res<axum::Jso
     Ok(axum::Json(redact_auth(&a)))
 }
 
+// ---- ALUA ----
+
+#[utoipa::path(get, path = "/api/v1/alua", tag = "alua",
+    responses((status = 200, body = Alua, description = "Target port groups as configured"),
+        (status = 401, body = ErrorBody)))]
+async fn get_alua(State(st): St) -> Res<axum::Json<Alua>> {
+    read(&st, |c| Ok(c.alua.clone()))
+}
+
+/// Replaces the `alua` section. Refused with 409 when a LUN would be left with no active
+/// group, or a group that allows only explicit changes would change state.
+#[utoipa::path(put, path = "/api/v1/alua", tag = "alua", request_body = Alua,
+    responses((status = 200, body = Alua), (status = 400, body = ErrorBody),
+        (status = 401, body = ErrorBody), (status = 409, body = ErrorBody),
+        (status = 413, body = ErrorBody), (status = 415, body = ErrorBody),
+        (status = 422, body = ErrorBody)))]
+async fn put_alua(State(st): St, Body(a): Body<Alua>) -> Res<axum::Json<Alua>> {
+    st.api
+        .change("set alua", |c| {
+            c.alua = a.clone();
+            Ok(())
+        })
+        .await?;
+    Ok(axum::Json(a))
+}
+
+/// Every logical unit's target port groups with their states now (what REPORT TARGET PORT
+/// GROUPS answers): the configured state, or the one SET TARGET PORT GROUPS set since.
+#[utoipa::path(get, path = "/api/v1/alua/states", tag = "alua",
+    responses((status = 200, body = Vec<AluaView>), (status = 401, body = ErrorBody)))]
+async fn list_alua_states(State(st): St) -> axum::Json<Vec<AluaView>> {
+    axum::Json(st.api.control.alua().await)
+}
+
+/// A change of a target port group's state, for all its LUNs or for one backstore's.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+struct AluaStateChange {
+    /// active_optimized, active_non_optimized, standby, unavailable, offline or
+    /// transitioning.
+    #[schema(example = "standby")]
+    state: String,
+    /// PREF; unchanged when absent.
+    #[serde(default)]
+    preferred: Option<bool>,
+    /// Only this backstore's LUNs; the group's state when absent.
+    #[serde(default)]
+    backstore: Option<String>,
+}
+
+/// Sets the access state of a target port group (what a cluster manager does on failover):
+/// every initiator hears ASYMMETRIC ACCESS STATE CHANGED, and the configuration keeps it.
+/// Changes are applied one at a time; one that would leave a LUN with no active group is
+/// refused with 409.
+#[utoipa::path(put, path = "/api/v1/alua/groups/{id}/state", tag = "alua",
+    request_body = AluaStateChange,
+    params(("id" = u16, Path, description = "Target port group")),
+    responses((status = 200, body = AluaGroup), (status = 400, body = ErrorBody),
+        (status = 401, body = ErrorBody), (status = 404, body = ErrorBody),
+        (status = 409, body = ErrorBody), (status = 413, body = ErrorBody),
+        (status = 415, body = ErrorBody), (status = 422, body = ErrorBody)))]
+async fn put_alua_state(
+    State(st): St,
+    PathParams(id): PathParams<u16>,
+    Body(ch): Body<AluaStateChange>,
+) -> Res<axum::Json<AluaGroup>> {
+    let state = rtgt_scsi::AccessState::from_name(&ch.state).ok_or_else(|| {
+        ApiError::invalid(
+            "state",
+            format!("{:?} is not an access state (active_optimized, active_non_optimized, standby, unavailable, offline, transitioning)", ch.state),
+        )
+    })?;
+    let (g, _) = st
+        .api
+        .change("set alua state", |c| {
+            if let Some(b) = &ch.backstore {
+                if c.backstore(b).is_none() {
+                    return Err(ApiError::not_found(format!("no backstore {b:?}")));
+                }
+            }
+            let g = c
+                .alua
+                .groups
+                .iter_mut()
+                .find(|g| g.id == id)
+                .ok_or_else(|| ApiError::not_found(format!("no target port group {id}")))?;
+            match &ch.backstore {
+                None => {
+                    g.state = state;
+                    if let Some(p) = ch.preferred {
+                        g.preferred = p;
+                    }
+                }
+                Some(b) => {
+                    let was = g.backstores.iter().find(|o| o.backstore == *b);
+                    let preferred = ch.preferred.or(was.and_then(|o| o.preferred));
+                    g.backstores.retain(|o| o.backstore != *b);
+                    // A backstore's state like the group's is no override.
+                    if state != g.state || preferred.is_some_and(|p| p != g.preferred) {
+                        g.backstores.push(AluaLuState {
+                            backstore: b.clone(),
+                            state,
+                            preferred,
+                        });
+                    }
+                }
+            }
+            Ok(g.clone())
+        })
+        .await?;
+    Ok(axum::Json(g))
+}
+
 // ---- mapped LUNs of iSCSI ACLs ----
 
 #[utoipa::path(post, path = "/api/v1/targets/{target}/tpgs/{tag}/acls/{initiator}/mapped_luns", tag = "acls",
@@ -1710,11 +1830,12 @@ impl utoipa::Modify for BearerAuth {
         list_portals, add_portal, delete_portal,
         get_tpg_auth, put_tpg_auth, get_acl_auth, put_acl_auth, get_discovery_auth, put_discovery_auth,
         add_mapped_lun, delete_mapped_lun,
+        get_alua, put_alua, list_alua_states, put_alua_state,
         list_sessions, delete_session, get_rdma,
         export_config, apply_config,
         health, ready, metrics, openapi_json,
     ),
-    components(schemas(ErrorBody, Status, Portal, ApiConfig)),
+    components(schemas(ErrorBody, Status, Portal, ApiConfig, AluaStateChange)),
     modifiers(&PortDocs, &BearerAuth),
     security(("bearer" = []))
 )]
@@ -1780,6 +1901,9 @@ mod tests {
         }
         fn metrics(&self) -> String {
             String::new()
+        }
+        async fn alua(&self) -> Vec<AluaView> {
+            Vec::new()
         }
     }
 

@@ -21,6 +21,15 @@ pub fn config_yaml(data: &[u8]) {
         Ok(again) => assert_eq!(again, config, "saved configuration:\n{saved}"),
         Err(e) => panic!("a saved configuration does not load again: {e}\n{saved}"),
     }
+    // A valid document gives every logical unit target port groups its engine takes.
+    let ports = config.target_ports();
+    for b in &config.backstores {
+        let lu = config.alua.lu_config(&ports, &b.name);
+        if let Err(e) = lu.validate() {
+            panic!("backstore {}: {e}\n{saved}", b.name);
+        }
+    }
+    let _ = config.conflict(&config);
 }
 
 /// A targetcli `saveconfig.json` through `rtgtctl import-lio`: never panics, and what it

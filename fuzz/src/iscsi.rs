@@ -89,6 +89,7 @@ fn login_registry() -> Arc<Registry> {
                     alias: Some("alias".into()),
                     portal_groups: vec![PortalGroup {
                         tag: 1,
+                        ids: rtgt_scsi::core::PortIds::alone(1),
                         portals: vec!["0.0.0.0:3260".parse().expect("portal address")],
                         auth,
                         acls: HashMap::new(),

@@ -12,7 +12,7 @@ use rtgt_api::config::{
 };
 use rtgt_api::resource::PortPath;
 use rtgt_api::server::Portal;
-use rtgt_api::{ChangeReport, SessionView};
+use rtgt_api::{AluaView, ChangeReport, SessionView};
 
 /// Manages a running rtgtd: backstores, targets, LUNs, ACLs, sessions and the whole
 /// configuration.
@@ -77,6 +77,9 @@ enum Cmd {
     /// Sessions of every transport (iSCSI over TCP, iSER, SRP).
     #[command(subcommand)]
     Sessions(SessionCmd),
+    /// ALUA target port groups and their access states.
+    #[command(subcommand)]
+    Alua(AluaCmd),
     /// Applies a configuration document (YAML or JSON): only what differs changes.
     Apply {
         /// The document; `-` reads standard input.
@@ -176,6 +179,9 @@ enum TargetCmd {
         /// Admit any initiator (no ACLs needed).
         #[arg(long)]
         allow_any_initiator: bool,
+        /// Target port group of portal group 1 (required when ALUA groups are configured).
+        #[arg(long)]
+        alua_group: Option<u16>,
     },
     Delete {
         name: String,
@@ -283,6 +289,9 @@ enum SrpCmd {
         /// Admit any initiator (no ACLs needed).
         #[arg(long)]
         allow_any_initiator: bool,
+        /// Target port group (required when ALUA groups are configured).
+        #[arg(long)]
+        alua_group: Option<u16>,
     },
     /// Deletes the port: its channels get SRP_T_LOGOUT.
     Delete {
@@ -355,6 +364,26 @@ enum SessionCmd {
     /// Ends a session at once.
     Logout {
         id: String,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum AluaCmd {
+    /// Every LUN's target port groups with their states now.
+    Show,
+    /// Sets a group's access state, for all its LUNs or one backstore's (a failover).
+    Set {
+        /// Target port group.
+        group: u16,
+        /// active_optimized, active_non_optimized, standby, unavailable, offline or
+        /// transitioning.
+        state: String,
+        /// Only this backstore's LUNs.
+        #[arg(long)]
+        backstore: Option<String>,
+        /// PREF: whether hosts should prefer the group.
+        #[arg(long)]
+        preferred: Option<bool>,
     },
 }
 
@@ -741,6 +770,7 @@ fn run(args: Args, ctx: &mut Context) -> Result<(), ClientError> {
                 name,
                 portals,
                 allow_any_initiator,
+                alua_group,
             } => {
                 let t = Target {
                     name,
@@ -754,6 +784,8 @@ fn run(args: Args, ctx: &mut Context) -> Result<(), ClientError> {
                         acls: Vec::new(),
                         params: Default::default(),
                         iser: true,
+                        alua_group,
+                        relative_port: None,
                     }],
                 };
                 let t: Target = serde_json::from_value(c.send("POST", "/api/v1/targets", &t)?)?;
@@ -847,6 +879,7 @@ fn run(args: Args, ctx: &mut Context) -> Result<(), ClientError> {
                 id_ext,
                 ioc_guid,
                 allow_any_initiator,
+                alua_group,
             } => {
                 let p = SrpPort {
                     name,
@@ -856,6 +889,8 @@ fn run(args: Args, ctx: &mut Context) -> Result<(), ClientError> {
                     allow_any_initiator,
                     luns: Vec::new(),
                     acls: Vec::new(),
+                    alua_group,
+                    relative_port: None,
                 };
                 print_srp_ports(json, &[c.create_port(&(), &p)?]);
             }
@@ -908,6 +943,48 @@ fn run(args: Args, ctx: &mut Context) -> Result<(), ClientError> {
                 });
             }
             SessionCmd::Logout { id } => c.delete(&format!("/api/v1/sessions/{}", segment(&id)))?,
+        },
+        Cmd::Alua(cmd) => match cmd {
+            AluaCmd::Show => {
+                let v: Vec<AluaView> = c.get("/api/v1/alua/states")?;
+                let header = ["BACKSTORE", "GROUP", "STATE", "PREF", "PORTS", "CHANGES"];
+                print_list(json, &v, &header, |a| {
+                    let changes = match (a.implicit, a.explicit) {
+                        (true, true) => "implicit, explicit",
+                        (true, false) => "implicit",
+                        (false, true) => "explicit",
+                        (false, false) => "none",
+                    };
+                    let ports: Vec<String> =
+                        a.relative_ports.iter().map(|p| p.to_string()).collect();
+                    vec![
+                        a.backstore.clone(),
+                        a.group.to_string(),
+                        a.state.clone(),
+                        if a.preferred { "yes" } else { "no" }.into(),
+                        ports.join(","),
+                        changes.into(),
+                    ]
+                });
+            }
+            AluaCmd::Set {
+                group,
+                state,
+                backstore,
+                preferred,
+            } => {
+                let body = serde_json::json!({
+                    "state": state,
+                    "preferred": preferred,
+                    "backstore": backstore,
+                });
+                let g = c.send("PUT", &format!("/api/v1/alua/groups/{group}/state"), &body)?;
+                if json {
+                    print_json(&g);
+                } else {
+                    println!("target port group {group}: {state}");
+                }
+            }
         },
         Cmd::Apply {
             file,

@@ -138,6 +138,7 @@ mod tests {
     fn pg(tag: u16, portals: &[&str], any: bool) -> PortalGroup {
         PortalGroup {
             tag,
+            ids: rtgt_scsi::core::PortIds::alone(tag),
             portals: portals.iter().map(|p| p.parse().unwrap()).collect(),
             auth: Auth::default(),
             acls: HashMap::new(),

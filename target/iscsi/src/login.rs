@@ -765,6 +765,7 @@ mod tests {
             alias: Some("disk one".into()),
             portal_groups: vec![PortalGroup {
                 tag: 7,
+                ids: rtgt_scsi::core::PortIds::alone(7),
                 portals: vec!["0.0.0.0:3260".parse().unwrap()],
                 auth,
                 acls,
@@ -1140,6 +1141,7 @@ mod tests {
         };
         let mk = |tag, p: &str| PortalGroup {
             tag,
+            ids: rtgt_scsi::core::PortIds::alone(tag),
             portals: vec![p.parse().unwrap()],
             auth: Auth::default(),
             acls: HashMap::new(),

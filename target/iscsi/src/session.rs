@@ -14,7 +14,7 @@ use bytes::Bytes;
 use rtgt_backstore::{BufPool, IoBuf};
 use tokio::sync::{watch, Notify};
 
-use rtgt_scsi::core::{LiveLuns, Registry};
+use rtgt_scsi::core::{LiveLuns, PortIds, Registry};
 use rtgt_scsi::task::{
     self, Function, Outcome, Refused, Task as CoreTask, TaskSet, TmResponse, Tracked, Turn,
 };
@@ -424,45 +424,52 @@ pub fn transport_id(initiator_port: &str) -> Vec<u8> {
     out
 }
 
-/// The I_T nexus of an iSCSI session (RFC 7143 §4.4.2 port names).
-pub fn make_nexus(initiator: &str, isid: &[u8; 6], target: &str, tpgt: u16) -> Nexus {
+/// The I_T nexus of an iSCSI session (RFC 7143 §4.4.2 port names) through portal group
+/// `tpgt`, which is target port `ids`.
+pub fn make_nexus(initiator: &str, isid: &[u8; 6], target: &str, tpgt: u16, ids: PortIds) -> Nexus {
     let initiator_port = format!("{initiator},i,0x{}", isid_hex(isid));
     Nexus {
         id: NEXUS_ID.fetch_add(1, Ordering::Relaxed),
         transport_id: transport_id(&initiator_port),
         initiator_port,
         target_port: format!("{target},t,0x{tpgt:04x}"),
-        relative_port: tpgt,
-        port_group: tpgt,
+        relative_port: ids.relative_port,
+        port_group: ids.port_group,
     }
 }
 
-/// The LUN map the registry grants a new normal session now rather than at its login: the
-/// session table's lock orders session creation against a live reconfiguration, which
-/// updates the sessions already in the table, so neither misses a change.
-fn granted_now(s: &SessionSetup) -> LunMap {
+/// The LUN map the registry grants a new normal session now rather than at its login, and
+/// the target port its portal group is now: the session table's lock orders session
+/// creation against a live reconfiguration, which updates the sessions already in the
+/// table, so neither misses a change.
+fn granted_now(s: &SessionSetup) -> (LunMap, PortIds) {
+    let tag = s.params.target_portal_group_tag;
+    let group = s.registry.target(&s.params.target_name).and_then(|t| {
+        t.portal_groups
+            .iter()
+            .find(|g| g.tag == tag)
+            .map(|g| (g.ids, g.admit(&s.params.initiator_name)))
+    });
+    let ids = group.as_ref().map_or(PortIds::alone(tag), |(ids, _)| *ids);
     if s.session_type != SessionType::Normal {
-        return s.luns.clone();
+        return (s.luns.clone(), ids);
     }
-    s.registry
-        .target(&s.params.target_name)
-        .and_then(|t| {
-            t.portal_groups
-                .iter()
-                .find(|g| g.tag == s.params.target_portal_group_tag)
-                .and_then(|g| g.admit(&s.params.initiator_name))
-        })
+    let luns = group
+        .and_then(|(_, admitted)| admitted)
         .map(|(luns, _)| luns)
-        .unwrap_or_default()
+        .unwrap_or_default();
+    (luns, ids)
 }
 
 impl Session {
     fn new(tsih: u16, s: SessionSetup, table: Weak<SessionTable>) -> Session {
+        let (luns, ids) = granted_now(&s);
         let nexus = make_nexus(
             &s.params.initiator_name,
             &s.isid,
             &s.params.target_name,
             s.params.target_portal_group_tag,
+            ids,
         );
         let nexus_id = nexus.id;
         let labels = (s.session_type == SessionType::Normal).then(|| {
@@ -478,7 +485,7 @@ impl Session {
             isid: s.isid,
             session_type: s.session_type,
             nexus,
-            luns: LiveLuns::new(granted_now(&s), Some(s.registry.clone()), labels),
+            luns: LiveLuns::new(luns, Some(s.registry.clone()), labels),
             queue_depth: s.queue_depth.max(1),
             transport: s.transport,
             peer: s.peer,
@@ -904,13 +911,17 @@ mod tests {
             &[0x23, 0xd0, 0, 0, 0, 1],
             "iqn.2025-01.io.rtgt:disk",
             1,
+            PortIds {
+                relative_port: 3,
+                port_group: 2,
+            },
         );
         assert_eq!(
             n.initiator_port,
             "iqn.1994-05.com.redhat:host,i,0x23d000000001"
         );
         assert_eq!(n.target_port, "iqn.2025-01.io.rtgt:disk,t,0x0001");
-        assert_eq!((n.relative_port, n.port_group), (1, 1));
+        assert_eq!((n.relative_port, n.port_group), (3, 2));
         let tid = &n.transport_id;
         assert_eq!(tid[0], 0x45);
         let len = u16::from_be_bytes([tid[2], tid[3]]) as usize;

@@ -8,6 +8,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use rtgt_api::alua::{ids_of, PortKey, TargetPort};
 use rtgt_api::config::{self, BackstoreKind, Config};
 use rtgt_backstore::policy::{BackstoreRoots, FileRequest, PolicyError};
 use rtgt_backstore::{Backstore, BufPool, FileBackstore, FileOptions, NullBackstore, RamBackstore};
@@ -15,7 +16,7 @@ use rtgt_rdma_channel::cm::Provider;
 use rtgt_transport::hca::{Hca, HcaConfig};
 use tracing::{info, warn};
 
-use rtgt_scsi::core::{self, Registry};
+use rtgt_scsi::core::{self, PortIds, Registry};
 use rtgt_scsi::{Device, DeviceConfig, DeviceRegistry, LunMap};
 
 /// Memory for data buffers in flight, shared by every session (back-pressure beyond it).
@@ -33,6 +34,8 @@ pub enum DaemonError {
     },
     #[error("backstore {name}: {message}")]
     Backstore { name: String, message: String },
+    #[error("alua: {0}")]
+    Alua(String),
     /// The backstore path policy refused the path, or the file could not be opened.
     #[error("backstore {name}: {source}")]
     Policy {
@@ -337,6 +340,8 @@ pub async fn build(
         backstores.insert(b.name.clone(), store);
     }
 
+    let ports = config.target_ports();
+    set_alua(config, &ports, &devices);
     let registry = Registry::new();
     let mut portals = Vec::new();
     let mut iser_portals = Vec::new();
@@ -351,10 +356,10 @@ pub async fn build(
                 }
             }
         }
-        registry.set_target(build_target(t, &devices));
+        registry.set_target(build_target(t, &devices, &ports));
     }
     registry.set_discovery_auth(auth(&config.discovery.auth));
-    register_srp_ports(config, &devices, &registry);
+    register_srp_ports(config, &devices, &ports, &registry);
     let rdma = start_rdma(&config.rdma, &pool)?;
     Ok(Running {
         registry,
@@ -368,10 +373,26 @@ pub async fn build(
     })
 }
 
-/// The runtime target for a configured one; `devices` holds every backstore it uses.
+/// Gives every logical unit its target port groups and their states, as `config` and its
+/// resolved `ports` say.
+pub(crate) fn set_alua(
+    config: &Config,
+    ports: &[TargetPort],
+    devices: &BTreeMap<String, Arc<Device>>,
+) {
+    for (name, dev) in devices {
+        if let Err(e) = dev.set_alua(&config.alua.lu_config(ports, name)) {
+            warn!(backstore = %name, error = %e, "target port groups not changed");
+        }
+    }
+}
+
+/// The runtime target for a configured one; `devices` holds every backstore it uses,
+/// `ports` the resolved target ports.
 pub(crate) fn build_target(
     t: &config::Target,
     devices: &BTreeMap<String, Arc<Device>>,
+    ports: &[TargetPort],
 ) -> core::Target {
     let mut groups = Vec::new();
     for g in &t.portal_groups {
@@ -408,6 +429,8 @@ pub(crate) fn build_target(
         }
         groups.push(core::PortalGroup {
             tag: g.tag,
+            ids: ids_of(ports, &PortKey::PortalGroup(t.name.clone(), g.tag))
+                .unwrap_or(PortIds::alone(g.tag)),
             portals: g.portals.clone(),
             auth: auth(&g.auth),
             acls,
@@ -467,10 +490,12 @@ fn params(p: &config::IscsiParams) -> core::IscsiParams {
 /// `--config`.
 pub const STATE_CONFIG: &str = "rtgtd.yaml";
 
-/// The target port of `p` with the LUNs and ACLs resolved against `devices`.
+/// The target port of `p` with the LUNs and ACLs resolved against `devices` and its IDs
+/// among `ports`.
 pub fn srp_target_port(
     p: &config::SrpPort,
     devices: &BTreeMap<String, Arc<Device>>,
+    ports: &[TargetPort],
 ) -> core::SrpTargetPort {
     let mut luns = LunMap::default();
     for l in &p.luns {
@@ -499,6 +524,7 @@ pub fn srp_target_port(
     }
     core::SrpTargetPort {
         name: p.name.clone(),
+        ids: ids_of(ports, &PortKey::Srp(p.name.clone())).unwrap_or(PortIds::alone(1)),
         id_ext: p
             .id_ext
             .as_deref()
@@ -520,10 +546,11 @@ pub fn srp_target_port(
 pub fn register_srp_ports(
     config: &Config,
     devices: &BTreeMap<String, Arc<Device>>,
+    ports: &[TargetPort],
     registry: &Registry,
 ) {
     for p in &config.srp {
-        let port = srp_target_port(p, devices);
+        let port = srp_target_port(p, devices, ports);
         if port.allow_any_initiator {
             warn!(port = %port.name, "SRP target port admits any initiator");
         }
@@ -539,15 +566,25 @@ pub fn config_file(opts: &Options) -> PathBuf {
         .unwrap_or_else(|| opts.state_dir.join(STATE_CONFIG))
 }
 
+/// The configuration in `file`, refused when it leaves a LUN with no active target port
+/// group (what the API refuses with 409).
+fn loaded(file: &Path) -> Result<Config, DaemonError> {
+    let c = Config::load(file)?;
+    match c.conflict(&c) {
+        Some(why) => Err(DaemonError::Alua(format!("{}: {why}", file.display()))),
+        None => Ok(c),
+    }
+}
+
 /// Loads the configuration named by `opts`, or the one saved in the state directory, or
 /// the embedded default.
 pub fn load_config(opts: &Options) -> Result<Config, DaemonError> {
     match &opts.config {
-        Some(file) => Ok(Config::load(file)?),
+        Some(file) => loaded(file),
         None if config_file(opts).exists() => {
             let file = config_file(opts);
             info!(file = %file.display(), "serving the configuration saved in the state directory");
-            Ok(Config::load(&file)?)
+            loaded(&file)
         }
         None => {
             warn!(
@@ -694,8 +731,10 @@ mod tests {
             Path::new("t.yaml"),
         )
         .unwrap();
-        let a = srp_target_port(&c.srp[0], &BTreeMap::new());
-        let b = srp_target_port(&c.srp[1], &BTreeMap::new());
+        let ports = c.target_ports();
+        let a = srp_target_port(&c.srp[0], &BTreeMap::new(), &ports);
+        let b = srp_target_port(&c.srp[1], &BTreeMap::new(), &ports);
+        assert_eq!((a.ids, b.ids), (PortIds::alone(1), PortIds::alone(2)));
         assert_eq!(a.id_ext, 0x0002_c903_0000_1111);
         assert_ne!(b.id_ext, b.ioc_guid);
         assert_eq!(

@@ -17,7 +17,8 @@ use rtgt_api::config::{self, Config};
 use rtgt_api::diff::{backstore_change, BackstoreChange, LiveChange};
 use rtgt_api::metrics::Metrics;
 use rtgt_api::{
-    ChangeReport, Control, ControlError, RdmaDeviceView, RdmaListenerView, RdmaView, SessionView,
+    AluaView, ChangeReport, Control, ControlError, RdmaDeviceView, RdmaListenerView, RdmaView,
+    SessionView,
 };
 use rtgt_backstore::policy::BackstoreRoots;
 use rtgt_backstore::{Backstore, BufPool};
@@ -28,6 +29,7 @@ use tracing::{error, info, warn};
 
 pub use crate::build::STATE_CONFIG;
 use crate::build::{build_target, error_chain, open_device, DaemonError};
+use rtgt_api::alua::{ids_of, PortKey};
 use rtgt_iscsi::iser::IserServer;
 use rtgt_iscsi::{IscsiServer, SessionType};
 use rtgt_rdma_channel::cm::Provider;
@@ -422,7 +424,7 @@ impl DaemonControl {
                     "changed",
                     "srp_port",
                     name,
-                    "identifier or listen addresses changed: its channels were logged out",
+                    "identifier, relative port, target port group or listen addresses changed: its channels were logged out",
                 );
             }
         }
@@ -504,8 +506,11 @@ impl DaemonControl {
                         .find(|g| g.tag == s.params.target_portal_group_tag)
                         .cloned()
                 })
-                .and_then(|g| g.admit(&s.params.initiator_name));
-            let Some((map, _)) = grant else {
+                .and_then(|g| {
+                    g.admit(&s.params.initiator_name)
+                        .map(|(map, auth)| (map, auth, g.ids))
+                });
+            let Some((map, _, ids)) = grant else {
                 info!(session = %id, initiator = %s.params.initiator_name, "session no longer admitted: ending it");
                 self.server.force_logout(s.tsih);
                 report.push_detail(
@@ -516,6 +521,20 @@ impl DaemonControl {
                 );
                 continue;
             };
+            if (s.nexus.relative_port, s.nexus.port_group) != (ids.relative_port, ids.port_group) {
+                info!(session = %id, "target port moved to another relative port or group: ending the session");
+                self.server.force_logout(s.tsih);
+                report.push_detail(
+                    "ended",
+                    "session",
+                    id,
+                    format!(
+                        "its portal group is now relative port {} in target port group {} (the initiator logs in again)",
+                        ids.relative_port, ids.port_group
+                    ),
+                );
+                continue;
+            }
             if !s.luns.remap(&s.nexus, map) {
                 continue;
             }
@@ -568,6 +587,12 @@ impl DaemonControl {
             .map_err(|e| open_failed(i, &e))?;
             opened.push((b.name.clone(), store, dev, replace));
         }
+        if let Some(message) = new.conflict(&old) {
+            return Err(ControlError::Conflict {
+                field: "alua".into(),
+                message,
+            });
+        }
         self.check_srp_listen(&new)?;
         let running: BTreeSet<SocketAddr> = lock(&self.portals).keys().copied().collect();
         let wanted = portals_of(&new);
@@ -594,6 +619,9 @@ impl DaemonControl {
             objects.devices.insert(name.clone(), dev);
             objects.backstores.insert(name, store);
         }
+        let (old_ports, ports) = (old.target_ports(), new.target_ports());
+        let moved = |key: PortKey| ids_of(&old_ports, &key) != ids_of(&ports, &key);
+        crate::build::set_alua(&new, &ports, &objects.devices);
         for t in &new.targets {
             let before = old.target(&t.name);
             let touches_reopened = t
@@ -601,10 +629,15 @@ impl DaemonControl {
                 .iter()
                 .flat_map(|g| g.luns.iter())
                 .any(|l| reopened.contains(&l.backstore));
-            if before == Some(t) && !touches_reopened {
+            let ports_moved = t
+                .portal_groups
+                .iter()
+                .any(|g| moved(PortKey::PortalGroup(t.name.clone(), g.tag)));
+            if before == Some(t) && !touches_reopened && !ports_moved {
                 continue;
             }
-            self.registry.set_target(build_target(t, &objects.devices));
+            self.registry
+                .set_target(build_target(t, &objects.devices, &ports));
             match before {
                 None => report.push("added", "target", t.name.clone()),
                 Some(o) => rtgt_api::diff::target_diff(&mut report, o, t),
@@ -619,11 +652,11 @@ impl DaemonControl {
         for p in &new.srp {
             let before = old.srp.iter().find(|x| x.name == p.name);
             let touches_reopened = p.luns.iter().any(|l| reopened.contains(&l.backstore));
-            if before == Some(p) && !touches_reopened {
+            if before == Some(p) && !touches_reopened && !moved(PortKey::Srp(p.name.clone())) {
                 continue;
             }
             self.registry
-                .set_srp_port(crate::build::srp_target_port(p, &objects.devices));
+                .set_srp_port(crate::build::srp_target_port(p, &objects.devices, &ports));
             match before {
                 None => report.push("added", "srp_port", p.name.clone()),
                 Some(o) => rtgt_api::diff::srp_diff(&mut report, o, p),
@@ -795,6 +828,25 @@ impl Control for DaemonControl {
         }
     }
 
+    async fn alua(&self) -> Vec<AluaView> {
+        let objects = self.objects.lock().await;
+        let mut out = Vec::new();
+        for (name, d) in &objects.devices {
+            for g in d.port_groups() {
+                out.push(AluaView {
+                    backstore: name.clone(),
+                    group: g.id,
+                    state: g.state.name().into(),
+                    preferred: g.preferred,
+                    relative_ports: g.relative_ports,
+                    implicit: g.implicit,
+                    explicit: g.explicit,
+                });
+            }
+        }
+        out
+    }
+
     fn metrics(&self) -> String {
         let m = &self.metrics;
         let sessions = self.sessions();
@@ -849,6 +901,13 @@ impl Control for DaemonControl {
                     .set(f64::from(u8::from(d.is_direct())));
                 m.gauge("rtgt_lun_write_cache", &[("backstore", name.clone())])
                     .set(f64::from(u8::from(d.write_cache())));
+                for g in d.port_groups() {
+                    let labels = [("backstore", name.clone()), ("group", g.id.to_string())];
+                    m.gauge("rtgt_alua_access_state", &labels)
+                        .set(f64::from(g.state.code()));
+                    m.gauge("rtgt_alua_preferred", &labels)
+                        .set(f64::from(u8::from(g.preferred)));
+                }
             }
         }
         m.gauge("rtgt_portals_listening", &[])

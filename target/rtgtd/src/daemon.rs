@@ -297,7 +297,13 @@ mod tests {
             Some(registry.clone()),
             Some(vec![("session", "s1".into())]),
         );
-        let nexus = rtgt_iscsi::session::make_nexus("iqn.2025-01.io.rtgt:i", &[0; 6], "t", 1);
+        let nexus = rtgt_iscsi::session::make_nexus(
+            "iqn.2025-01.io.rtgt:i",
+            &[0; 6],
+            "t",
+            1,
+            rtgt_scsi::core::PortIds::alone(1),
+        );
         let tur = [0u8; 6];
         // The first command of a nexus reports POWER ON; the second succeeds.
         let r = live.execute(&nexus, 0, cmd(&tur, 0)).await;

@@ -102,6 +102,14 @@ impl AccessState {
         (!allowed).then(|| Sense::new(key::NOT_READY, code))
     }
 
+    /// Whether it processes reads and writes.
+    pub fn is_active(self) -> bool {
+        matches!(
+            self,
+            AccessState::ActiveOptimized | AccessState::ActiveNonOptimized
+        )
+    }
+
     /// Its bit among the supported states of a target port group descriptor (byte 1).
     fn sup_bit(self) -> u8 {
         match self {
@@ -196,17 +204,9 @@ enum Changed {
 #[derive(Debug)]
 pub(crate) struct Alua {
     groups: Vec<(PortGroup, Changed)>,
-    learn: bool,
+    /// The groups as last configured (empty: learned).
+    configured: Vec<PortGroup>,
     transition_secs: u8,
-}
-
-/// Why an implicit change was refused.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum AluaError {
-    #[error("the logical unit has no target port group {0}")]
-    UnknownGroup(u16),
-    #[error("target port group {0} does not allow implicit changes")]
-    NotImplicit(u16),
 }
 
 impl Alua {
@@ -217,22 +217,35 @@ impl Alua {
                 .iter()
                 .map(|g| (g.clone(), Changed::Not))
                 .collect(),
-            learn: config.groups.is_empty(),
+            configured: config.groups.clone(),
             transition_secs: config.transition_secs,
         }
     }
 
+    fn learns(&self) -> bool {
+        self.configured.is_empty()
+    }
+
+    /// The TPGS field of standard INQUIRY data, as the groups are now.
+    pub(crate) fn tpgs(&self) -> u8 {
+        AluaConfig {
+            groups: self.configured.clone(),
+            transition_secs: 0,
+        }
+        .tpgs()
+    }
+
+    /// The groups as they are now, learned ones included.
+    pub(crate) fn groups(&self) -> Vec<PortGroup> {
+        self.groups.iter().map(|(g, _)| g.clone()).collect()
+    }
+
     /// Adds the group and port of a new I_T nexus when the groups are learned.
-    pub(crate) fn learn(&mut self, nexus: &Nexus) {
-        if !self.learn {
+    pub(crate) fn learn(&mut self, port_group: u16, port: u16) {
+        if !self.learns() {
             return;
         }
-        let port = nexus.relative_port;
-        match self
-            .groups
-            .iter_mut()
-            .find(|(g, _)| g.id == nexus.port_group)
-        {
+        match self.groups.iter_mut().find(|(g, _)| g.id == port_group) {
             Some((g, _)) => {
                 if !g.relative_ports.contains(&port) {
                     g.relative_ports.push(port);
@@ -240,7 +253,79 @@ impl Alua {
             }
             None => self
                 .groups
-                .push((PortGroup::learned(nexus.port_group, port), Changed::Not)),
+                .push((PortGroup::learned(port_group, port), Changed::Not)),
+        }
+    }
+
+    /// Takes a new configuration (already validated), as an implicit change: a group whose
+    /// state, preference and allowed changes are as last configured keeps its live state
+    /// (SET TARGET PORT GROUPS may have moved it) and takes the new port list; any other
+    /// takes the configured state. With no groups configured they are learned again from
+    /// `nexuses` (target port group, relative port). Returns whether the state of any port
+    /// changed, which every I_T nexus is to hear of.
+    pub(crate) fn reconfigure(
+        &mut self,
+        config: &AluaConfig,
+        nexuses: impl Iterator<Item = (u16, u16)>,
+    ) -> bool {
+        let old = self.port_states();
+        let same = |a: &PortGroup, b: &PortGroup| {
+            (a.state, a.preferred, a.implicit, a.explicit)
+                == (b.state, b.preferred, b.implicit, b.explicit)
+        };
+        let groups = config
+            .groups
+            .iter()
+            .map(|g| {
+                let kept = self.configured.iter().any(|c| c.id == g.id && same(c, g));
+                match self.groups.iter().find(|(l, _)| l.id == g.id) {
+                    Some((live, changed)) if kept => (
+                        PortGroup {
+                            relative_ports: g.relative_ports.clone(),
+                            ..live.clone()
+                        },
+                        *changed,
+                    ),
+                    Some((live, changed)) if live.state == g.state => (g.clone(), *changed),
+                    Some(_) => (g.clone(), Changed::Implicitly),
+                    None => (g.clone(), Changed::Not),
+                }
+            })
+            .collect();
+        self.groups = groups;
+        self.configured = config.groups.clone();
+        self.transition_secs = config.transition_secs;
+        for (group, port) in nexuses {
+            self.learn(group, port);
+        }
+        let new = self.port_states();
+        old.iter()
+            .chain(new.iter())
+            .any(|(p, _)| self.port_state(&old, *p) != self.port_state(&new, *p))
+    }
+
+    /// Every relative port in a group, with the group's state.
+    fn port_states(&self) -> Vec<(u16, AccessState)> {
+        self.groups
+            .iter()
+            .flat_map(|(g, _)| g.relative_ports.iter().map(|p| (*p, g.state)))
+            .collect()
+    }
+
+    /// The state of relative port `port` among `states`: a port in no group is
+    /// active/optimized while the groups are learned, unavailable when they are configured.
+    fn port_state(&self, states: &[(u16, AccessState)], port: u16) -> AccessState {
+        states
+            .iter()
+            .find(|(p, _)| *p == port)
+            .map_or(self.outside(), |(_, s)| *s)
+    }
+
+    fn outside(&self) -> AccessState {
+        if self.learns() {
+            AccessState::ActiveOptimized
+        } else {
+            AccessState::Unavailable
         }
     }
 
@@ -250,40 +335,7 @@ impl Alua {
         self.groups
             .iter()
             .find(|(g, _)| g.id == nexus.port_group)
-            .map_or(
-                if self.learn {
-                    AccessState::ActiveOptimized
-                } else {
-                    AccessState::Unavailable
-                },
-                |(g, _)| g.state,
-            )
-    }
-
-    /// Sets the state of group `id` as an implicit change; whether it changed.
-    pub(crate) fn set_implicit(
-        &mut self,
-        id: u16,
-        state: AccessState,
-        preferred: Option<bool>,
-    ) -> Result<bool, AluaError> {
-        let (g, changed) = self
-            .groups
-            .iter_mut()
-            .find(|(g, _)| g.id == id)
-            .ok_or(AluaError::UnknownGroup(id))?;
-        if !g.implicit {
-            return Err(AluaError::NotImplicit(id));
-        }
-        let moved = g.state != state;
-        g.state = state;
-        if let Some(p) = preferred {
-            g.preferred = p;
-        }
-        if moved {
-            *changed = Changed::Implicitly;
-        }
-        Ok(moved)
+            .map_or(self.outside(), |(g, _)| g.state)
     }
 
     /// REPORT TARGET PORT GROUPS parameter data, in the extended format or with the
@@ -442,23 +494,5 @@ mod tests {
             transition_secs: 0,
         };
         assert_eq!(only_implicit.tpgs(), 0x10);
-    }
-
-    #[test]
-    fn implicit_changes_need_a_known_group_that_allows_them() {
-        let mut cfg = AluaConfig {
-            groups: vec![group(1, &[1], AccessState::ActiveOptimized)],
-            transition_secs: 0,
-        };
-        cfg.groups[0].implicit = false;
-        let mut a = Alua::new(&cfg);
-        assert_eq!(
-            a.set_implicit(1, AccessState::Standby, None),
-            Err(AluaError::NotImplicit(1))
-        );
-        assert_eq!(
-            a.set_implicit(9, AccessState::Standby, None),
-            Err(AluaError::UnknownGroup(9))
-        );
     }
 }

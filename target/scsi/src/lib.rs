@@ -38,12 +38,12 @@ mod tests;
 use std::collections::{BTreeMap, HashMap};
 use std::os::fd::RawFd;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use rtgt_backstore::{Backstore, BackstoreError, BufPool, IoBuf};
 
-pub use alua::{AccessState, AluaConfig, AluaError, PortGroup};
+pub use alua::{AccessState, AluaConfig, PortGroup};
 pub use lun_map::{lun_from_bytes, lun_to_bytes};
 pub use ua::UnitAttention;
 pub use xcopy::DeviceRegistry;
@@ -297,8 +297,21 @@ struct NexusState {
     ua: UaQueue,
     initiator_port: String,
     relative_port: u16,
+    port_group: u16,
     /// PREVENT ALLOW MEDIUM REMOVAL state of this nexus.
     prevent: bool,
+}
+
+impl NexusState {
+    fn new(nexus: &Nexus, ua: UaQueue) -> NexusState {
+        NexusState {
+            ua,
+            initiator_port: nexus.initiator_port.clone(),
+            relative_port: nexus.relative_port,
+            port_group: nexus.port_group,
+            prevent: false,
+        }
+    }
 }
 
 /// Mutable logical unit state, behind one mutex that is never held across an await.
@@ -397,8 +410,8 @@ pub struct Device {
     lbppb_exp: u8,
     num_blocks: AtomicU64,
     hw_read_only: bool,
-    /// TPGS of standard INQUIRY data ([`AluaConfig::tpgs`]).
-    tpgs: u8,
+    /// TPGS of standard INQUIRY data ([`AluaConfig::tpgs`]); it changes with the groups.
+    tpgs: AtomicU8,
     state: Mutex<DevState>,
     range_lock: Arc<range_lock::RangeLock>,
     /// Ordering of the logical unit's task set ([`task`]).
@@ -550,7 +563,7 @@ impl Device {
             lbppb_exp,
             num_blocks: AtomicU64::new(info.num_blocks),
             hw_read_only: info.read_only || config.read_only,
-            tpgs: config.alua.tpgs(),
+            tpgs: AtomicU8::new(config.alua.tpgs()),
             state: Mutex::new(DevState {
                 nexuses: HashMap::new(),
                 mode: defaults,
@@ -611,7 +624,7 @@ impl Device {
         match c.support {
             Support::Always => true,
             Support::Thin => self.thin(),
-            Support::ExplicitAlua => self.tpgs & 0x20 != 0,
+            Support::ExplicitAlua => self.tpgs() & 0x20 != 0,
         }
     }
 
@@ -673,15 +686,9 @@ impl Device {
         self.nexus_loss(nexus);
         let mut ua = UaQueue::default();
         ua.push(UnitAttention::ItNexusLoss);
-        self.lock().nexuses.insert(
-            nexus.id,
-            NexusState {
-                ua,
-                initiator_port: nexus.initiator_port.clone(),
-                relative_port: nexus.relative_port,
-                prevent: false,
-            },
-        );
+        self.lock()
+            .nexuses
+            .insert(nexus.id, NexusState::new(nexus, ua));
     }
 
     /// The unit attention the next command of `nexus` would report (QUERY ASYNCHRONOUS
@@ -742,22 +749,37 @@ impl Device {
         self.lock().mode.wce
     }
 
-    /// Changes the state (and, when given, the preferred bit) of target port group `group`
-    /// as an implicit transition (an administrator, a cluster manager): when the state
-    /// changed, every I_T nexus gets ASYMMETRIC ACCESS STATE CHANGED.
-    pub fn set_access_state(
-        &self,
-        group: u16,
-        state: AccessState,
-        preferred: Option<bool>,
-    ) -> Result<(), AluaError> {
+    /// The TPGS field of standard INQUIRY data.
+    pub(crate) fn tpgs(&self) -> u8 {
+        self.tpgs.load(Ordering::Relaxed)
+    }
+
+    /// Takes new target port groups (the configuration changed; see
+    /// [`alua::Alua::reconfigure`] for which states are kept). Every I_T nexus gets
+    /// ASYMMETRIC ACCESS STATE CHANGED when the state of a port changed, and INQUIRY DATA
+    /// HAS CHANGED when TPGS did.
+    pub fn set_alua(&self, config: &AluaConfig) -> Result<(), ScsiError> {
+        config.validate().map_err(ScsiError::InvalidConfig)?;
         let mut st = self.lock();
-        if st.alua.set_implicit(group, state, preferred)? {
+        let nexuses: Vec<(u16, u16)> = st
+            .nexuses
+            .values()
+            .map(|n| (n.port_group, n.relative_port))
+            .collect();
+        if st.alua.reconfigure(config, nexuses.into_iter()) {
             st.post_all(UnitAttention::AsymmetricAccessChanged, None);
-            tracing::info!(device = %self.config.name, group, state = state.name(),
-                "target port group state set");
+            tracing::info!(device = %self.config.name, "target port group states changed");
+        }
+        let tpgs = st.alua.tpgs();
+        if self.tpgs.swap(tpgs, Ordering::Relaxed) != tpgs {
+            st.post_all(UnitAttention::InquiryDataChanged, None);
         }
         Ok(())
+    }
+
+    /// The target port groups as they are now (learned ones included).
+    pub fn port_groups(&self) -> Vec<PortGroup> {
+        self.lock().alua.groups()
     }
 
     /// Establishes REPORTED LUNS DATA HAS CHANGED for every I_T nexus.
@@ -871,17 +893,12 @@ impl Device {
             let mut st = self.lock();
             let d_sense = st.mode.d_sense;
             if !st.nexuses.contains_key(&nexus.id) {
-                st.alua.learn(nexus);
+                st.alua.learn(nexus.port_group, nexus.relative_port);
             }
             let ns = st.nexuses.entry(nexus.id).or_insert_with(|| {
                 let mut ua = UaQueue::default();
                 ua.push(UnitAttention::PowerOn);
-                NexusState {
-                    ua,
-                    initiator_port: nexus.initiator_port.clone(),
-                    relative_port: nexus.relative_port,
-                    prevent: false,
-                }
+                NexusState::new(nexus, ua)
             });
             // INQUIRY, REPORT LUNS and REQUEST SENSE neither report nor clear unit
             // attentions (SAM-5 5.14); REQUEST SENSE returns them as parameter data.

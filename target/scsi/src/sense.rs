@@ -66,6 +66,7 @@ pub mod asc {
     pub const ASYMMETRIC_ACCESS_STATE_CHANGED: Code = (0x2A, 0x06);
     pub const SAVING_PARAMS_NOT_SUPPORTED: Code = (0x39, 0x00);
     pub const REPORTED_LUNS_CHANGED: Code = (0x3F, 0x0E);
+    pub const INQUIRY_DATA_CHANGED: Code = (0x3F, 0x03);
     pub const INTERNAL_TARGET_FAILURE: Code = (0x44, 0x00);
     pub const MEDIUM_REMOVAL_PREVENTED: Code = (0x53, 0x02);
     pub const INSUFFICIENT_REGISTRATION_RESOURCES: Code = (0x55, 0x04);

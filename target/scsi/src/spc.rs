@@ -37,7 +37,7 @@ pub fn standard_inquiry(dev: &Device, peripheral: u8) -> Vec<u8> {
     b[2] = 0x06; // SPC-4
     b[3] = 0x12; // HISUP, RESPONSE DATA FORMAT 2
     b[4] = (STD_INQUIRY_LEN - 5) as u8;
-    b[5] = 0x08 | dev.tpgs; // 3PC: EXTENDED COPY; TPGS
+    b[5] = 0x08 | dev.tpgs(); // 3PC: EXTENDED COPY; TPGS
     b[7] = 0x02; // CMDQUE
     pad_ascii(&mut b[8..16], &dev.config.vendor);
     pad_ascii(&mut b[16..32], &dev.config.product);

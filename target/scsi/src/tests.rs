@@ -2734,7 +2734,9 @@ async fn standby_and_the_other_states_refuse_what_spc_says_with_the_exact_sense(
         (AccessState::Transitioning, asc::ALUA_TRANSITION),
         (AccessState::Offline, asc::LU_OFFLINE),
     ] {
-        dev.set_access_state(2, state, None).unwrap();
+        let mut alua = alua_cfg().alua;
+        alua.groups[1].state = state;
+        dev.set_alua(&alua).unwrap();
         for n in [&a, &b] {
             let r = run(&dev, n, &READ10, None, 512).await;
             check(
@@ -2757,12 +2759,10 @@ async fn standby_and_the_other_states_refuse_what_spc_says_with_the_exact_sense(
     let r = run(&dev, &a, &RTPG_EXT, None, 256).await;
     assert_eq!(rtpg_groups(&data(&r))[1].3, 2, "status: altered implicitly");
     // The same state again changes nothing and tells nobody.
-    dev.set_access_state(2, AccessState::Offline, None).unwrap();
+    let mut alua = alua_cfg().alua;
+    alua.groups[1].state = AccessState::Offline;
+    dev.set_alua(&alua).unwrap();
     good(&run(&dev, &a, &READ10, None, 512).await);
-    assert_eq!(
-        dev.set_access_state(9, AccessState::Standby, None),
-        Err(AluaError::UnknownGroup(9))
-    );
 
     // A port in no configured group is unavailable.
     let c = nx_port(3, 7, 7);
@@ -2799,6 +2799,100 @@ async fn set_target_port_groups_switches_the_owner_and_tells_the_other_nexuses()
         rtpg_groups(&data(&r)),
         [(1, 0x2, true, 1, vec![1]), (2, 0x0, false, 1, vec![2])]
     );
+}
+
+#[tokio::test]
+async fn a_new_configuration_keeps_explicit_states_of_groups_it_does_not_change() {
+    let dev = make(alua_cfg());
+    let (a, b) = (nx_port(1, 1, 1), nx_port(2, 2, 2));
+    ready(&dev, &a).await;
+    let r = run(&dev, &b, &RTPG_EXT, None, 256).await;
+    check(&r, key::UNIT_ATTENTION, asc::POWER_ON_RESET);
+    // B takes the logical unit with SET TARGET PORT GROUPS.
+    let (cdb, p) = stpg(&[(0x2, 1), (0x0, 2)]);
+    good(&run(&dev, &b, &cdb, Some(&p), 0).await);
+    let r = run(&dev, &a, &RTPG_EXT, None, 256).await;
+    check(
+        &r,
+        key::UNIT_ATTENTION,
+        asc::ASYMMETRIC_ACCESS_STATE_CHANGED,
+    );
+    // A port added to group 2 only: the states SET TARGET PORT GROUPS set stay (the new
+    // port's state is news: it was in no group, unavailable).
+    let mut alua = alua_cfg().alua;
+    alua.groups[1].relative_ports.push(5);
+    dev.set_alua(&alua).unwrap();
+    let r = run(&dev, &b, &READ10, None, 512).await;
+    check(
+        &r,
+        key::UNIT_ATTENTION,
+        asc::ASYMMETRIC_ACCESS_STATE_CHANGED,
+    );
+    good(&run(&dev, &b, &READ10, None, 512).await);
+    // The same configuration again is no news.
+    dev.set_alua(&alua).unwrap();
+    good(&run(&dev, &b, &READ10, None, 512).await);
+    let r = run(&dev, &a, &RTPG_EXT, None, 256).await;
+    check(
+        &r,
+        key::UNIT_ATTENTION,
+        asc::ASYMMETRIC_ACCESS_STATE_CHANGED,
+    );
+    let r = run(&dev, &a, &RTPG_EXT, None, 256).await;
+    assert_eq!(
+        rtpg_groups(&data(&r)),
+        [(1, 0x2, true, 1, vec![1]), (2, 0x0, false, 1, vec![2, 5])]
+    );
+    // Group 1's configured state changes: it takes it, implicitly; group 2 keeps its own.
+    // (A was standby: set by SET TARGET PORT GROUPS, and its configured state had not changed.)
+    alua.groups[0].state = AccessState::ActiveNonOptimized;
+    dev.set_alua(&alua).unwrap();
+    for n in [&a, &b] {
+        let r = run(&dev, n, &READ10, None, 512).await;
+        check(
+            &r,
+            key::UNIT_ATTENTION,
+            asc::ASYMMETRIC_ACCESS_STATE_CHANGED,
+        );
+    }
+    let r = run(&dev, &a, &RTPG_EXT, None, 256).await;
+    assert_eq!(
+        rtpg_groups(&data(&r)),
+        [(1, 0x1, true, 2, vec![1]), (2, 0x0, false, 1, vec![2, 5])]
+    );
+    good(&run(&dev, &a, &READ10, None, 512).await);
+
+    // No groups configured any more: learned again from the nexuses, all active/optimized,
+    // and TPGS changed (implicit only before, both now).
+    for g in &mut alua.groups {
+        g.explicit = false;
+    }
+    dev.set_alua(&alua).unwrap();
+    ready(&dev, &a).await;
+    let r = run(&dev, &a, &[0x12, 0, 0, 0, 96, 0], None, 96).await;
+    assert_eq!(data(&r)[5] & 0x30, 0x10);
+    dev.set_alua(&AluaConfig::default()).unwrap();
+    let r = run(&dev, &a, &READ10, None, 512).await;
+    check(
+        &r,
+        key::UNIT_ATTENTION,
+        asc::ASYMMETRIC_ACCESS_STATE_CHANGED,
+    );
+    let r = run(&dev, &a, &READ10, None, 512).await;
+    check(&r, key::UNIT_ATTENTION, asc::INQUIRY_DATA_CHANGED);
+    let r = run(&dev, &a, &[0x12, 0, 0, 0, 96, 0], None, 96).await;
+    assert_eq!(data(&r)[5] & 0x30, 0x30);
+    let r = run(&dev, &a, &RTPG_EXT, None, 256).await;
+    assert_eq!(
+        rtpg_groups(&data(&r)),
+        [(1, 0x0, false, 0, vec![1]), (2, 0x0, false, 0, vec![2])]
+    );
+    assert_eq!(dev.port_groups().len(), 2);
+    // A configuration that names a port twice is refused and changes nothing.
+    let mut bad = alua_cfg().alua;
+    bad.groups[1].relative_ports = vec![1];
+    assert!(dev.set_alua(&bad).is_err());
+    assert_eq!(dev.port_groups().len(), 2);
 }
 
 #[tokio::test]

@@ -33,6 +33,8 @@ pub enum UnitAttention {
     AsymmetricAccessChanged,
     /// REPORTED LUNS DATA HAS CHANGED (3Fh/0Eh).
     ReportedLunsChanged,
+    /// INQUIRY DATA HAS CHANGED (3Fh/03h): TPGS changed with the target port groups.
+    InquiryDataChanged,
 }
 
 impl UnitAttention {
@@ -50,6 +52,7 @@ impl UnitAttention {
             UnitAttention::CapacityChanged => asc::CAPACITY_DATA_CHANGED,
             UnitAttention::AsymmetricAccessChanged => asc::ASYMMETRIC_ACCESS_STATE_CHANGED,
             UnitAttention::ReportedLunsChanged => asc::REPORTED_LUNS_CHANGED,
+            UnitAttention::InquiryDataChanged => asc::INQUIRY_DATA_CHANGED,
         }
     }
 

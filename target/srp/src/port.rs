@@ -14,7 +14,7 @@ use rtgt_backstore::BufPool;
 use rtgt_rdma_channel::mem::PoolMrs;
 use rtgt_rdma_channel::Endpoint;
 use rtgt_rdma_channel::ProviderError;
-use rtgt_scsi::core::{srp_port_name, LiveLuns, Registry, SrpTargetPort};
+use rtgt_scsi::core::{srp_port_name, LiveLuns, PortIds, Registry, SrpTargetPort};
 use rtgt_scsi::Nexus;
 
 use super::channel::{Channel, CloseReason};
@@ -37,15 +37,15 @@ pub fn transport_id(initiator_port_id: &[u8; 16]) -> Vec<u8> {
     t
 }
 
-/// The I_T nexus of an SRP initiator port and target port.
-pub fn make_nexus(initiator: &[u8; 16], target: &[u8; 16], relative_port: u16) -> Nexus {
+/// The I_T nexus of an SRP initiator port and target port `ids`.
+pub fn make_nexus(initiator: &[u8; 16], target: &[u8; 16], ids: PortIds) -> Nexus {
     Nexus {
         id: NEXUS_ID.fetch_add(1, Ordering::Relaxed),
         initiator_port: srp_port_name(initiator),
         transport_id: transport_id(initiator),
         target_port: srp_port_name(target),
-        relative_port,
-        port_group: relative_port,
+        relative_port: ids.relative_port,
+        port_group: ids.port_group,
     }
 }
 
@@ -127,8 +127,6 @@ pub struct SrpPort {
     config: RwLock<Arc<SrpTargetPort>>,
     pub limits: Limits,
     pub pool: Arc<BufPool>,
-    /// Relative target port identifier (VPD 0x83).
-    pub relative_port: u16,
     /// Where sessions record their command metrics.
     registry: Option<Arc<Registry>>,
     me: Weak<SrpPort>,
@@ -136,13 +134,8 @@ pub struct SrpPort {
 }
 
 impl SrpPort {
-    pub fn new(
-        config: Arc<SrpTargetPort>,
-        limits: Limits,
-        pool: Arc<BufPool>,
-        relative_port: u16,
-    ) -> Arc<SrpPort> {
-        Self::with_registry(config, limits, pool, relative_port, None)
+    pub fn new(config: Arc<SrpTargetPort>, limits: Limits, pool: Arc<BufPool>) -> Arc<SrpPort> {
+        Self::with_registry(config, limits, pool, None)
     }
 
     /// A port whose sessions record their command metrics in `registry`'s.
@@ -150,14 +143,12 @@ impl SrpPort {
         config: Arc<SrpTargetPort>,
         limits: Limits,
         pool: Arc<BufPool>,
-        relative_port: u16,
         registry: Option<Arc<Registry>>,
     ) -> Arc<SrpPort> {
         Arc::new_cyclic(|me| SrpPort {
             config: RwLock::new(config),
             limits,
             pool,
-            relative_port,
             registry,
             me: me.clone(),
             sessions: Mutex::new(HashMap::new()),
@@ -213,7 +204,7 @@ impl SrpPort {
         let session = {
             let mut map = lock(&self.sessions);
             let e = map.entry(req.initiator_port_id).or_insert_with(|| {
-                let nexus = make_nexus(&req.initiator_port_id, &port_id, self.relative_port);
+                let nexus = make_nexus(&req.initiator_port_id, &port_id, config.ids);
                 let labels = vec![
                     ("session", format!("srp-{}", nexus.id)),
                     ("initiator", name.clone()),

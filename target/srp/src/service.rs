@@ -94,8 +94,6 @@ struct Listening {
 struct State {
     ports: BTreeMap<String, Arc<SrpPort>>,
     listeners: BTreeMap<SocketAddr, Listening>,
-    /// Relative port identifiers (VPD 0x83) of the ports, kept across changes.
-    relative: BTreeMap<String, u16>,
     /// Listeners being stopped (see [`SrpService::stopped`]).
     stopping: Vec<tokio::task::JoinHandle<()>>,
 }
@@ -105,7 +103,8 @@ struct State {
 pub enum PortChange {
     Added(String),
     Removed(String),
-    /// Its identifier or listen addresses changed: its channels were logged out.
+    /// Its identifier, relative port, target port group or listen addresses changed: its
+    /// channels were logged out.
     Restarted(String),
 }
 
@@ -131,7 +130,8 @@ impl SrpService {
     /// Makes the served ports match the registry's: new ports start (and their listen
     /// addresses with them), removed ones log their channels out, changed LUNs and ACLs
     /// take effect for new logins (see [`SrpService::update_sessions`] for live ones). A
-    /// port whose identifier or listen addresses changed starts again.
+    /// port whose identifier, relative port, target port group or listen addresses changed
+    /// starts again.
     pub fn sync(&self) -> Vec<PortChange> {
         let wanted = self.registry.srp_ports();
         let mut st = self.state();
@@ -140,7 +140,7 @@ impl SrpService {
         for name in names {
             let keep = wanted.iter().find(|w| w.name == name).filter(|w| {
                 let cur = st.ports[&name].config();
-                cur.port_id() == w.port_id() && cur.listen == w.listen
+                cur.port_id() == w.port_id() && cur.listen == w.listen && cur.ids == w.ids
             });
             match keep {
                 Some(w) => st.ports[&name].set_config(w.clone()),
@@ -150,7 +150,6 @@ impl SrpService {
                     if wanted.iter().any(|w| w.name == name) {
                         changes.push(PortChange::Restarted(name));
                     } else {
-                        st.relative.remove(&name);
                         tracing::info!(port = %name, "SRP target port removed");
                         changes.push(PortChange::Removed(name));
                     }
@@ -161,21 +160,10 @@ impl SrpService {
             if st.ports.contains_key(&cfg.name) {
                 continue;
             }
-            let rel = match st.relative.get(&cfg.name) {
-                Some(r) => *r,
-                None => {
-                    let used: std::collections::BTreeSet<u16> =
-                        st.relative.values().copied().collect();
-                    let r = (1..=u16::MAX).find(|r| !used.contains(r)).unwrap_or(1);
-                    st.relative.insert(cfg.name.clone(), r);
-                    r
-                }
-            };
             let port = SrpPort::with_registry(
                 cfg.clone(),
                 Limits::default(),
                 self.pool.clone(),
-                rel,
                 Some(self.registry.clone()),
             );
             for s in add_target_strings(cfg, &self.rdma.addrs()) {

@@ -425,6 +425,7 @@ mod tests {
             alias: None,
             portal_groups: vec![PortalGroup {
                 tag: 3,
+                ids: rtgt_scsi::core::PortIds::alone(3),
                 portals: vec![],
                 auth,
                 acls: HashMap::new(),

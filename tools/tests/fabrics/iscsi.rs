@@ -60,6 +60,7 @@ pub(crate) async fn lab_on(
         alias: Some("loop".into()),
         portal_groups: vec![PortalGroup {
             tag: 1,
+            ids: rtgt_scsi::core::PortIds::alone(1),
             portals: vec![addr],
             auth,
             acls,

@@ -103,6 +103,7 @@ pub(crate) async fn fab_on(drop_ppm: u32, auth: Auth, pool: Arc<BufPool>, dev: A
         alias: None,
         portal_groups: vec![PortalGroup {
             tag: 1,
+            ids: rtgt_scsi::core::PortIds::alone(1),
             portals: vec![SocketAddr::new(ip(1), PORT)],
             auth,
             acls: HashMap::new(),

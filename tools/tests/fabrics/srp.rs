@@ -190,6 +190,7 @@ fn rig_with(faults: Option<FaultConfig>, allow_any: bool, acl: Option<[u8; 16]>)
     }
     let cfg = SrpTargetPort {
         name: "srp-test".into(),
+        ids: rtgt_scsi::core::PortIds::alone(1),
         id_ext: ID_EXT,
         ioc_guid: IOC_GUID,
         listen: Vec::new(),
@@ -197,7 +198,7 @@ fn rig_with(faults: Option<FaultConfig>, allow_any: bool, acl: Option<[u8; 16]>)
         allow_any_initiator: allow_any,
         luns,
     };
-    let port = SrpPort::new(Arc::new(cfg), Limits::default(), pool, 1);
+    let port = SrpPort::new(Arc::new(cfg), Limits::default(), pool);
     Rig {
         port,
         store,

@@ -101,10 +101,31 @@ pub struct Acl {
     pub luns: LunMap,
 }
 
+/// Where a target port sits: its relative target port identifier and its target port
+/// group (VPD 0x83, REPORT TARGET PORT GROUPS, the groups' access states).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PortIds {
+    pub relative_port: u16,
+    pub port_group: u16,
+}
+
+impl PortIds {
+    /// Relative port `id` alone in group `id` (a port of its own when no groups are
+    /// configured).
+    pub fn alone(id: u16) -> PortIds {
+        PortIds {
+            relative_port: id,
+            port_group: id,
+        }
+    }
+}
+
 /// A target portal group: the unit of access control (LIO's TPG).
 #[derive(Clone)]
 pub struct PortalGroup {
     pub tag: u16,
+    /// The target port the group is (all its portals, iSCSI and iSER).
+    pub ids: PortIds,
     pub portals: Vec<SocketAddr>,
     /// Authentication for initiators that match no ACL-specific settings.
     pub auth: Auth,
@@ -150,6 +171,7 @@ pub struct Target {
 #[derive(Clone)]
 pub struct SrpTargetPort {
     pub name: String,
+    pub ids: PortIds,
     /// Identifier extension: the first half of the target port identifier.
     pub id_ext: u64,
     /// I/O controller GUID: the second half.
