@@ -2643,3 +2643,141 @@ rdma: {{enabled: false}}
     assert_eq!(rtpg(&r.data).1[0], (1, 0, true, vec![1, 2]));
     assert!(!d.log().contains("panicked"));
 }
+
+/// The Pacemaker resource agent (`deploy/ocf/alua-group`) under `ocf-tester` (every action
+/// in the order Pacemaker uses them, idempotence, probes without binaries), then two instances
+/// driven as a promotable clone would be through a failover: the owner is demoted and
+/// stopped, the other promoted; rtgtd's states follow, and a stop that would leave no active
+/// group still succeeds.
+#[test]
+fn ocf_agent_moves_groups_as_pacemaker_drives_it() {
+    if !prerequisite("ocf-tester", &["ocf-tester", "--version"]) {
+        return;
+    }
+    let (p1, p2) = (free_port(), free_port());
+    let config = format!(
+        "\
+backstores:
+  - {{name: d0, type: ramdisk, size: 8MiB}}
+targets:
+  - name: {TARGET}
+    portal_groups:
+      - {{tag: 1, portals: ['127.0.0.1:{p1}'], allow_any_initiator: true, alua_group: 1, luns: [{{lun: 0, backstore: d0}}]}}
+      - {{tag: 2, portals: ['127.0.0.1:{p2}'], allow_any_initiator: true, alua_group: 2, luns: [{{lun: 0, backstore: d0}}]}}
+alua:
+  groups:
+    - {{id: 1}}
+    - {{id: 2, state: active_non_optimized}}
+rdma: {{enabled: false}}
+{NO_TCP_API}"
+    );
+    let d = Daemon::start("ocf", &config);
+    let agent = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/ocf/alua-group");
+    let sock = d.dir.join("rtgtd.sock");
+    let rtgtctl = rtgtctl_bin();
+    let rsctmp = d.dir.join("rsctmp");
+    std::fs::create_dir_all(&rsctmp).unwrap();
+    let params = |group: u16| {
+        vec![
+            ("OCF_RESKEY_group".to_string(), group.to_string()),
+            ("OCF_RESKEY_socket".into(), sock.display().to_string()),
+            ("OCF_RESKEY_rtgtctl".into(), rtgtctl.display().to_string()),
+        ]
+    };
+    // ocf-tester on group 1 (group 2 stays active, so every state of group 1 is allowed).
+    let mut tester = Command::new("ocf-tester");
+    tester.args(["-n", "rtgt-g1"]);
+    for (k, v) in params(1) {
+        tester.args([
+            "-o",
+            &format!("{}={v}", k.trim_start_matches("OCF_RESKEY_")),
+        ]);
+    }
+    let out = tester
+        .arg(&agent)
+        .env("HA_RSCTMP", &rsctmp)
+        .output()
+        .expect("run ocf-tester");
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "ocf-tester failed:\n{text}");
+    assert!(text.contains("passed all tests"), "{text}");
+
+    // The agent as a promotable clone runs it.
+    let ocf = |group: u16, action: &str| {
+        let out = Command::new(&agent)
+            .arg(action)
+            .envs(params(group))
+            .env("OCF_ROOT", "/usr/lib/ocf")
+            .env("OCF_RESOURCE_INSTANCE", format!("rtgt-g{group}"))
+            .env("HA_RSCTMP", &rsctmp)
+            .output()
+            .expect("run the agent");
+        out.status.code().unwrap_or(-1)
+    };
+    let states = || {
+        let v: Vec<rtgt_api::AluaView> = d.client().get("/api/v1/alua/states").unwrap();
+        v.iter().map(|a| a.state.clone()).collect::<Vec<_>>()
+    };
+    let (running, promoted, not_running) = (0, 8, 7);
+    assert_eq!(ocf(1, "monitor"), not_running);
+    assert_eq!(ocf(1, "start"), 0);
+    assert_eq!(ocf(2, "start"), 0);
+    let ano = "active_non_optimized".to_string();
+    assert_eq!(states(), [ano.clone(), ano.clone()]);
+    assert_eq!(ocf(1, "promote"), 0);
+    assert_eq!(ocf(1, "monitor"), promoted);
+    assert_eq!(ocf(2, "monitor"), running);
+    assert_eq!(states(), ["active_optimized".to_string(), ano.clone()]);
+    // Failover: the owner is demoted and stopped, the other promoted.
+    assert_eq!(ocf(1, "demote"), 0);
+    assert_eq!(ocf(2, "promote"), 0);
+    assert_eq!(ocf(1, "stop"), 0);
+    assert_eq!(ocf(1, "monitor"), not_running);
+    assert_eq!(ocf(2, "monitor"), promoted);
+    assert_eq!(
+        states(),
+        ["unavailable", "active_optimized"].map(String::from)
+    );
+    // The last active group cannot go: stop succeeds, the group stays active.
+    assert_eq!(ocf(2, "stop"), 0);
+    assert_eq!(
+        states(),
+        ["unavailable", "active_optimized"].map(String::from)
+    );
+    assert_eq!(ocf(2, "monitor"), not_running);
+    // Standby when unpromoted: allowed while the other group is active, else it stays
+    // active (non-optimized).
+    let standby = |group: u16, action: &str| {
+        Command::new(&agent)
+            .arg(action)
+            .envs(params(group))
+            .env("OCF_RESKEY_unpromoted_state", "standby")
+            .env("OCF_ROOT", "/usr/lib/ocf")
+            .env("OCF_RESOURCE_INSTANCE", format!("rtgt-s{group}"))
+            .env("HA_RSCTMP", &rsctmp)
+            .status()
+            .unwrap()
+            .code()
+    };
+    assert_eq!(standby(2, "start"), Some(0));
+    assert_eq!(states(), ["unavailable".to_string(), ano.clone()]);
+    assert_eq!(standby(1, "start"), Some(0));
+    assert_eq!(states(), ["standby".to_string(), ano.clone()]);
+    assert_eq!(standby(1, "promote"), Some(0));
+    assert_eq!(standby(1, "demote"), Some(0));
+    assert_eq!(standby(2, "promote"), Some(0));
+    assert_eq!(states(), ["standby", "active_optimized"].map(String::from));
+    assert_eq!(standby(1, "promote"), Some(0));
+    assert_eq!(standby(2, "demote"), Some(0));
+    assert_eq!(states(), ["active_optimized", "standby"].map(String::from));
+    assert_eq!(standby(2, "monitor"), Some(running));
+    // Bad parameters.
+    let bad = Command::new(&agent)
+        .arg("validate-all")
+        .env("OCF_ROOT", "/usr/lib/ocf")
+        .env("OCF_RESKEY_group", "one")
+        .output()
+        .unwrap();
+    assert_eq!(bad.status.code(), Some(6), "OCF_ERR_CONFIGURED");
+}

@@ -1052,6 +1052,12 @@ fn print_object<T: serde::Serialize>(json: bool, v: &T) {
 }
 
 fn main() -> ExitCode {
+    // Output into a closed pipe (`rtgtctl ... | head`) ends the program quietly, as it does
+    // other command-line tools, rather than as an error.
+    // SAFETY: setting a signal's disposition to the default before any thread starts.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
     let mut ctx = Context::default();
     match run(Args::parse(), &mut ctx) {
         Ok(()) => ExitCode::SUCCESS,
