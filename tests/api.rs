@@ -337,6 +337,7 @@ fn secrets_are_write_only_and_apply_is_declarative() {
         physical_block_size: None,
         removable: false,
         sanitize_rate: None,
+        shared: None,
     });
     let g = &mut next.targets[0].portal_groups[0];
     g.luns.push(rtgt_api::config::Lun {
@@ -522,6 +523,7 @@ fn burst_state(base: &Config, k: usize) -> Config {
             physical_block_size: None,
             removable: false,
             sanitize_rate: None,
+            shared: None,
         });
         c.targets[0].portal_groups[0]
             .luns
@@ -2445,6 +2447,21 @@ fn rtpg(d: &[u8]) -> (u8, Vec<GroupDesc>) {
 const RTPG_EXT: [u8; 12] = [0xa3, 0x2a, 0, 0, 0, 0, 0, 0, 4, 0, 0, 0];
 const READ10: [u8; 10] = [0x28, 0, 0, 0, 0, 0, 0, 0, 1, 0];
 
+/// A ramdisk LUN behind portal groups 1 (on `p1`) and 2 (on `p2`) of one target, in ALUA
+/// groups 1 and 2, with the `alua` section's body `alua`.
+fn two_groups(p1: u16, p2: u16, alua: &str) -> String {
+    let tpg = |tag: u16, port: u16| {
+        format!(
+            "      - {{tag: {tag}, portals: ['127.0.0.1:{port}'], allow_any_initiator: true, alua_group: {tag}, luns: [{{lun: 0, backstore: d0}}], params: {{NopInInterval: 0}}}}\n"
+        )
+    };
+    format!(
+        "backstores:\n  - {{name: d0, type: ramdisk, size: 8MiB}}\ntargets:\n  - name: {TARGET}\n    portal_groups:\n{}{}alua:\n  {alua}\nrdma: {{enabled: false}}\n{NO_TCP_API}",
+        tpg(1, p1),
+        tpg(2, p2)
+    )
+}
+
 /// Two portal groups of one target in two ALUA groups: what initiators see through each
 /// (INQUIRY, VPD 0x83, REPORT TARGET PORT GROUPS, the state's sense), a failover through the
 /// API and rtgtctl with the unit attention on both paths, a change that would leave no
@@ -2453,22 +2470,10 @@ const READ10: [u8; 10] = [0x28, 0, 0, 0, 0, 0, 0, 0, 1, 0];
 #[test]
 fn alua_groups_through_the_api() {
     let (p1, p2) = (free_port(), free_port());
-    let config = format!(
-        "\
-backstores:
-  - {{name: d0, type: ramdisk, size: 8MiB}}
-targets:
-  - name: {TARGET}
-    portal_groups:
-      - {{tag: 1, portals: ['127.0.0.1:{p1}'], allow_any_initiator: true, alua_group: 1, luns: [{{lun: 0, backstore: d0}}], params: {{NopInInterval: 0}}}}
-      - {{tag: 2, portals: ['127.0.0.1:{p2}'], allow_any_initiator: true, alua_group: 2, luns: [{{lun: 0, backstore: d0}}], params: {{NopInInterval: 0}}}}
-alua:
-  transition_secs: 10
-  groups:
-    - {{id: 1, preferred: true}}
-    - {{id: 2, state: active_non_optimized, remote_ports: [9]}}
-rdma: {{enabled: false}}
-{NO_TCP_API}"
+    let config = two_groups(
+        p1,
+        p2,
+        "transition_secs: 10\n  groups:\n    - {id: 1, preferred: true}\n    - {id: 2, state: active_non_optimized, remote_ports: [9]}",
     );
     let mut d = Daemon::start("alua", &config);
     let c = d.client();
@@ -2627,12 +2632,29 @@ rdma: {{enabled: false}}
     doc.targets[0].portal_groups[1].alua_group = Some(1);
     let report: ChangeReport =
         serde_json::from_value(c.send("PUT", "/api/v1/config", &doc).unwrap()).unwrap();
+    for (action, object) in [("ended", "session"), ("changed", "target_port")] {
+        assert!(
+            report
+                .changes
+                .iter()
+                .any(|ch| ch.action == action && ch.object == object),
+            "{action} {object}: {report:?}"
+        );
+    }
+    // A dry run names a group's new state.
+    let mut doc: Config = c.get("/api/v1/config").unwrap();
+    doc.alua.groups[1].state = rtgt_scsi::AccessState::Standby;
+    let dry: ChangeReport =
+        serde_json::from_value(c.send("PUT", "/api/v1/config?dry_run=true", &doc).unwrap())
+            .unwrap();
     assert!(
-        report
-            .changes
-            .iter()
-            .any(|ch| ch.action == "ended" && ch.object == "session"),
-        "{report:?}"
+        dry.changes.iter().any(|ch| ch.object == "alua_group"
+            && ch.name == "2"
+            && ch
+                .detail
+                .as_deref()
+                .is_some_and(|d| d.starts_with("standby"))),
+        "{dry:?}"
     );
     let r = rt.block_on(b.command(0, &READ10, None, 512));
     assert!(r.is_err() || !r.unwrap().is_good());
@@ -2654,22 +2676,10 @@ fn ocf_agent_moves_groups_as_pacemaker_drives_it() {
     if !prerequisite("ocf-tester", &["ocf-tester", "--version"]) {
         return;
     }
-    let (p1, p2) = (free_port(), free_port());
-    let config = format!(
-        "\
-backstores:
-  - {{name: d0, type: ramdisk, size: 8MiB}}
-targets:
-  - name: {TARGET}
-    portal_groups:
-      - {{tag: 1, portals: ['127.0.0.1:{p1}'], allow_any_initiator: true, alua_group: 1, luns: [{{lun: 0, backstore: d0}}]}}
-      - {{tag: 2, portals: ['127.0.0.1:{p2}'], allow_any_initiator: true, alua_group: 2, luns: [{{lun: 0, backstore: d0}}]}}
-alua:
-  groups:
-    - {{id: 1}}
-    - {{id: 2, state: active_non_optimized}}
-rdma: {{enabled: false}}
-{NO_TCP_API}"
+    let config = two_groups(
+        free_port(),
+        free_port(),
+        "groups:\n    - {id: 1}\n    - {id: 2, state: active_non_optimized}",
     );
     let d = Daemon::start("ocf", &config);
     let agent = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/ocf/alua-group");
@@ -2780,4 +2790,125 @@ rdma: {{enabled: false}}
         .output()
         .unwrap();
     assert_eq!(bad.status.code(), Some(6), "OCF_ERR_CONFIGURED");
+}
+
+/// Two rtgtd export one file as one LUN (one WWN, disjoint ALUA groups, each listing the
+/// other's port) with a shared reservation file: initiators logged in to different
+/// gateways see one set of registrations and one reservation, and a preemption through
+/// one gateway fences the preempted initiator on the other.
+#[test]
+fn two_gateways_share_one_lun_and_its_reservations() {
+    let shared = std::env::temp_dir().join(format!("rtgt-api-shared-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&shared);
+    std::fs::create_dir_all(&shared).unwrap();
+    let gateway = |tag: u16, port: u16, remote: u16| {
+        format!(
+            "\
+backstores:
+  - {{name: d0, type: file, path: {dir}/d0.img, size: 16MiB, wwn: 6001405aabbccdd0011223344556677b,
+     serial: shared0001, shared: {{pr_file: {dir}/d0.pr}}}}
+targets:
+  - name: {TARGET}
+    portal_groups:
+      - {{tag: {tag}, portals: ['127.0.0.1:{port}'], allow_any_initiator: true, alua_group: {tag},
+         luns: [{{lun: 0, backstore: d0}}], params: {{NopInInterval: 0}}}}
+alua:
+  groups:
+    - {{id: 1{r1}}}
+    - {{id: 2, state: active_non_optimized{r2}}}
+policy: {{backstore_roots: ['{dir}']}}
+rdma: {{enabled: false}}
+{NO_TCP_API}",
+            dir = shared.display(),
+            r1 = if remote == 1 {
+                ", remote_ports: [1]"
+            } else {
+                ""
+            },
+            r2 = if remote == 2 {
+                ", remote_ports: [2]"
+            } else {
+                ""
+            },
+        )
+    };
+    let (p1, p2) = (free_port(), free_port());
+    let g1 = Daemon::start("gw1", &gateway(1, p1, 2));
+    let g2 = Daemon::start("gw2", &gateway(2, p2, 1));
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let connect = |port: u16, ini: &str| {
+        let addr = format!("127.0.0.1:{port}").parse().unwrap();
+        rt.block_on(Session::connect(addr, login(port, ini, 1)))
+            .unwrap()
+    };
+    let (a, b) = (connect(p1, INI_A), connect(p2, INI_B));
+    let mut uas = Vec::new();
+    let cmd =
+        |s: &Session, cdb: &[u8], data: Option<Vec<u8>>, len: u32, uas: &mut Vec<(u8, u8)>| {
+            rt.block_on(run(s, 0, cdb, data.map(Bytes::from), len, uas))
+        };
+    let prout = |sa: u8, ty: u8, key: u64, sark: u64| {
+        let mut p = vec![0u8; 24];
+        p[0..8].copy_from_slice(&key.to_be_bytes());
+        p[8..16].copy_from_slice(&sark.to_be_bytes());
+        (vec![0x5f, sa, ty, 0, 0, 0, 0, 0, 24, 0], p)
+    };
+    let keys = |s: &Session, uas: &mut Vec<(u8, u8)>| {
+        let r = cmd(s, &[0x5e, 0, 0, 0, 0, 0, 0, 1, 0, 0], None, 256, uas);
+        assert!(r.is_good(), "{r:?}");
+        r.data[8..]
+            .chunks(8)
+            .map(|k| u64::from_be_bytes(k.try_into().unwrap()))
+            .collect::<Vec<_>>()
+    };
+    let write = [0x2a, 0, 0, 0, 0, 0, 0, 0, 1, 0];
+    let read = [0x28, 0, 0, 0, 0, 0, 0, 0, 1, 0];
+
+    // One LUN: the same identity and the same groups through both gateways.
+    let vpd = |s: &Session, uas: &mut Vec<(u8, u8)>| {
+        cmd(s, &[0x12, 1, 0x83, 0, 255, 0], None, 255, uas).data
+    };
+    let (va, vb) = (vpd(&a, &mut uas), vpd(&b, &mut uas));
+    assert_eq!(va[4..24], vb[4..24], "the NAA designator");
+    assert_eq!((vpd83_port(&va), vpd83_port(&vb)), ((1, 1), (2, 2)));
+    let ra = cmd(&a, &RTPG_EXT, None, 1024, &mut uas);
+    let rb = cmd(&b, &RTPG_EXT, None, 1024, &mut uas);
+    assert_eq!(rtpg(&ra.data), rtpg(&rb.data));
+    assert_eq!(
+        rtpg(&ra.data).1,
+        [(1, 0, false, vec![1]), (2, 1, false, vec![2])]
+    );
+    // Data written through one gateway is read through the other.
+    let block: Vec<u8> = (0..512u32).map(|i| (i * 7) as u8).collect();
+    assert!(cmd(&a, &write, Some(block.clone()), 0, &mut uas).is_good());
+    assert_eq!(cmd(&b, &read, None, 512, &mut uas).data, block);
+
+    // Registrations through either gateway, a reservation through A.
+    let (c, p) = prout(0, 0, 0, 0xaaaa);
+    assert!(cmd(&a, &c, Some(p), 0, &mut uas).is_good());
+    assert_eq!(keys(&b, &mut uas), [0xaaaa]);
+    let (c, p) = prout(0, 0, 0, 0xbbbb);
+    assert!(cmd(&b, &c, Some(p), 0, &mut uas).is_good());
+    assert_eq!(keys(&a, &mut uas), [0xaaaa, 0xbbbb]);
+    let (c, p) = prout(1, 1, 0xaaaa, 0);
+    assert!(cmd(&a, &c, Some(p), 0, &mut uas).is_good());
+    let r = cmd(&b, &write, Some(block.clone()), 0, &mut uas);
+    assert_eq!(r.status, 0x18, "B's write against A's reservation: {r:?}");
+    assert!(cmd(&b, &read, None, 512, &mut uas).is_good());
+    // B preempts A through gateway 2: gateway 1 tells A and fences it.
+    uas.clear();
+    let (c, p) = prout(4, 1, 0xbbbb, 0xaaaa);
+    assert!(cmd(&b, &c, Some(p), 0, &mut uas).is_good());
+    assert!(cmd(&b, &write, Some(block.clone()), 0, &mut uas).is_good());
+    let r = cmd(&a, &write, Some(block), 0, &mut uas);
+    assert_eq!(r.status, 0x18, "A's write after the preemption: {r:?}");
+    assert!(
+        uas.contains(&(0x2a, 0x05)),
+        "REGISTRATIONS PREEMPTED: {uas:?}"
+    );
+    assert_eq!(keys(&a, &mut uas), [0xbbbb]);
+    let pr = std::fs::read_to_string(shared.join("d0.pr")).unwrap();
+    assert!(pr.contains("bbbb"), "{pr}");
+    drop((g1, g2));
+    let _ = std::fs::remove_dir_all(&shared);
 }

@@ -197,6 +197,22 @@ pub struct Backstore {
     /// background; 0 is unlimited. Default 32MiB.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sanitize_rate: Option<ByteSize>,
+    /// Other rtgtd processes export this file or block device too, as the same LUN
+    /// (gateways with disjoint ALUA groups): a block device is opened without O_EXCL, and
+    /// the persistent reservation state lives in the file they all name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shared: Option<Shared>,
+}
+
+/// What the rtgtd processes exporting one backstore share.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Shared {
+    /// Persistent reservation state (registrations, reservation, generation), written under
+    /// a lock and read again whenever another process has changed it: relative to the state
+    /// directory, or absolute under a backstore root (a directory every process reaches).
+    #[schema(value_type = String, example = "/srv/rtgt/disk0.pr")]
+    pub pr_file: PathBuf,
 }
 
 impl Backstore {
@@ -1315,6 +1331,12 @@ impl Config {
                 BackstoreKind::Ramdisk | BackstoreKind::Null if b.path.is_some() => {
                     return Err((at("path"), "a ramdisk or null backstore has no path".into()));
                 }
+                BackstoreKind::Ramdisk | BackstoreKind::Null if b.shared.is_some() => {
+                    return Err((
+                        at("shared"),
+                        "only file and block backstores can be shared with another rtgtd".into(),
+                    ));
+                }
                 BackstoreKind::Ramdisk | BackstoreKind::Null if b.direct.is_some() => {
                     return Err((
                         at("direct"),
@@ -2285,6 +2307,20 @@ srp:
         }
         // Without groups a port may not name one.
         assert_eq!(err_of(base).0, "targets[0].portal_groups[0].alua_group");
+        // Only files and block devices are shared with another rtgtd.
+        assert_eq!(
+            err_of("backstores: [{name: r, type: ramdisk, size: 1M, shared: {pr_file: r.pr}}]\n").0,
+            "backstores[0].shared"
+        );
+        let c = Config::from_yaml(
+            "backstores: [{name: f, type: file, path: f.img, size: 1M, shared: {pr_file: f.pr}}]\n",
+            Path::new("t.yaml"),
+        )
+        .unwrap();
+        assert_eq!(
+            c.backstores[0].shared.as_ref().unwrap().pr_file,
+            Path::new("f.pr")
+        );
         // The fuzz seed: two targets with a portal group 1 each, one of them sharing a LUN
         // and so given its own relative port.
         let seed = include_str!("../../fuzz/seeds/config_yaml/alua.yaml");

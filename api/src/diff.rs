@@ -170,8 +170,38 @@ pub fn diff(old: &Config, new: &Config) -> ChangeReport {
             report.push("removed", "backstore", b.name.clone());
         }
     }
+    alua_diff(&mut report, old, new);
     restart_sections(&mut report, old, new);
     report
+}
+
+/// Reports the target port groups added, removed or changed (a new state is an implicit
+/// change every initiator hears of).
+pub fn alua_diff(report: &mut ChangeReport, old: &Config, new: &Config) {
+    let (o, n) = (&old.alua, &new.alua);
+    for g in &n.groups {
+        let name = g.id.to_string();
+        match o.group(g.id) {
+            None => report.push_detail("added", "alua_group", name, g.state.name()),
+            Some(was) if was == g => {}
+            Some(was) if was.state != g.state || was.backstores != g.backstores => report
+                .push_detail(
+                    "changed",
+                    "alua_group",
+                    name,
+                    format!("{} (ASYMMETRIC ACCESS STATE CHANGED)", g.state.name()),
+                ),
+            Some(_) => report.push("changed", "alua_group", name),
+        }
+    }
+    for g in &o.groups {
+        if n.group(g.id).is_none() {
+            report.push("removed", "alua_group", g.id.to_string());
+        }
+    }
+    if o.transition_secs != n.transition_secs {
+        report.push("changed", "alua", "transition_secs");
+    }
 }
 
 /// Reports the sections read only when rtgtd starts (`rdma`, `api`, `policy`) that differ.
@@ -254,6 +284,14 @@ pub fn srp_diff(report: &mut ChangeReport, old: &SrpPort, new: &SrpPort) {
 /// `{path}/lun/{lun}` and `{path}/acl/{initiator}` (initiators compared as the fabric
 /// compares them).
 fn port_diff<P: Port>(report: &mut ChangeReport, path: &str, old: &P, new: &P) {
+    if (old.alua_group(), old.relative_port()) != (new.alua_group(), new.relative_port()) {
+        report.push_detail(
+            "changed",
+            "target_port",
+            path,
+            "target port group or relative port: its sessions end and log in again",
+        );
+    }
     keyed_diff(
         report,
         "lun",

@@ -137,6 +137,7 @@ pub fn convert(json: &str) -> Result<Import, String> {
             physical_block_size: None,
             removable: false,
             sanitize_rate: None,
+            shared: None,
         });
     }
 

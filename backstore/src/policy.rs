@@ -207,15 +207,50 @@ impl BackstoreRoots {
         unreachable!("the last candidate returns")
     }
 
-    /// Opens the block device of a block backstore exclusively, after checking that it is a
-    /// block device, not mounted and not held. A relative path is relative to the state
-    /// directory.
-    pub fn open_block(&self, path: &Path, read_only: bool) -> Result<Opened, PolicyError> {
-        let full = if path.is_relative() {
+    /// `path` as configured: relative to the state directory, or absolute.
+    fn full_path(&self, path: &Path) -> PathBuf {
+        if path.is_relative() {
             self.state_dir().join(path)
         } else {
             path.to_path_buf()
+        }
+    }
+
+    /// The path of a file kept beside a backstore (the reservation state that several rtgtd
+    /// share): relative to the state directory, or absolute under one of the roots, with its
+    /// directory inside that root once symlinks are resolved.
+    pub fn side_file(&self, path: &Path) -> Result<PathBuf, PolicyError> {
+        let candidates = self.candidates(path)?;
+        let full = self.full_path(path);
+        let io_err = |source| PolicyError::Io {
+            path: path.to_path_buf(),
+            source,
         };
+        let (Some(dir), Some(name)) = (full.parent(), full.file_name()) else {
+            return Err(io_err(io::Error::from(io::ErrorKind::InvalidInput)));
+        };
+        let real = std::fs::canonicalize(dir).map_err(io_err)?;
+        for (root, _) in &candidates {
+            if real.starts_with(std::fs::canonicalize(root).map_err(io_err)?) {
+                return Ok(real.join(name));
+            }
+        }
+        Err(PolicyError::EscapesRoot {
+            path: path.to_path_buf(),
+            root: candidates[0].0.to_path_buf(),
+        })
+    }
+
+    /// Opens the block device of a block backstore — exclusively unless `shared` (other
+    /// processes export it too) — after checking that it is a block device, not mounted and
+    /// not held. A relative path is relative to the state directory.
+    pub fn open_block(
+        &self,
+        path: &Path,
+        read_only: bool,
+        shared: bool,
+    ) -> Result<Opened, PolicyError> {
+        let full = self.full_path(path);
         let io_err = |source| PolicyError::Io {
             path: path.to_path_buf(),
             source,
@@ -248,7 +283,8 @@ impl BackstoreRoots {
                 holders: holders.join(", "),
             });
         }
-        let file = sys::reopen(&handle, !read_only, libc::O_EXCL).map_err(|e| {
+        let excl = if shared { 0 } else { libc::O_EXCL };
+        let file = sys::reopen(&handle, !read_only, excl).map_err(|e| {
             if e.raw_os_error() == Some(libc::EBUSY) {
                 PolicyError::InUse {
                     path: path.to_path_buf(),
@@ -591,6 +627,40 @@ mod tests {
     }
 
     #[test]
+    fn side_files_stay_in_a_root() {
+        let s = scene();
+        let real = std::fs::canonicalize(&s.root).unwrap();
+        assert_eq!(
+            s.roots.side_file(Path::new("d.pr")).unwrap(),
+            real.join("d.pr")
+        );
+        assert_eq!(
+            s.roots.side_file(&s.root.join("nested/dir/d.pr")).unwrap(),
+            real.join("nested/dir/d.pr")
+        );
+        let outside = s.outside.with_file_name("d.pr");
+        assert!(matches!(
+            s.roots.side_file(&outside),
+            Err(PolicyError::OutsideRoots { .. })
+        ));
+        // A directory in the root that leads out of it.
+        symlink(s.outside.parent().unwrap(), s.root.join("out")).unwrap();
+        assert!(matches!(
+            s.roots.side_file(&s.root.join("out/d.pr")),
+            Err(PolicyError::EscapesRoot { .. })
+        ));
+        assert!(matches!(
+            s.roots.side_file(Path::new("../d.pr")),
+            Err(PolicyError::EscapesRoot { .. })
+        ));
+        // A directory that does not exist.
+        assert!(matches!(
+            s.roots.side_file(&s.root.join("none/d.pr")),
+            Err(PolicyError::Io { .. })
+        ));
+    }
+
+    #[test]
     fn files_inside_the_root_open() {
         let s = scene();
         std::fs::write(s.root.join("plain.img"), vec![7u8; 4096]).unwrap();
@@ -845,7 +915,7 @@ mod tests {
         let s = scene();
         let e = s
             .roots
-            .open_block(Path::new("/dev/null"), false)
+            .open_block(Path::new("/dev/null"), false, false)
             .unwrap_err();
         assert!(
             matches!(
@@ -862,7 +932,7 @@ mod tests {
             "{e}"
         );
         assert!(e.is_forbidden());
-        let e = s.roots.open_block(&s.outside, true).unwrap_err();
+        let e = s.roots.open_block(&s.outside, true, false).unwrap_err();
         assert!(
             matches!(
                 e,

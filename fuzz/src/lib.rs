@@ -20,7 +20,7 @@ pub use config::{api_http_reply, api_lio_import, config_yaml};
 pub use iscsi::{iscsi_bhs, iscsi_login, iscsi_text};
 pub use iser::iser_header;
 pub use responder::transport_responder;
-pub use scsi::{scsi_cdb, scsi_params};
+pub use scsi::{scsi_cdb, scsi_params, scsi_pr_state};
 pub use srp::{srp_iu, srp_login};
 pub use transport::{transport_cm, transport_packet};
 
@@ -38,6 +38,7 @@ pub const TARGETS: &[(&str, Body)] = &[
     ("iser_header", iser_header),
     ("scsi_cdb", scsi_cdb),
     ("scsi_params", scsi_params),
+    ("scsi_pr_state", scsi_pr_state),
     ("srp_iu", srp_iu),
     ("srp_login", srp_login),
     ("transport_cm", transport_cm),

@@ -5,6 +5,8 @@
 //! input is a sequence of commands, so that state one command sets up (a registration, a
 //! mode page, a reservation) is seen by the next.
 
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -36,27 +38,41 @@ struct Lab {
 
 impl Lab {
     fn new() -> Lab {
+        Lab::with_pr_file(None)
+    }
+
+    /// A lab whose `dev` keeps its reservations in `pr_file`, shared as with another process.
+    fn with_pr_file(pr_file: Option<PathBuf>) -> Lab {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
             .expect("tokio runtime");
         let pool = BufPool::new(16 << 20);
         let registry = DeviceRegistry::new();
+        let lu_config = |wwn: u128| DeviceConfig {
+            name: format!("fuzz{}", wwn & 0xf),
+            serial: format!("FUZZ{:04}", wwn & 0xf),
+            thin: true,
+            wwn,
+            registry: Some(registry.clone()),
+            // Unpaced: a sanitize of the 1 MiB medium takes no time.
+            sanitize_rate: 0,
+            ..DeviceConfig::default()
+        };
         let lu = |wwn: u128| {
+            let backstore = Arc::new(RamBackstore::new(CAPACITY, BLOCK_SIZE));
+            Device::new(backstore, pool.clone(), lu_config(wwn)).expect("device")
+        };
+        let dev = {
+            let wwn = 0x6001_4050_0000_0000_0000_0000_0000_0001;
             let config = DeviceConfig {
-                name: format!("fuzz{}", wwn & 0xf),
-                serial: format!("FUZZ{:04}", wwn & 0xf),
-                thin: true,
-                wwn,
-                registry: Some(registry.clone()),
-                // Unpaced: a sanitize of the 1 MiB medium takes no time.
-                sanitize_rate: 0,
-                ..DeviceConfig::default()
+                pr_shared: pr_file.is_some(),
+                pr_file,
+                ..lu_config(wwn)
             };
             let backstore = Arc::new(RamBackstore::new(CAPACITY, BLOCK_SIZE));
             Device::new(backstore, pool.clone(), config).expect("device")
         };
-        let dev = lu(0x6001_4050_0000_0000_0000_0000_0000_0001);
         let other = lu(0x6001_4050_0000_0000_0000_0000_0000_0002);
         let nexuses = (0..NEXUSES)
             .map(|id| {
@@ -231,4 +247,48 @@ pub fn scsi_params(data: &[u8]) {
         assert!(r.data_in.is_none());
     }
     lab.finish();
+}
+
+/// A reservation state file as another process sharing the logical unit left it: read when
+/// a logical unit opens (refused, or opened, never a panic), and taken in by a running one
+/// when it changes, before its next command — which answers with CHECK CONDITION when the
+/// file cannot be used. Then PERSISTENT RESERVE IN, a WRITE and a registration (which writes
+/// the file again) from every nexus, with [`scsi_cdb`]'s checks.
+///
+/// Input: the file's contents.
+pub fn scsi_pr_state(data: &[u8]) {
+    static N: AtomicU64 = AtomicU64::new(0);
+    let path = std::env::temp_dir().join(format!(
+        "rtgt-fuzz-pr-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    ));
+    std::fs::write(&path, data).expect("write the state file");
+    let opened = Device::new(
+        Arc::new(RamBackstore::new(CAPACITY, BLOCK_SIZE)),
+        BufPool::new(1 << 20),
+        DeviceConfig {
+            pr_file: Some(path.clone()),
+            pr_shared: true,
+            ..DeviceConfig::default()
+        },
+    );
+    drop(opened);
+    let _ = std::fs::remove_file(&path);
+    let lab = Lab::with_pr_file(Some(path.clone()));
+    std::fs::write(&path, data).expect("write the state file");
+    for n in 0..NEXUSES {
+        for sa in 0..4u8 {
+            lab.execute(n, vec![0x5e, sa, 0, 0, 0, 0, 0, 0x10, 0, 0], &[], 0x1000);
+        }
+        lab.execute(n, vec![0x2a, 0, 0, 0, 0, 0, 0, 0, 1, 0], &[0u8; 512], 0);
+        let mut register = vec![0u8; 24];
+        register[8..16].copy_from_slice(&(u64::from(n) + 1).to_be_bytes());
+        lab.execute(n, vec![0x5f, 0x06, 0, 0, 0, 0, 0, 0, 24, 0], &register, 0);
+    }
+    lab.finish();
+    let _ = std::fs::remove_file(&path);
+    let mut lock = path.into_os_string();
+    lock.push(".lock");
+    let _ = std::fs::remove_file(lock);
 }

@@ -249,6 +249,7 @@ smoke_tests!(
     iser_header,
     scsi_cdb,
     scsi_params,
+    scsi_pr_state,
     srp_iu,
     srp_login,
     transport_cm,

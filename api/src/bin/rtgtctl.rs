@@ -720,6 +720,7 @@ fn run(args: Args, ctx: &mut Context) -> Result<(), ClientError> {
                     physical_block_size: None,
                     removable: false,
                     sanitize_rate: None,
+                    shared: None,
                 };
                 let v = c.send("POST", "/api/v1/backstores", &b)?;
                 let b: Backstore = serde_json::from_value(v)?;

@@ -218,7 +218,7 @@ async fn open_backstore(
                 };
                 roots.open_file(path, req)
             } else {
-                roots.open_block(path, b.read_only)
+                roots.open_block(path, b.read_only, b.shared.is_some())
             }
             .map_err(refused)?;
             let pbs = opened.device.and_then(block_device_physical_block_size);
@@ -284,7 +284,18 @@ pub(crate) async fn open_device(
     pool: &Arc<BufPool>,
     device_registry: &Arc<DeviceRegistry>,
 ) -> Result<(Arc<dyn Backstore>, Arc<Device>), DaemonError> {
-    let pr_dir = state_dir.join("pr");
+    let (pr_file, pr_shared) = match &b.shared {
+        Some(shared) => (
+            roots
+                .side_file(&shared.pr_file)
+                .map_err(|source| DaemonError::Policy {
+                    name: b.name.clone(),
+                    source,
+                })?,
+            true,
+        ),
+        None => (state_dir.join("pr").join(format!("{}.pr", b.name)), false),
+    };
     let (store, device_pbs) = open_backstore(b, roots).await?;
     let wwn = b
         .wwn
@@ -307,7 +318,8 @@ pub(crate) async fn open_device(
         sanitize_rate: b
             .sanitize_rate
             .map_or(rtgt_scsi::DEFAULT_SANITIZE_RATE, |r| r.0),
-        pr_file: Some(pr_dir.join(format!("{}.pr", b.name))),
+        pr_file: Some(pr_file),
+        pr_shared,
         registry: Some(device_registry.clone()),
         ..DeviceConfig::default()
     };

@@ -702,6 +702,7 @@ impl DaemonControl {
                 report.push("removed", "backstore", b.name.clone());
             }
         }
+        rtgt_api::diff::alua_diff(&mut report, &old, &new);
         rtgt_api::diff::restart_sections(&mut report, &old, &new);
 
         // 3. Persistence.

@@ -255,6 +255,11 @@ pub struct DeviceConfig {
     pub sanitize_rate: u64,
     /// Persistent reservation state (saved while APTPL is set), restored by [`Device::new`].
     pub pr_file: Option<PathBuf>,
+    /// `pr_file` is shared with the other processes that export this logical unit: it holds
+    /// the live state whatever APTPL says, every change is made under an exclusive lock on
+    /// it from its current contents, and every command first takes in a change another
+    /// process made (with the unit attentions it owes this process's I_T nexuses).
+    pub pr_shared: bool,
     /// Registry through which EXTENDED COPY resolves copy targets; the device registers
     /// itself in [`Device::new`].
     pub registry: Option<Arc<DeviceRegistry>>,
@@ -279,6 +284,7 @@ impl Default for DeviceConfig {
             removable: false,
             sanitize_rate: DEFAULT_SANITIZE_RATE,
             pr_file: None,
+            pr_shared: false,
             registry: None,
             alua: AluaConfig::default(),
         }
@@ -330,6 +336,8 @@ struct DevState {
     sanitize: sbc::SanitizeState,
     copies: xcopy::HeldResults,
     alua: alua::Alua,
+    /// The version of a shared reservation file `pr` was read from.
+    pr_stamp: Option<pr::Stamp>,
 }
 
 impl DevState {
@@ -550,6 +558,13 @@ impl Device {
             Some(p) => pr::load(p)?,
             None => pr::PrState::default(),
         };
+        let pr_stamp = match &config.pr_file {
+            Some(p) if config.pr_shared => pr::stamp(p).map_err(|source| ScsiError::PrLoad {
+                path: p.clone(),
+                source,
+            })?,
+            _ => None,
+        };
         let defaults = ModeState {
             wce: config.write_cache,
             d_sense: false,
@@ -572,6 +587,7 @@ impl Device {
                 pr,
                 stopped: false,
                 loaded: true,
+                pr_stamp,
                 sanitize: sbc::SanitizeState::default(),
                 copies: xcopy::HeldResults::default(),
                 alua: alua::Alua::new(&config.alua),
@@ -749,6 +765,36 @@ impl Device {
         self.lock().mode.wce
     }
 
+    /// Takes in what another process wrote to the shared reservation file since this one
+    /// last read it, posting the unit attentions that owes this process's I_T nexuses. A
+    /// file that cannot be read fails the command: reservations are not evaluated on a state
+    /// that may be stale.
+    fn refresh_shared_pr(&self, st: &mut DevState) -> Result<(), Sense> {
+        let Some(path) = self
+            .config
+            .pr_file
+            .as_ref()
+            .filter(|_| self.config.pr_shared)
+        else {
+            return Ok(());
+        };
+        let failed = |e: &dyn std::fmt::Display| {
+            tracing::error!(device = %self.config.name, path = %path.display(), error = %e,
+                "reading the shared reservation state failed");
+            Sense::internal_failure()
+        };
+        let stamp = pr::stamp(path).map_err(|e| failed(&e))?;
+        if stamp == st.pr_stamp {
+            return Ok(());
+        }
+        let new = pr::load(path).map_err(|e| failed(&e))?;
+        let uas = pr::changed_elsewhere(&st.pr, &new);
+        st.pr = new;
+        st.pr_stamp = stamp;
+        st.post_reg(&uas, u64::MAX);
+        Ok(())
+    }
+
     /// The TPGS field of standard INQUIRY data.
     pub(crate) fn tpgs(&self) -> u8 {
         self.tpgs.load(Ordering::Relaxed)
@@ -892,6 +938,9 @@ impl Device {
         let desc = {
             let mut st = self.lock();
             let d_sense = st.mode.d_sense;
+            if let Err(s) = self.refresh_shared_pr(&mut st) {
+                return (Err(s.into()), d_sense, None);
+            }
             if !st.nexuses.contains_key(&nexus.id) {
                 st.alua.learn(nexus.port_group, nexus.relative_port);
             }

@@ -856,6 +856,12 @@ pub fn persist(path: &Path, st: &PrState) -> std::io::Result<()> {
             _ => Ok(()),
         };
     }
+    write_state(path, st)
+}
+
+/// Writes the state atomically, whatever APTPL says (a file shared with other processes
+/// holds the live state).
+pub fn write_state(path: &Path, st: &PrState) -> std::io::Result<()> {
     let dir = path
         .parent()
         .filter(|p| !p.as_os_str().is_empty())
@@ -873,6 +879,79 @@ pub fn persist(path: &Path, st: &PrState) -> std::io::Result<()> {
         let _ = d.sync_all();
     }
     Ok(())
+}
+
+/// Holds the exclusive lock of a shared state file (`PATH.lock`, created when missing) until
+/// it is dropped; waits for another process holding it.
+pub fn lock_shared(path: &Path) -> std::io::Result<std::fs::File> {
+    use std::os::fd::AsRawFd;
+    let mut name = path.as_os_str().to_os_string();
+    name.push(".lock");
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(name)?;
+    // SAFETY: flock on a descriptor this function owns; the lock goes with the file.
+    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(f)
+}
+
+/// What identifies one version of a state file: each write renames a new file into place.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stamp {
+    ino: u64,
+    mtime_ns: i128,
+    ctime_ns: i128,
+    len: u64,
+}
+
+/// The stamp of the file at `path`; `None` when there is none.
+pub fn stamp(path: &Path) -> std::io::Result<Option<Stamp>> {
+    use std::os::unix::fs::MetadataExt;
+    match std::fs::metadata(path) {
+        Ok(m) => Ok(Some(Stamp {
+            ino: m.ino(),
+            mtime_ns: i128::from(m.mtime()) * 1_000_000_000 + i128::from(m.mtime_nsec()),
+            ctime_ns: i128::from(m.ctime()) * 1_000_000_000 + i128::from(m.ctime_nsec()),
+            len: m.len(),
+        })),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// The unit attentions another process's change from `old` to `new` owes this process's
+/// I_T nexuses: REGISTRATIONS PREEMPTED where a registration is gone, RESERVATIONS RELEASED
+/// to the remaining registrants where the reservation went or changed.
+pub fn changed_elsewhere(old: &PrState, new: &PrState) -> Vec<UaTarget> {
+    let mut out: Vec<UaTarget> = old
+        .regs
+        .iter()
+        .filter(|r| !new.regs.iter().any(|n| n.same_identity(r)))
+        .map(|r| UaTarget {
+            reg: r.clone(),
+            ua: UnitAttention::RegistrationsPreempted,
+        })
+        .collect();
+    let kind = |s: &PrState| {
+        s.resv.as_ref().map(|r| {
+            let holder = r.holder.and_then(|h| s.regs.get(h));
+            (
+                r.ty,
+                holder.map(|h| (h.initiator.to_ascii_lowercase(), h.rel_port, h.all_tg_pt)),
+            )
+        })
+    };
+    if old.resv.is_some() && kind(old) != kind(new) {
+        out.extend(new.regs.iter().map(|r| UaTarget {
+            reg: r.clone(),
+            ua: UnitAttention::ReservationsReleased,
+        }));
+    }
+    out
 }
 
 /// Loads persisted state; a missing file is an empty state.

@@ -353,23 +353,36 @@ pub fn pr_in(ctx: &mut Ctx<'_>) -> CmdResult {
     Ok(Done::data(&b, alloc))
 }
 
-/// PERSISTENT RESERVE OUT: applied to a copy, persisted when APTPL requires, then committed.
+/// PERSISTENT RESERVE OUT: applied to a copy, persisted when APTPL requires (always to a
+/// file shared with other processes, under its lock and from its current contents), then
+/// committed.
 pub fn pr_out(ctx: &mut Ctx<'_>) -> CmdResult {
     let req = pr::PrOutReq::parse(&ctx.cdb, ctx.data_out())?;
     let dev = ctx.dev;
+    let failed = |path: &std::path::Path, e: std::io::Error| {
+        tracing::error!(device = %dev.config.name, path = %path.display(), error = %e,
+            "persisting reservation state failed");
+        Sense::internal_failure()
+    };
+    let shared = dev.config.pr_file.as_ref().filter(|_| dev.config.pr_shared);
+    // Taken before the state lock: another process may hold it for a moment.
+    let _held = match shared {
+        Some(path) => Some(pr::lock_shared(path).map_err(|e| failed(path, e))?),
+        None => None,
+    };
     let mut st = dev.lock();
+    dev.refresh_shared_pr(&mut st)?;
     let mut new = st.pr.clone();
     let uas = pr::pr_out(&mut new, ctx.nexus, &req, dev.config.pr_file.is_some())?;
     if new != st.pr {
-        if let Some(path) = &dev.config.pr_file {
+        // Small synchronous writes under the state lock keep the file in the same order as
+        // the state changes; PERSISTENT RESERVE OUT is rare.
+        if let Some(path) = shared {
+            pr::write_state(path, &new).map_err(|e| failed(path, e))?;
+            st.pr_stamp = pr::stamp(path).map_err(|e| failed(path, e))?;
+        } else if let Some(path) = &dev.config.pr_file {
             if new.aptpl || st.pr.aptpl {
-                // Small synchronous write under the state lock keeps the file in the same
-                // order as the state changes; PERSISTENT RESERVE OUT is rare.
-                if let Err(e) = pr::persist(path, &new) {
-                    tracing::error!(device = %dev.config.name, path = %path.display(), error = %e,
-                        "persisting reservation state failed");
-                    return Err(Sense::internal_failure().into());
-                }
+                pr::persist(path, &new).map_err(|e| failed(path, e))?;
             }
         }
         st.pr = new;

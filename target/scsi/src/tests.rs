@@ -1767,6 +1767,77 @@ async fn pr_persists_across_device_recreation() {
     );
 }
 
+/// Two processes exporting one logical unit (two devices over one backstore) with a shared
+/// reservation file: each sees the other's registrations and reservation, a preemption
+/// through one reaches the preempted I_T nexus on the other, and without sharing they
+/// would not.
+#[tokio::test]
+async fn pr_state_shared_by_two_gateways() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("lun0.pr");
+    let backstore = ram();
+    let config = DeviceConfig {
+        pr_file: Some(path.clone()),
+        pr_shared: true,
+        ..cfg()
+    };
+    let a = make_with(backstore.clone(), config.clone());
+    let b = make_with(backstore.clone(), config.clone());
+    let (n1, n2) = (nx_port(1, 1, 1), nx_port(2, 2, 2));
+    ready(&a, &n1).await;
+    ready(&b, &n2).await;
+    // A registration through A (no APTPL) is in the file and reported through B.
+    good(&prout(&a, &n1, 0, 0, 0, 0x1111, 0).await);
+    assert!(path.exists());
+    assert_eq!(keys(&prin(&b, &n2, 0, 16384).await), vec![0x1111]);
+    good(&prout(&b, &n2, 0, 0, 0, 0x2222, 0).await);
+    assert_eq!(keys(&prin(&a, &n1, 0, 16384).await), vec![0x1111, 0x2222]);
+    // A reserves (write exclusive): B's writes conflict, its reads do not.
+    good(&prout(&a, &n1, 1, 1, 0x1111, 0, 0).await);
+    assert_eq!(
+        run(&b, &n2, &rw10(0x2a, 0, 1, 0), Some(&[0; 512]), 0)
+            .await
+            .status,
+        Status::ReservationConflict
+    );
+    good(&run(&b, &n2, &rw10(0x28, 0, 1, 0), None, 512).await);
+    let d = prin(&b, &n2, 1, 64).await;
+    assert_eq!(u64::from_be_bytes(d[8..16].try_into().unwrap()), 0x1111);
+    // B preempts A's key: A's nexus hears of it on its next command, then conflicts.
+    good(&prout(&b, &n2, 4, 1, 0x2222, 0x1111, 0).await);
+    good(&run(&b, &n2, &rw10(0x2a, 0, 1, 0), Some(&[0; 512]), 0).await);
+    check(
+        &run(&a, &n1, &rw10(0x28, 0, 1, 0), None, 512).await,
+        key::UNIT_ATTENTION,
+        asc::REGISTRATIONS_PREEMPTED,
+    );
+    assert_eq!(
+        run(&a, &n1, &rw10(0x2a, 0, 1, 0), Some(&[0; 512]), 0)
+            .await
+            .status,
+        Status::ReservationConflict
+    );
+    assert_eq!(keys(&prin(&a, &n1, 0, 16384).await), vec![0x2222]);
+    // A third gateway started now reads the same state.
+    let c = make_with(backstore.clone(), config.clone());
+    let n3 = nx_port(3, 3, 3);
+    ready(&c, &n3).await;
+    assert_eq!(keys(&prin(&c, &n3, 0, 16384).await), vec![0x2222]);
+    // Not shared: each process keeps its own.
+    let private = DeviceConfig {
+        pr_file: Some(dir.path().join("private.pr")),
+        ..cfg()
+    };
+    let (pa, pb) = (
+        make_with(backstore.clone(), private.clone()),
+        make_with(backstore, private),
+    );
+    ready(&pa, &n1).await;
+    ready(&pb, &n2).await;
+    good(&prout(&pa, &n1, 0, 0, 0, 0x1111, 0).await);
+    assert!(keys(&prin(&pb, &n2, 0, 16384).await).is_empty());
+}
+
 #[tokio::test]
 async fn pr_corrupt_state_file_is_an_error() {
     let dir = tempfile::tempdir().unwrap();

@@ -407,7 +407,7 @@ impl Device {
             rx_hint: None,
             expected: Vec::new(),
             next_id: 1,
-            next_qpn: 0x11,
+            next_qpn: first_qpn(),
         };
         let kick = match &config.shard {
             Some(m) => m.set.inbox(m.index).kick.clone(),
@@ -1421,4 +1421,17 @@ pub(crate) fn opcode_matches(qp_type: QpType, op: Opcode) -> bool {
         QpType::Rc => v < 0x20,
         QpType::Ud | QpType::Gsi => (0x60..0x80).contains(&v),
     }
+}
+
+/// Where a device starts numbering its QPs: somewhere in the 24-bit space, different in every
+/// process, as hardware numbers differ between boots. A peer's connection manager knows a
+/// connection by the remote CA GUID and QPN and refuses a reply that repeats a live one
+/// (REJ "stale connection"): two processes on one interface share the GUID, and a restarted
+/// one would otherwise hand out its predecessor's numbers again.
+fn first_qpn() -> u32 {
+    use std::hash::{BuildHasher, Hasher};
+    let h = std::collections::hash_map::RandomState::new()
+        .build_hasher()
+        .finish();
+    0x11 + (h % (0x00FF_FFFF - 0x11 - 0x1_0000u64)) as u32
 }

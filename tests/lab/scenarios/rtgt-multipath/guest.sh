@@ -2,14 +2,22 @@
 # dm-multipath over two iSCSI paths to one LUN with ALUA (scsi_dh_alua, prio alua,
 # group_by_prio): the map's path groups and priorities, then fio randwrite verify (QD16) while
 # (a) the API sets the active/optimized group to standby and back, (b) one path's link goes
-# down and comes back (a blackhole route), (c) with two rtgtd over one file, the one serving
-# the active/optimized group is killed with -9 and restarted. No I/O error may reach fio, its
-# verification must pass, and each path must return to service.
+# down and comes back (the guest sends that path's frames to a MAC address nobody has), (c) with two rtgtd over one file, the one serving
+# the active/optimized group is killed with -9 and restarted (a key registered through one
+# is reported by the other and survives the restart). No I/O error may reach fio, its
+# verification must pass, and each path must return to service. All of it over iSCSI/TCP,
+# then over iSER (ib_iser on rdma_rxe against rtgtd's soft-RoCE) and SRP (ib_srp, two SRP
+# target ports in the same groups), both without (b): after frames dropped this way the
+# kernel's iSER initiator over rdma_rxe never reconnects (iscsi_iser_task_init fails with
+# ENODEV and no new connection is attempted), and ib_srp over rdma_rxe does not notice within
+# 90 s (no error reaches it, so its path is not failed).
 set -euo pipefail
 p1=$LAB_HOST_IP p2=$IP2
 map=/dev/mapper/3$WWN
 
 modprobe -a iscsi_tcp sd_mod scsi_dh_alua dm_multipath dm_round_robin
+lab_rxe_add rxe0 eth0
+modprobe ib_iser
 echo "InitiatorName=$GUEST_IQN" >/etc/iscsi/initiatorname.iscsi
 # What multipath-tools has for LIO-ORG, for rtgt's vendor string.
 cat >/etc/multipath.conf <<'CONF'
@@ -36,14 +44,38 @@ iscsid
 multipathd
 lab_retry 30 multipathd show daemon >/dev/null || lab_fail "multipathd does not answer"
 
-# login PORTAL: discover PORTAL and log in to it, with timeouts that fail a dead path fast.
+# login PORTAL: discover PORTAL and log in to it over $transport, with timeouts that fail a
+# dead path fast.
 login() {
     local node=(-m node -T "$TARGET_IQN" -p "$1")
     iscsiadm -m discovery -t sendtargets -p "$1" >>"$LAB_OUT/discovery.txt"
+    [[ $transport == iser ]] && lab_iser_node "$1" "$TARGET_IQN"
     iscsiadm "${node[@]}" --op update -n node.session.timeo.replacement_timeout -v 5
     iscsiadm "${node[@]}" --op update -n 'node.conn[0].timeo.noop_out_interval' -v 2
     iscsiadm "${node[@]}" --op update -n 'node.conn[0].timeo.noop_out_timeout' -v 4
     iscsiadm "${node[@]}" --login
+}
+
+# srp_path ADD_TARGET: log in to an SRP target port with ib_srp and print the name of its
+# disk; its remote port fails a dead path's I/O after 5 s and reconnects every 2 s.
+srp_path() {
+    local host port dev
+    lab_srp_add_target "$1" || return 1
+    for port in /sys/class/srp_remote_ports/port-*; do
+        host=${port##*/port-}
+        host=${host%%:*}
+        # id_ext reads 0x and the 16 hex digits of the add_target string.
+        grep -q "$(sed 's/id_ext=\([0-9a-f]*\).*/\1/' <<<"$1")" \
+            "/sys/class/scsi_host/host$host/id_ext" 2>/dev/null || continue
+        echo 2 >"$port/reconnect_delay"
+        echo 5 >"$port/fast_io_fail_tmo"
+        lab_retry 60 compgen -G "/sys/class/scsi_host/host$host/device/target$host:*/$host:*/block/*" >/dev/null ||
+            return 1
+        dev=$(compgen -G "/sys/class/scsi_host/host$host/device/target$host:*/$host:*/block/*")
+        echo "${dev##*/}"
+        return 0
+    done
+    return 1
 }
 
 # path DEV: "dm-state checker-state priority" of path DEV in multipathd.
@@ -67,22 +99,45 @@ path_is() {
 # both_paths: log in to both portals; sets d1, d2 (the path of each portal) once multipath
 # has both in the map, each in its own path group (active/optimized 50, non-optimized 10).
 both_paths() {
-    login "$p1"
-    login "$p2"
-    d1=$(lab_iscsi_disk "$p1" "$TARGET_IQN" 0 60) || lab_fail "no disk through $p1"
-    d2=$(lab_iscsi_disk "$p2" "$TARGET_IQN" 0 60) || lab_fail "no disk through $p2"
-    d1=${d1#/dev/} d2=${d2#/dev/}
+    if [[ $transport == srp ]]; then
+        d1=$(srp_path "$SRP1") || lab_fail "no disk through SRP port p1"
+        d2=$(srp_path "$SRP2") || lab_fail "no disk through SRP port p2"
+    else
+        login "$p1"
+        login "$p2"
+        d1=$(lab_iscsi_disk "$p1" "$TARGET_IQN" 0 60) || lab_fail "no disk through $p1"
+        d2=$(lab_iscsi_disk "$p2" "$TARGET_IQN" 0 60) || lab_fail "no disk through $p2"
+        d1=${d1#/dev/} d2=${d2#/dev/}
+    fi
     lab_retry 60 test -b "$map" || {
         multipath -ll || true
         lab_fail "no multipath map $map"
     }
     path_is "$d1" active ready 50
     path_is "$d2" active ready 10
-    multipath -ll "$map" | tee "$LAB_OUT/multipath-$1.txt"
-    grep -q "hwhandler='1 alua'" "$LAB_OUT/multipath-$1.txt" || lab_fail "no ALUA hardware handler"
-    grep -q 'prio=50 status=active' "$LAB_OUT/multipath-$1.txt" || lab_fail "no active/optimized path group"
-    grep -q 'prio=10 status=enabled' "$LAB_OUT/multipath-$1.txt" || lab_fail "no non-optimized path group"
+    local out=$LAB_OUT/multipath-$transport-$1.txt
+    multipath -ll "$map" | tee "$out"
+    grep -q "hwhandler='1 alua'" "$out" || lab_fail "no ALUA hardware handler"
+    grep -q 'prio=50 status=active' "$out" || lab_fail "no active/optimized path group"
+    grep -q 'prio=10 status=enabled' "$out" || lab_fail "no non-optimized path group"
     [[ $(cat "/sys/block/$d1/device/dh_state") == alua ]] || lab_fail "scsi_dh_alua is not attached"
+    if [[ $transport == iser ]]; then
+        iscsiadm -m session -P 1 | grep -c 'Iface Transport: iser' | grep -qx 2 ||
+            lab_fail "the sessions are not on iser"
+    fi
+}
+
+# logout_all: the map and every session gone.
+logout_all() {
+    # udev may still be probing the map after the last writer closed it.
+    udevadm settle --timeout=30 || true
+    lab_retry 30 multipath -F || lab_fail "cannot flush the map"
+    if [[ $transport == srp ]]; then
+        lab_srp_remove_all
+    else
+        iscsiadm -m node -u
+        iscsiadm -m node -o delete
+    fi
 }
 
 # writes DEV: write requests completed through path DEV.
@@ -91,11 +146,11 @@ writes() { awk '{ print $5 }' "/sys/block/$1/stat"; }
 # fio_start NAME SECONDS OFFSET: fio randwrite QD16 with crc32c verification of what it wrote
 # (every 512 blocks) on the map, in the background.
 fio_start() {
-    fio --name="$1" --filename="$map" --rw=randwrite --bs=4k --iodepth=16 --offset="$3" \
+    fio --name="$transport-$1" --filename="$map" --rw=randwrite --bs=4k --iodepth=16 --offset="$3" \
         --size=32m --time_based --runtime="$2" --verify=crc32c --verify_backlog=512 \
-        --verify_fatal=1 --ioengine=libaio --direct=1 --eta=never --output="$LAB_OUT/fio-$1.txt" &
+        --verify_fatal=1 --ioengine=libaio --direct=1 --eta=never --output="$LAB_OUT/fio-$transport-$1.txt" &
     fio_pid=$!
-    fio_name=$1
+    fio_name=$transport-$1
     sleep 5
 }
 
@@ -105,57 +160,85 @@ fio_end() {
     grep -E 'write: IOPS|verify' "$LAB_OUT/fio-$fio_name.txt" | head -3 || true
 }
 
-lab_step "two portals of one rtgtd"
-both_paths one
+# link_fault: fio while the link of the path through $p1 goes down (the guest sends its frames
+# to a MAC address nobody has) and comes back.
+link_fault() {
+    fio_start link 50 64m
 
-lab_step "(a) fio while the API sets group 1 standby and back"
-fio_start failover 80 0
-lab_signal failover
-lab_wait failed-over 120 || lab_fail "the host did not fail over"
-path_is "$d1" - ghost 1
-path_is "$d2" active ready 10
-w=$(writes "$d2")
-sleep 5
-(($(writes "$d2") > w)) || lab_fail "no writes through $d2 after the failover"
-multipath -ll "$map" | tee "$LAB_OUT/multipath-standby.txt"
-lab_signal failback
-lab_wait failed-back 120 || lab_fail "the host did not fail back"
-path_is "$d1" active ready 50
-w=$(writes "$d1")
-sleep 5
-(($(writes "$d1") > w)) || lab_fail "no writes through $d1 after the failback"
-fio_end
+    ip neigh replace "$p1" lladdr 02:00:00:00:00:01 dev eth0 nud permanent
+    path_is "$d1" failed - - 90
+    w=$(writes "$d2")
+    sleep 5
+    (($(writes "$d2") > w)) || lab_fail "no writes through $d2 with $p1 down"
+    ip neigh del "$p1" dev eth0
+    path_is "$d1" active ready 50 120
+    fio_end
+}
 
-lab_step "(b) fio while the link of the path through $p1 goes down and comes back"
-fio_start link 80 64m
-ip route add blackhole "$p1/32"
-path_is "$d1" failed - - 90
-w=$(writes "$d2")
-sleep 5
-(($(writes "$d2") > w)) || lab_fail "no writes through $d2 with $p1 down"
-ip route del blackhole "$p1/32"
-path_is "$d1" active ready 50 120
-fio_end
+# round: (a), (b) and (c) over $transport.
+round() {
+    lab_step "$transport: two portals of one rtgtd"
+    both_paths one
 
-lab_step "(c) two rtgtd over one file: kill -9 of the one with the active/optimized group"
-multipath -F || lab_fail "cannot flush the map"
-iscsiadm -m node -u
-iscsiadm -m node -o delete
-lab_signal two-gateways
-lab_wait gateways-up 180 || lab_fail "the two rtgtd did not start"
-both_paths two
-fio_start kill 90 128m
-lab_signal kill-a
-path_is "$d1" failed - - 90
-w=$(writes "$d2")
-sleep 5
-(($(writes "$d2") > w)) || lab_fail "no writes through $d2 with rtgtd-a down"
-lab_wait a-restarted 120 || lab_fail "rtgtd-a did not restart"
-path_is "$d1" active ready 50 120
-fio_end
-multipath -ll "$map" | tee "$LAB_OUT/multipath-end.txt"
+    lab_step "$transport (a) fio while the API sets group 1 standby and back"
+    fio_start failover 50 0
+    lab_signal failover-$transport
+    lab_wait failed-over-$transport 120 || lab_fail "the host did not fail over"
+    path_is "$d1" - ghost 1
+    path_is "$d2" active ready 10
+    w=$(writes "$d2")
+    sleep 5
+    (($(writes "$d2") > w)) || lab_fail "no writes through $d2 after the failover"
+    multipath -ll "$map" | tee "$LAB_OUT/multipath-$transport-standby.txt"
+    lab_signal failback-$transport
+    lab_wait failed-back-$transport 120 || lab_fail "the host did not fail back"
+    path_is "$d1" active ready 50
+    w=$(writes "$d1")
+    sleep 5
+    (($(writes "$d1") > w)) || lab_fail "no writes through $d1 after the failback"
+    fio_end
 
-lab_step "whole-range verify through the map"
-lab_fio_verify "$map" final write 1m 4 0 192m
-multipath -F
-iscsiadm -m node -u
+    if [[ $transport == tcp ]]; then
+        lab_step "$transport (b) fio while the link of the path through $p1 goes down and comes back"
+        link_fault
+    fi
+
+    lab_step "$transport (c) two rtgtd over one file: kill -9 of the one with the active/optimized group"
+    logout_all
+    lab_signal two-gateways-$transport
+    lab_wait gateways-up-$transport 180 || lab_fail "the two rtgtd did not start"
+    both_paths two
+    # Persistent reservations are one state across the gateways.
+    sg_persist --out --register --param-sark=0xabc1 "/dev/$d1" >/dev/null ||
+        lab_fail "PR register through $d1 failed"
+    sg_persist --in --read-keys "/dev/$d2" | tee "$LAB_OUT/keys-$transport.txt"
+    grep -q 0xabc1 "$LAB_OUT/keys-$transport.txt" || lab_fail "a key registered through rtgtd-a is not reported by rtgtd-b"
+    # ib_srp notices a dead target port by its RC retries only, some 40 s after the kill.
+    local runtime=50
+    [[ $transport == srp ]] && runtime=110
+    fio_start kill "$runtime" 128m
+    lab_signal kill-a-$transport
+    path_is "$d1" failed - - 90
+    w=$(writes "$d2")
+    sleep 5
+    (($(writes "$d2") > w)) || lab_fail "no writes through $d2 with rtgtd-a down"
+    lab_wait a-restarted-$transport 120 || lab_fail "rtgtd-a did not restart"
+    path_is "$d1" active ready 50 120
+    fio_end
+    sg_persist --in --read-keys "/dev/$d1" | grep -q 0xabc1 || lab_fail "the key is gone after rtgtd-a restarted"
+    sg_persist --out --register --param-rk=0xabc1 --param-sark=0 "/dev/$d1" >/dev/null ||
+        lab_fail "PR unregister through $d1 failed"
+    multipath -ll "$map" | tee "$LAB_OUT/multipath-$transport-end.txt"
+
+    lab_step "whole-range verify through the map"
+    lab_fio_verify "$map" "final-$transport" write 1m 4 0 192m
+    logout_all
+}
+
+for transport in tcp iser srp; do
+    if [[ $transport != tcp ]]; then
+        lab_signal "one-gateway-$transport"
+        lab_wait "one-gateway-up-$transport" 120 || lab_fail "rtgtd did not start again"
+    fi
+    round
+done
