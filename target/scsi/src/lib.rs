@@ -807,12 +807,17 @@ impl Device {
     pub fn set_alua(&self, config: &AluaConfig) -> Result<(), ScsiError> {
         config.validate().map_err(ScsiError::InvalidConfig)?;
         let mut st = self.lock();
-        let nexuses: Vec<(u16, u16)> = st
+        // In the order the nexuses came (their IDs grow), as the groups were learned.
+        let mut nexuses: Vec<(u64, u16, u16)> = st
             .nexuses
-            .values()
-            .map(|n| (n.port_group, n.relative_port))
+            .iter()
+            .map(|(id, n)| (*id, n.port_group, n.relative_port))
             .collect();
-        if st.alua.reconfigure(config, nexuses.into_iter()) {
+        nexuses.sort_unstable();
+        if st
+            .alua
+            .reconfigure(config, nexuses.into_iter().map(|(_, g, p)| (g, p)))
+        {
             st.post_all(UnitAttention::AsymmetricAccessChanged, None);
             tracing::info!(device = %self.config.name, "target port group states changed");
         }
