@@ -30,6 +30,8 @@ LAB_DISK=$LAB_WORK/disk0.img
 LAB_BOOT=1
 # shellcheck disable=SC1090,SC1091
 LAB_DISK_MB=$([[ -f $SCEN_DIR/conf ]] && source "$SCEN_DIR/conf"; echo "${LAB_DISK_MB:-}")
+# A scenario that moves much data may keep only the headers of each packet (LAB_SNAPLEN).
+LAB_SNAPLEN=$([[ -f $SCEN_DIR/conf ]] && source "$SCEN_DIR/conf"; echo "${LAB_SNAPLEN:-0}")
 export LAB_DISK LAB_BOOT
 # shellcheck source=host-lib.sh
 source "$LAB_DIR/lib/host-lib.sh"
@@ -81,7 +83,7 @@ if [[ -f $SCEN_DIR/host.sh ]]; then
 fi
 
 say "scenario $LAB_SCENARIO in netns $LAB_NETNS (host $LAB_HOST_IP, guest $LAB_GUEST_IP, mtu $LAB_MTU)"
-tcpdump -i "$LAB_TAP" -Z root -n -U -s "${RTGT_LAB_SNAPLEN:-0}" -w "$LAB_RESULTS/tap.pcap" \
+tcpdump -i "$LAB_TAP" -Z root -n -U -s "${RTGT_LAB_SNAPLEN:-$LAB_SNAPLEN}" -w "$LAB_RESULTS/tap.pcap" \
     >"$LAB_RESULTS/tcpdump.log" 2>&1 &
 tcpdump_pid=$!
 for ((i = 0; i < 100; i++)); do
