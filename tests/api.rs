@@ -338,6 +338,7 @@ fn secrets_are_write_only_and_apply_is_declarative() {
         removable: false,
         sanitize_rate: None,
         shared: None,
+        rbd: None,
     });
     let g = &mut next.targets[0].portal_groups[0];
     g.luns.push(rtgt_api::config::Lun {
@@ -524,6 +525,7 @@ fn burst_state(base: &Config, k: usize) -> Config {
             removable: false,
             sanitize_rate: None,
             shared: None,
+            rbd: None,
         });
         c.targets[0].portal_groups[0]
             .luns

@@ -140,6 +140,8 @@ pub enum BackstoreKind {
     Ramdisk,
     /// Reads return zeroes, writes are discarded (benchmarks).
     Null,
+    /// A Ceph RBD image (the `rbd` section says which), through librbd.
+    Rbd,
 }
 
 fn default_block_size() -> u32 {
@@ -202,6 +204,56 @@ pub struct Backstore {
     /// the persistent reservation state lives in the file they all name.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shared: Option<Shared>,
+    /// The image of an `rbd` backstore; its capacity is the image's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rbd: Option<RbdImage>,
+}
+
+fn default_pool() -> String {
+    "rbd".into()
+}
+
+fn default_ceph_conf() -> PathBuf {
+    PathBuf::from("/etc/ceph/ceph.conf")
+}
+
+fn default_client_id() -> String {
+    "admin".into()
+}
+
+fn default_op_timeout() -> u32 {
+    30
+}
+
+/// A Ceph RBD image and how to reach its cluster. Every rtgtd that names the same image
+/// exports the same data: give them the same `wwn` and `serial` to make it one LUN.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RbdImage {
+    /// Default `rbd`.
+    #[serde(default = "default_pool")]
+    pub pool: String,
+    /// RADOS namespace within the pool; none when empty.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub namespace: String,
+    pub image: String,
+    /// The cluster's configuration file: relative to the state directory, or absolute, and
+    /// then under /etc/ceph or a backstore root. Default /etc/ceph/ceph.conf.
+    #[serde(default = "default_ceph_conf")]
+    #[schema(value_type = String)]
+    pub ceph_conf: PathBuf,
+    /// The Ceph client name without `client.`. Default `admin`.
+    #[serde(default = "default_client_id")]
+    pub client_id: String,
+    /// A keyring other than the one the configuration names; same places as `ceph_conf`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<String>)]
+    pub keyring: Option<PathBuf>,
+    /// Seconds a cluster operation may take: past it the command ends with NOT READY (a
+    /// multipath host then uses another gateway) instead of waiting for the cluster. 1 to
+    /// 600; default 30.
+    #[serde(default = "default_op_timeout")]
+    pub op_timeout_secs: u32,
 }
 
 /// What the rtgtd processes exporting one backstore share.
@@ -223,7 +275,7 @@ impl Backstore {
             BackstoreKind::File | BackstoreKind::Block => {
                 self.direct.unwrap_or(self.kind == BackstoreKind::Block)
             }
-            BackstoreKind::Ramdisk | BackstoreKind::Null => false,
+            BackstoreKind::Ramdisk | BackstoreKind::Null | BackstoreKind::Rbd => false,
         }
     }
 
@@ -1337,13 +1389,40 @@ impl Config {
                         "only file and block backstores can be shared with another rtgtd".into(),
                     ));
                 }
-                BackstoreKind::Ramdisk | BackstoreKind::Null if b.direct.is_some() => {
+                BackstoreKind::Ramdisk | BackstoreKind::Null | BackstoreKind::Rbd
+                    if b.direct.is_some() =>
+                {
                     return Err((
                         at("direct"),
                         "only file and block backstores have a cache mode".into(),
                     ));
                 }
+                BackstoreKind::Rbd if b.rbd.is_none() => {
+                    return Err((
+                        at("rbd"),
+                        "an rbd backstore needs an rbd section naming the image".into(),
+                    ));
+                }
+                BackstoreKind::Rbd if b.path.is_some() || b.size.is_some() => {
+                    let f = if b.path.is_some() { "path" } else { "size" };
+                    return Err((
+                        at(f),
+                        format!("an rbd backstore has no {f}: the image is named in rbd, its size is the image's (resize it through the backstore once created)"),
+                    ));
+                }
+                BackstoreKind::Rbd if b.shared.is_some() => {
+                    return Err((
+                        at("shared"),
+                        "only file and block backstores can be shared with another rtgtd".into(),
+                    ));
+                }
+                _ if b.kind != BackstoreKind::Rbd && b.rbd.is_some() => {
+                    return Err((at("rbd"), "only an rbd backstore names an image".into()));
+                }
                 _ => {}
+            }
+            if let Some(r) = &b.rbd {
+                validate_rbd(r).map_err(|(f, m)| (at(&format!("rbd.{f}")), m))?;
             }
             if let Some(pbs) = b.physical_block_size {
                 if !pbs.0.is_power_of_two() || pbs.0 < u64::from(b.block_size) || pbs.0 > 65536 {
@@ -1554,6 +1633,27 @@ impl Config {
 }
 
 /// Checks a name of ASCII letters, digits and the characters of `others`.
+/// Names librados and librbd accept, and a timeout in range.
+fn validate_rbd(r: &RbdImage) -> Result<(), (&'static str, String)> {
+    for (field, value) in [("pool", &r.pool), ("image", &r.image)] {
+        if value.is_empty() || value.len() > 255 {
+            return Err((field, format!("{field} must be 1 to 255 characters")));
+        }
+        validate_name(value, "-_.").map_err(|m| (field, m))?;
+    }
+    if !r.namespace.is_empty() {
+        validate_name(&r.namespace, "-_.").map_err(|m| ("namespace", m))?;
+    }
+    validate_name(&r.client_id, "-_.").map_err(|m| ("client_id", m))?;
+    if !(1..=600).contains(&r.op_timeout_secs) {
+        return Err((
+            "op_timeout_secs",
+            format!("{} is not from 1 to 600 seconds", r.op_timeout_secs),
+        ));
+    }
+    Ok(())
+}
+
 fn validate_name(name: &str, others: &str) -> Result<(), String> {
     if !name.is_empty()
         && name
@@ -2331,5 +2431,49 @@ srp:
             shared.validate().unwrap_err().0,
             "targets[1].portal_groups[0].relative_port"
         );
+    }
+
+    #[test]
+    fn rbd_backstores() {
+        let c = Config::from_yaml(
+            include_str!("../../fuzz/seeds/config_yaml/rbd.yaml"),
+            Path::new("rbd.yaml"),
+        )
+        .unwrap();
+        let r = c.backstores[0].rbd.as_ref().unwrap();
+        assert_eq!(
+            (r.pool.as_str(), r.image.as_str(), r.client_id.as_str()),
+            ("rbd", "disk0", "admin")
+        );
+        assert_eq!(r.ceph_conf, Path::new("/etc/ceph/ceph.conf"));
+        assert_eq!((r.op_timeout_secs, r.keyring.as_ref()), (30, None));
+        let full = &c.backstores[1].rbd.as_ref().unwrap();
+        assert_eq!(
+            (full.pool.as_str(), full.namespace.as_str(), full.client_id.as_str()),
+            ("vms", "tenant1", "rtgt")
+        );
+        assert!(!c.backstores[0].direct());
+        // What an rbd backstore must have, and must not.
+        let bad = [
+            ("{name: a, type: rbd}", "backstores[0].rbd"),
+            ("{name: a, type: rbd, size: 1M, rbd: {image: i}}", "backstores[0].size"),
+            ("{name: a, type: rbd, path: x, rbd: {image: i}}", "backstores[0].path"),
+            ("{name: a, type: rbd, direct: true, rbd: {image: i}}", "backstores[0].direct"),
+            ("{name: a, type: rbd, rbd: {image: i}, shared: {pr_file: p}}", "backstores[0].shared"),
+            ("{name: a, type: null, size: 1M, rbd: {image: i}}", "backstores[0].rbd"),
+            ("{name: a, type: rbd, rbd: {image: 'a/b'}}", "backstores[0].rbd.image"),
+            ("{name: a, type: rbd, rbd: {image: ''}}", "backstores[0].rbd.image"),
+            ("{name: a, type: rbd, rbd: {pool: 'p@', image: i}}", "backstores[0].rbd.pool"),
+            ("{name: a, type: rbd, rbd: {image: i, namespace: 'x y'}}", "backstores[0].rbd.namespace"),
+            ("{name: a, type: rbd, rbd: {image: i, client_id: 'a b'}}", "backstores[0].rbd.client_id"),
+            ("{name: a, type: rbd, rbd: {image: i, op_timeout_secs: 0}}", "backstores[0].rbd.op_timeout_secs"),
+            ("{name: a, type: rbd, rbd: {image: i, op_timeout_secs: 601}}", "backstores[0].rbd.op_timeout_secs"),
+        ];
+        for (b, path) in bad {
+            assert_eq!(err_of(&format!("backstores: [{b}]\n")).0, path, "{b}");
+        }
+        // Unknown fields are refused.
+        let (path, msg) = err_of("backstores: [{name: a, type: rbd, rbd: {image: i, monitors: x}}]\n");
+        assert!(path.starts_with("backstores[0]"), "{path}: {msg}");
     }
 }

@@ -138,6 +138,7 @@ pub fn convert(json: &str) -> Result<Import, String> {
             removable: false,
             sanitize_rate: None,
             shared: None,
+            rbd: None,
         });
     }
 

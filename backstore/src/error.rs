@@ -62,6 +62,8 @@ pub enum BackstoreError {
     },
     #[error("{op} refused: the backstore is read-only")]
     ReadOnly { op: &'static str },
+    #[error("the backstore has no {op} of its own")]
+    Unsupported { op: &'static str },
 }
 
 /// Error classes with distinct SCSI answers.
@@ -78,6 +80,10 @@ pub enum IoErrorKind {
     Unsupported,
     /// The range lies outside the device: LOGICAL BLOCK ADDRESS OUT OF RANGE.
     OutOfRange,
+    /// The storage behind the backstore did not answer in time (a network file system, a
+    /// Ceph cluster out of reach): NOT READY, so that a multipath initiator tries another
+    /// path.
+    NotReady,
     /// Anything else: HARDWARE ERROR.
     Other,
 }
@@ -87,6 +93,7 @@ impl BackstoreError {
         match self {
             BackstoreError::OutOfRange { .. } => IoErrorKind::OutOfRange,
             BackstoreError::ReadOnly { .. } => IoErrorKind::ReadOnly,
+            BackstoreError::Unsupported { .. } => IoErrorKind::Unsupported,
             BackstoreError::Config(_) => IoErrorKind::Other,
             BackstoreError::Open { source, .. }
             | BackstoreError::Read { source, .. }
@@ -122,6 +129,10 @@ pub(crate) fn errno_kind(err: &io::Error, modifies: bool) -> IoErrorKind {
         Some(libc::EPERM | libc::EACCES) if modifies => IoErrorKind::ReadOnly,
         Some(libc::EOPNOTSUPP | libc::ENOTTY | libc::ENOSYS) => IoErrorKind::Unsupported,
         Some(libc::EFBIG | libc::ENXIO) => IoErrorKind::OutOfRange,
+        // ESHUTDOWN: a Ceph client the cluster has blocklisted.
+        Some(libc::ETIMEDOUT | libc::ENOTCONN | libc::ESHUTDOWN | libc::EHOSTUNREACH) => {
+            IoErrorKind::NotReady
+        }
         _ if err.kind() == io::ErrorKind::Unsupported => IoErrorKind::Unsupported,
         _ => IoErrorKind::Other,
     }

@@ -106,4 +106,41 @@ pub trait Backstore: Send + Sync + 'static {
     fn is_direct(&self) -> bool {
         false
     }
+    /// The longest [`Backstore::compare_and_write`] in bytes (0: none) the device does as
+    /// its own operation, atomic against every writer of the device, other processes
+    /// exporting it included (gateways over one Ceph image). Longer ones the SCSI layer
+    /// compares and writes under its own range lock.
+    fn compare_and_write_limit(&self) -> u64 {
+        0
+    }
+    /// COMPARE AND WRITE done by the device: `buf` holds the compare data, then as many bytes
+    /// to write at `offset` if the medium equals them. `None` when written; otherwise the
+    /// offset in the compare data of the first byte that differs, and nothing was written.
+    async fn compare_and_write(
+        &self,
+        offset: u64,
+        buf: IoBuf,
+        fua: bool,
+    ) -> BufResult<Option<u64>> {
+        let _ = (offset, fua);
+        (
+            Err(BackstoreError::Unsupported {
+                op: "compare and write",
+            }),
+            buf,
+        )
+    }
+    /// Writes zeroes to `len` bytes at `offset` without the caller moving them (WRITE SAME
+    /// of a zero block). A backstore without such an operation answers `Unsupported` and the
+    /// caller writes zero blocks.
+    async fn write_zeroes(&self, offset: u64, len: u64, fua: bool) -> Result<(), BackstoreError> {
+        let _ = (offset, len, fua);
+        Err(BackstoreError::Unsupported { op: "write zeroes" })
+    }
+    /// Changes of capacity made outside this process (another gateway resized the image):
+    /// the number of blocks, each time it changes. `None` where only [`Backstore::resize`]
+    /// changes it.
+    fn capacity_changes(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
+        None
+    }
 }

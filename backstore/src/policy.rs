@@ -117,6 +117,10 @@ pub struct BackstoreRoots {
     roots: Vec<PathBuf>,
 }
 
+/// Where Ceph keeps client configuration and keyrings; readable by rbd backstores besides
+/// the roots.
+pub const CEPH_DIR: &str = "/etc/ceph";
+
 /// `openat2` resolution: nothing may lead out of the directory, and no magic link of
 /// `/proc` can be followed (they jump anywhere).
 const RESOLVE: u64 = libc::RESOLVE_BENEATH | libc::RESOLVE_NO_MAGICLINKS;
@@ -239,6 +243,37 @@ impl BackstoreRoots {
             path: path.to_path_buf(),
             root: candidates[0].0.to_path_buf(),
         })
+    }
+
+    /// The real path of a Ceph client file a backstore names (the cluster's configuration, a
+    /// keyring), for the Ceph libraries to read: relative to the state directory, or
+    /// absolute; once symlinks are resolved it must be a regular file under `/etc/ceph` or
+    /// under one of the roots.
+    pub fn ceph_file(&self, path: &Path) -> Result<PathBuf, PolicyError> {
+        let io_err = |source| PolicyError::Io {
+            path: path.to_path_buf(),
+            source,
+        };
+        let real = std::fs::canonicalize(self.full_path(path)).map_err(io_err)?;
+        let mut allowed = vec![PathBuf::from(CEPH_DIR)];
+        allowed.extend(self.roots.iter().cloned());
+        let inside = allowed
+            .iter()
+            .any(|dir| std::fs::canonicalize(dir).is_ok_and(|d| real.starts_with(d)));
+        if !inside {
+            return Err(PolicyError::OutsideRoots {
+                path: path.to_path_buf(),
+                roots: allowed,
+            });
+        }
+        let meta = std::fs::metadata(&real).map_err(io_err)?;
+        if !meta.is_file() {
+            return Err(PolicyError::NotRegularFile {
+                path: path.to_path_buf(),
+                kind: kind_of(&meta),
+            });
+        }
+        Ok(real)
     }
 
     /// Opens the block device of a block backstore — exclusively unless `shared` (other
@@ -657,6 +692,40 @@ mod tests {
         assert!(matches!(
             s.roots.side_file(&s.root.join("none/d.pr")),
             Err(PolicyError::Io { .. })
+        ));
+    }
+
+    #[test]
+    fn ceph_files_are_read_from_etc_ceph_or_a_root() {
+        let s = scene();
+        let real = std::fs::canonicalize(&s.root).unwrap();
+        std::fs::write(s.root.join("ceph.conf"), "[global]\n").unwrap();
+        assert_eq!(
+            s.roots.ceph_file(Path::new("ceph.conf")).unwrap(),
+            real.join("ceph.conf")
+        );
+        // A file outside, directly or through a symlink in the root.
+        let e = s.roots.ceph_file(&s.outside).unwrap_err();
+        assert!(
+            matches!(&e, PolicyError::OutsideRoots { roots, .. } if roots[0] == Path::new(CEPH_DIR)),
+            "{e}"
+        );
+        symlink(&s.outside, s.root.join("keyring")).unwrap();
+        assert!(matches!(
+            s.roots.ceph_file(Path::new("keyring")),
+            Err(PolicyError::OutsideRoots { .. })
+        ));
+        assert!(matches!(
+            s.roots.ceph_file(Path::new("nested")),
+            Err(PolicyError::NotRegularFile { .. })
+        ));
+        assert!(matches!(
+            s.roots.ceph_file(Path::new("absent.conf")),
+            Err(PolicyError::Io { .. })
+        ));
+        assert!(matches!(
+            s.roots.ceph_file(Path::new("/etc/passwd")),
+            Err(PolicyError::OutsideRoots { .. })
         ));
     }
 

@@ -8,7 +8,7 @@ use clap::{Parser, Subcommand};
 use rtgt_api::client::{discover, segment, ClientError, Given, System};
 use rtgt_api::config::{
     Acl, Auth, Backstore, BackstoreKind, ByteSize, Chap, Config, Lun, MappedLun, Port, PortalGroup,
-    SrpAcl, SrpPort, Target, REDACTED,
+    RbdImage, SrpAcl, SrpPort, Target, REDACTED,
 };
 use rtgt_api::resource::PortPath;
 use rtgt_api::server::Portal;
@@ -123,9 +123,21 @@ enum BackstoreCmd {
     },
     Create {
         name: String,
-        /// file, block, ramdisk or null.
+        /// file, block, ramdisk, null or rbd.
         #[arg(long = "type", value_parser = parse_kind)]
         kind: BackstoreKind,
+        /// rbd: the image, as `[POOL/[NAMESPACE/]]IMAGE` (pool `rbd` by default).
+        #[arg(long, value_name = "IMAGE_SPEC")]
+        image: Option<String>,
+        /// rbd: the cluster's configuration file (default /etc/ceph/ceph.conf).
+        #[arg(long)]
+        ceph_conf: Option<PathBuf>,
+        /// rbd: the Ceph client name without `client.` (default admin).
+        #[arg(long)]
+        client_id: Option<String>,
+        /// rbd: a keyring other than the configuration's.
+        #[arg(long)]
+        keyring: Option<PathBuf>,
         #[arg(long)]
         path: Option<PathBuf>,
         #[arg(long, value_parser = ByteSize::parse)]
@@ -393,8 +405,48 @@ fn parse_kind(s: &str) -> Result<BackstoreKind, String> {
         "block" => Ok(BackstoreKind::Block),
         "ramdisk" => Ok(BackstoreKind::Ramdisk),
         "null" => Ok(BackstoreKind::Null),
-        _ => Err(format!("{s:?}: expected file, block, ramdisk or null")),
+        "rbd" => Ok(BackstoreKind::Rbd),
+        _ => Err(format!("{s:?}: expected file, block, ramdisk, null or rbd")),
     }
+}
+
+/// The `rbd` section from `--image [POOL/[NAMESPACE/]]IMAGE` and the cluster options.
+fn rbd_image(
+    spec: Option<&str>,
+    ceph_conf: Option<PathBuf>,
+    client_id: Option<String>,
+    keyring: Option<PathBuf>,
+) -> Result<Option<RbdImage>, ClientError> {
+    let Some(spec) = spec else {
+        if ceph_conf.is_some() || client_id.is_some() || keyring.is_some() {
+            return Err(ClientError::Setup(
+                "--ceph-conf, --client-id and --keyring go with --image".into(),
+            ));
+        }
+        return Ok(None);
+    };
+    let parts: Vec<&str> = spec.split('/').collect();
+    let (pool, namespace, image) = match parts[..] {
+        [image] => ("rbd", "", image),
+        [pool, image] => (pool, "", image),
+        [pool, namespace, image] => (pool, namespace, image),
+        _ => {
+            return Err(ClientError::Setup(format!(
+                "--image {spec:?}: expected [POOL/[NAMESPACE/]]IMAGE"
+            )))
+        }
+    };
+    let mut r: RbdImage = serde_json::from_value(serde_json::json!({
+        "pool": pool, "namespace": namespace, "image": image,
+    }))?;
+    if let Some(c) = ceph_conf {
+        r.ceph_conf = c;
+    }
+    if let Some(c) = client_id {
+        r.client_id = c;
+    }
+    r.keyring = keyring;
+    Ok(Some(r))
 }
 
 fn parse_map(s: &str) -> Result<MappedLun, String> {
@@ -476,15 +528,17 @@ fn backstore_row(b: &Backstore) -> Vec<String> {
         format!("{:?}", b.kind).to_lowercase(),
         b.size.map(|s| s.to_string()).unwrap_or_else(|| "-".into()),
         b.block_size.to_string(),
-        b.path
-            .as_ref()
-            .map(|p| p.display().to_string())
-            .unwrap_or_else(|| "-".into()),
+        match (&b.path, &b.rbd) {
+            (Some(p), _) => p.display().to_string(),
+            (None, Some(r)) if r.namespace.is_empty() => format!("rbd:{}/{}", r.pool, r.image),
+            (None, Some(r)) => format!("rbd:{}/{}/{}", r.pool, r.namespace, r.image),
+            (None, None) => "-".into(),
+        },
         if b.read_only { "ro" } else { "rw" }.into(),
         match b.kind {
             BackstoreKind::File | BackstoreKind::Block if b.direct() => "direct",
             BackstoreKind::File | BackstoreKind::Block => "page",
-            BackstoreKind::Ramdisk | BackstoreKind::Null => "-",
+            BackstoreKind::Ramdisk | BackstoreKind::Null | BackstoreKind::Rbd => "-",
         }
         .into(),
         if b.write_cache { "on" } else { "off" }.into(),
@@ -698,6 +752,10 @@ fn run(args: Args, ctx: &mut Context) -> Result<(), ClientError> {
             BackstoreCmd::Create {
                 name,
                 kind,
+                image,
+                ceph_conf,
+                client_id,
+                keyring,
                 path,
                 size,
                 block_size,
@@ -721,6 +779,7 @@ fn run(args: Args, ctx: &mut Context) -> Result<(), ClientError> {
                     removable: false,
                     sanitize_rate: None,
                     shared: None,
+                    rbd: rbd_image(image.as_deref(), ceph_conf, client_id, keyring)?,
                 };
                 let v = c.send("POST", "/api/v1/backstores", &b)?;
                 let b: Backstore = serde_json::from_value(v)?;

@@ -7,11 +7,13 @@ use std::hash::{Hash, Hasher};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
 use rtgt_api::alua::{ids_of, PortKey, TargetPort};
 use rtgt_api::config::{self, BackstoreKind, Config};
 use rtgt_backstore::policy::{BackstoreRoots, FileRequest, PolicyError};
 use rtgt_backstore::{Backstore, BufPool, FileBackstore, FileOptions, NullBackstore, RamBackstore};
+use rtgt_ceph::{ClusterSpec, RbdBackstore, RbdOptions};
 use rtgt_rdma_channel::cm::Provider;
 use rtgt_transport::hca::{Hca, HcaConfig};
 use tracing::{info, warn};
@@ -249,6 +251,35 @@ async fn open_backstore(
             )),
             None,
         ),
+        BackstoreKind::Rbd => {
+            let r = b.rbd.as_ref().expect("validated: rbd has its section");
+            let opts = RbdOptions {
+                cluster: ClusterSpec {
+                    conf: roots.ceph_file(&r.ceph_conf).map_err(refused)?,
+                    client_id: r.client_id.clone(),
+                    keyring: r
+                        .keyring
+                        .as_ref()
+                        .map(|k| roots.ceph_file(k))
+                        .transpose()
+                        .map_err(refused)?,
+                    op_timeout: Duration::from_secs(r.op_timeout_secs.into()),
+                },
+                pool: r.pool.clone(),
+                namespace: r.namespace.clone(),
+                image: r.image.clone(),
+                block_size: b.block_size,
+                read_only: b.read_only,
+                write_cache: b.write_cache,
+                thin: b.thin,
+            };
+            // Connecting and opening wait on the cluster.
+            let store = tokio::task::spawn_blocking(move || RbdBackstore::open(&opts))
+                .await
+                .map_err(|e| fail(e.to_string()))?
+                .map_err(|e| fail(e.to_string()))?;
+            (store, None)
+        }
     })
 }
 
@@ -261,6 +292,8 @@ fn default_physical_block_size(b: &config::Backstore, device_pbs: Option<u32>) -
         BackstoreKind::File => 4096,
         BackstoreKind::Block => device_pbs.unwrap_or(4096),
         BackstoreKind::Ramdisk | BackstoreKind::Null => b.block_size,
+        // RADOS objects are megabytes; 4096 keeps initiators' writes page-aligned.
+        BackstoreKind::Rbd => 4096,
     };
     pbs.max(b.block_size)
 }
@@ -327,6 +360,18 @@ pub(crate) async fn open_device(
         name: b.name.clone(),
         message: error_chain(&e),
     })?;
+    if let Some(mut sizes) = store.capacity_changes() {
+        // Resized elsewhere (another gateway, the cluster's tools): tell the initiators.
+        let weak = Arc::downgrade(&dev);
+        tokio::spawn(async move {
+            while sizes.changed().await.is_ok() {
+                let Some(dev) = weak.upgrade() else { return };
+                if dev.num_blocks() != *sizes.borrow_and_update() {
+                    dev.capacity_changed();
+                }
+            }
+        });
+    }
     info!(backstore = %b.name, kind = ?b.kind, "backstore ready");
     Ok((store, dev))
 }
@@ -734,6 +779,7 @@ mod tests {
             pbs("{name: a, type: null, size: 1M, block_size: 4096}"),
             4096
         );
+        assert_eq!(pbs("{name: a, type: rbd, rbd: {image: i}}"), 4096);
     }
 
     #[test]

@@ -42,6 +42,9 @@ pub fn io_error(e: &BackstoreError, write: bool) -> Sense {
         IoErrorKind::NoSpace => Sense::new(key::DATA_PROTECT, (0x27, 0x07)),
         IoErrorKind::ReadOnly => Sense::write_protected(),
         IoErrorKind::OutOfRange => Sense::lba_out_of_range(),
+        // The storage behind the backstore is out of reach: a multipath initiator fails the
+        // path and retries through another (Linux fails the command on this sense).
+        IoErrorKind::NotReady => Sense::new(key::NOT_READY, asc::NOT_READY_CAUSE_NOT_REPORTABLE),
         _ => Sense::internal_failure(),
     }
 }
@@ -126,6 +129,23 @@ impl Device {
             done += n;
         }
         Ok(())
+    }
+
+    /// Zeroes the range: by the backstore's own operation where it has one, else by writing
+    /// zero blocks.
+    async fn write_zeroes(&self, lba: u64, blocks: u64) -> Result<(), Sense> {
+        let fua = self.write_fua(false);
+        match self
+            .backstore
+            .write_zeroes(self.offset(lba), self.bytes(blocks), fua)
+            .await
+        {
+            Err(e) if e.kind() == IoErrorKind::Unsupported => {
+                let zero = vec![0u8; self.block_size as usize];
+                self.write_pattern(lba, blocks, &zero, fua).await
+            }
+            res => res.map_err(|e| io_error(&e, true)),
+        }
     }
 
     async fn unmap_range(&self, lba: u64, blocks: u64) -> Result<(), Sense> {
@@ -367,10 +387,21 @@ pub async fn or_write(ctx: &mut Ctx<'_>) -> CmdResult {
     Ok(done_out(&r, dev))
 }
 
+/// MAXIMUM COMPARE AND WRITE LENGTH: what the backstore does atomically by itself where it
+/// does (the length its other gateways' writers respect too), else [`MAX_CAW_BLOCKS`].
+pub fn dev_max_caw(dev: &Device) -> u32 {
+    let native = dev.backstore.compare_and_write_limit() / u64::from(dev.block_size);
+    match u32::try_from(native) {
+        Ok(0) => MAX_CAW_BLOCKS,
+        Ok(n) => n.min(MAX_CAW_BLOCKS),
+        Err(_) => MAX_CAW_BLOCKS,
+    }
+}
+
 /// COMPARE AND WRITE: compare and write are atomic against every other write to the range.
 pub async fn compare_and_write(ctx: &mut Ctx<'_>) -> CmdResult {
     let r = parse_lba(ctx, &LbaLayout::CAW);
-    if r.blocks > MAX_CAW_BLOCKS {
+    if r.blocks > dev_max_caw(ctx.dev) {
         return Err(r.bad_len().into());
     }
     let dev = ctx.dev;
@@ -388,6 +419,23 @@ pub async fn compare_and_write(ctx: &mut Ctx<'_>) -> CmdResult {
         .range_lock
         .lock(r.lba, u64::from(r.blocks), Mode::Exclusive)
         .await;
+    if dev.backstore.compare_and_write_limit() >= half as u64 {
+        // Atomic on the device itself, against other gateways' writers too.
+        let mut both = dev.second_buf(2 * half);
+        both.as_mut_slice().copy_from_slice(ctx.data_out());
+        let (res, _) = dev
+            .backstore
+            .compare_and_write(dev.offset(r.lba), both, dev.write_fua(r.fua()))
+            .await;
+        return match res.map_err(|e| io_error(&e, true))? {
+            Some(i) => Err(Sense::miscompare(i).into()),
+            None => Ok(Done {
+                status: Status::Good,
+                data: None,
+                transfer_len: (2 * half) as u32,
+            }),
+        };
+    }
     let mut medium = dev.read_second(r.lba, half).await?;
     let data = ctx.data_out();
     if let Some(i) = first_difference(&data[..half], &medium) {
@@ -520,6 +568,8 @@ pub async fn write_same(ctx: &mut Ctx<'_>) -> CmdResult {
     let _g = dev.range_lock.lock(r.lba, blocks, Mode::Shared).await;
     if w.unmap {
         dev.unmap_range(r.lba, blocks).await?;
+    } else if pattern.iter().all(|&b| b == 0) {
+        dev.write_zeroes(r.lba, blocks).await?;
     } else {
         let fua = dev.write_fua(false);
         dev.write_pattern(r.lba, blocks, pattern, fua).await?;

@@ -22,6 +22,8 @@ pub mod key {
 pub mod asc {
     pub type Code = (u8, u8);
     pub const NO_ADDITIONAL: Code = (0x00, 0x00);
+    /// LOGICAL UNIT NOT READY, CAUSE NOT REPORTABLE.
+    pub const NOT_READY_CAUSE_NOT_REPORTABLE: Code = (0x04, 0x00);
     pub const NOT_READY_INIT_REQUIRED: Code = (0x04, 0x02);
     /// LOGICAL UNIT NOT ACCESSIBLE, ASYMMETRIC ACCESS STATE TRANSITION.
     pub const ALUA_TRANSITION: Code = (0x04, 0x0A);

@@ -104,7 +104,7 @@ fn block_limits(dev: &Device) -> Vec<u8> {
     let mut b = vec![0u8; 0x3c];
     let max = dev.max_transfer_blocks();
     let lbppb = dev.lbppb();
-    b[1] = sbc::MAX_CAW_BLOCKS as u8;
+    b[1] = sbc::dev_max_caw(dev) as u8;
     put_be16(&mut b[2..], u16::try_from(lbppb).unwrap_or(u16::MAX));
     put_be32(&mut b[4..], max);
     put_be32(&mut b[8..], ((1 << 20) / dev.block_size).max(lbppb));

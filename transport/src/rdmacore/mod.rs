@@ -14,7 +14,7 @@ pub mod res;
 pub mod sys;
 pub mod wr;
 
-use std::ffi::{c_char, c_int, c_void, CStr, CString};
+use std::ffi::{c_char, c_int, c_void, CStr};
 use std::fmt;
 use std::sync::OnceLock;
 
@@ -75,39 +75,20 @@ impl fmt::Display for RdmaCoreError {
 
 impl std::error::Error for RdmaCoreError {}
 
-/// Declares the function table and its loader: each entry is `name: version, fn type`.
-macro_rules! functions {
-    ($(#[$meta:meta])* $table:ident in $lib:literal {
-        $($name:ident: $version:literal, fn($($arg:ty),*) -> $ret:ty;)*
-    }) => {
-        $(#[$meta])*
-        #[allow(non_snake_case)]
-        pub struct $table {
-            $(pub $name: unsafe extern "C" fn($($arg),*) -> $ret,)*
-        }
-
-        impl $table {
-            fn load() -> Result<$table, RdmaCoreError> {
-                let handle = open($lib)?;
-                Ok($table {
-                    $($name: {
-                        let p = symbol(handle, stringify!($name), $version)?;
-                        // SAFETY: `p` is the address of the C function of that name and
-                        // version, whose signature in the rdma-core headers is the one
-                        // declared here (`tests/rdmacore_abi.rs` checks the types).
-                        unsafe {
-                            std::mem::transmute::<*mut c_void, unsafe extern "C" fn($($arg),*) -> $ret>(p)
-                        }
-                    },)*
-                })
+impl From<rtgt_dynlib::LoadError> for RdmaCoreError {
+    fn from(e: rtgt_dynlib::LoadError) -> Self {
+        match e {
+            rtgt_dynlib::LoadError::Library { name, why } => RdmaCoreError::Library { name, why },
+            rtgt_dynlib::LoadError::Symbol { name, version } => {
+                RdmaCoreError::Symbol { name, version }
             }
         }
-    };
+    }
 }
 
-functions! {
+rtgt_dynlib::functions! {
     /// libibverbs.
-    Verbs in "libibverbs.so.1" {
+    pub Verbs in "libibverbs.so.1" {
         ibv_get_device_list: "IBVERBS_1.1", fn(*mut c_int) -> *mut *mut ibv_device;
         ibv_free_device_list: "IBVERBS_1.1", fn(*mut *mut ibv_device) -> ();
         ibv_get_device_name: "IBVERBS_1.1", fn(*mut ibv_device) -> *const c_char;
@@ -137,9 +118,9 @@ functions! {
     }
 }
 
-functions! {
+rtgt_dynlib::functions! {
     /// librdmacm.
-    Cm in "librdmacm.so.1" {
+    pub Cm in "librdmacm.so.1" {
         rdma_create_event_channel: "RDMACM_1.0", fn() -> *mut rdma_event_channel;
         rdma_destroy_event_channel: "RDMACM_1.0", fn(*mut rdma_event_channel) -> ();
         rdma_create_id: "RDMACM_1.0", fn(*mut rdma_event_channel, *mut *mut rdma_cm_id, *mut c_void, u32) -> c_int;
@@ -165,47 +146,6 @@ functions! {
 pub struct RdmaCore {
     pub verbs: Verbs,
     pub cm: Cm,
-}
-
-fn open(name: &'static str) -> Result<*mut c_void, RdmaCoreError> {
-    let c = CString::new(name).expect("no NUL in a library name");
-    // SAFETY: `c` is a valid C string; RTLD_NOW resolves the library's own symbols at once, so
-    // a broken installation fails here and not at the first call.
-    let h = unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
-    if h.is_null() {
-        return Err(RdmaCoreError::Library {
-            name,
-            why: last_dl_error(),
-        });
-    }
-    Ok(h)
-}
-
-fn symbol(
-    handle: *mut c_void,
-    name: &'static str,
-    version: &'static str,
-) -> Result<*mut c_void, RdmaCoreError> {
-    let (n, v) = (CString::new(name), CString::new(version));
-    let (Ok(n), Ok(v)) = (n, v) else {
-        return Err(RdmaCoreError::Symbol { name, version });
-    };
-    // SAFETY: `handle` came from dlopen and is never closed; both strings are valid C strings.
-    let p = unsafe { libc::dlvsym(handle, n.as_ptr(), v.as_ptr()) };
-    if p.is_null() {
-        return Err(RdmaCoreError::Symbol { name, version });
-    }
-    Ok(p)
-}
-
-fn last_dl_error() -> String {
-    // SAFETY: dlerror returns null or a C string valid until the next dl call on this thread.
-    let e = unsafe { libc::dlerror() };
-    if e.is_null() {
-        return "unknown error".into();
-    }
-    // SAFETY: non-null, NUL-terminated (above).
-    unsafe { CStr::from_ptr(e) }.to_string_lossy().into_owned()
 }
 
 fn errno() -> i32 {

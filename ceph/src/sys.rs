@@ -1,0 +1,82 @@
+//! The parts of librados and librbd (Ceph 16 and later) rtgt calls, as declared in
+//! `rados/librados.h` and `rbd/librbd.h`; `tests/abi.rs` checks every type here against those
+//! headers. Neither library versions its symbols.
+
+#![allow(non_camel_case_types)]
+
+use std::ffi::{c_char, c_int, c_void};
+use std::sync::OnceLock;
+
+use rtgt_dynlib::LoadError;
+
+pub type rados_t = *mut c_void;
+pub type rados_ioctx_t = *mut c_void;
+pub type rbd_image_t = *mut c_void;
+pub type rbd_completion_t = *mut c_void;
+pub type rbd_callback_t = unsafe extern "C" fn(rbd_completion_t, *mut c_void);
+pub type rbd_update_callback_t = unsafe extern "C" fn(*mut c_void);
+
+/// `RBD_LOCK_MODE_EXCLUSIVE` of `rbd_lock_mode_t`.
+pub const RBD_LOCK_MODE_EXCLUSIVE: c_int = 0;
+/// `RBD_FEATURE_EXCLUSIVE_LOCK`.
+pub const RBD_FEATURE_EXCLUSIVE_LOCK: u64 = 1 << 2;
+
+rtgt_dynlib::functions! {
+    /// librados.
+    pub Rados in "librados.so.2" {
+        rados_create2: "", fn(*mut rados_t, *const c_char, *const c_char, u64) -> c_int;
+        rados_conf_read_file: "", fn(rados_t, *const c_char) -> c_int;
+        rados_conf_set: "", fn(rados_t, *const c_char, *const c_char) -> c_int;
+        rados_connect: "", fn(rados_t) -> c_int;
+        rados_shutdown: "", fn(rados_t) -> ();
+        rados_ioctx_create: "", fn(rados_t, *const c_char, *mut rados_ioctx_t) -> c_int;
+        rados_ioctx_destroy: "", fn(rados_ioctx_t) -> ();
+        rados_ioctx_set_namespace: "", fn(rados_ioctx_t, *const c_char) -> ();
+    }
+}
+
+rtgt_dynlib::functions! {
+    /// librbd.
+    pub Rbd in "librbd.so.1" {
+        rbd_open: "", fn(rados_ioctx_t, *const c_char, *mut rbd_image_t, *const c_char) -> c_int;
+        rbd_close: "", fn(rbd_image_t) -> c_int;
+        rbd_get_size: "", fn(rbd_image_t, *mut u64) -> c_int;
+        rbd_get_features: "", fn(rbd_image_t, *mut u64) -> c_int;
+        rbd_resize: "", fn(rbd_image_t, u64) -> c_int;
+        rbd_update_watch: "", fn(rbd_image_t, *mut u64, rbd_update_callback_t, *mut c_void) -> c_int;
+        rbd_update_unwatch: "", fn(rbd_image_t, u64) -> c_int;
+        rbd_is_exclusive_lock_owner: "", fn(rbd_image_t, *mut c_int) -> c_int;
+        rbd_lock_acquire: "", fn(rbd_image_t, c_int) -> c_int;
+        rbd_lock_release: "", fn(rbd_image_t) -> c_int;
+        rbd_aio_create_completion: "", fn(*mut c_void, rbd_callback_t, *mut rbd_completion_t) -> c_int;
+        rbd_aio_get_return_value: "", fn(rbd_completion_t) -> isize;
+        rbd_aio_release: "", fn(rbd_completion_t) -> ();
+        rbd_aio_read: "", fn(rbd_image_t, u64, usize, *mut c_char, rbd_completion_t) -> c_int;
+        rbd_aio_write: "", fn(rbd_image_t, u64, usize, *const c_char, rbd_completion_t) -> c_int;
+        rbd_aio_discard: "", fn(rbd_image_t, u64, u64, rbd_completion_t) -> c_int;
+        rbd_aio_write_zeroes: "", fn(rbd_image_t, u64, usize, rbd_completion_t, c_int, c_int) -> c_int;
+        rbd_aio_compare_and_write: "", fn(rbd_image_t, u64, usize, *const c_char, *const c_char, rbd_completion_t, *mut u64, c_int) -> isize;
+        rbd_aio_flush: "", fn(rbd_image_t, rbd_completion_t) -> c_int;
+    }
+}
+
+/// Both libraries.
+pub struct Ceph {
+    pub rados: Rados,
+    pub rbd: Rbd,
+}
+
+impl Ceph {
+    /// librados and librbd, loaded once per process.
+    pub fn load() -> Result<&'static Ceph, LoadError> {
+        static LIB: OnceLock<Result<Ceph, LoadError>> = OnceLock::new();
+        LIB.get_or_init(|| {
+            Ok(Ceph {
+                rados: Rados::load()?,
+                rbd: Rbd::load()?,
+            })
+        })
+        .as_ref()
+        .map_err(Clone::clone)
+    }
+}

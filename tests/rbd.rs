@@ -1,0 +1,185 @@
+//! rtgtd over Ceph: two gateways export one RBD image of a real one-node cluster
+//! (`tests/ceph/cluster.sh`) as one LUN, each in its own ALUA group. Data written through
+//! one is read through the other, COMPARE AND WRITE is atomic on the image (a stale compare
+//! through the other gateway miscompares), WRITE SAME zeroes, a resize with the cluster's
+//! tools reaches initiators of both gateways as CAPACITY DATA HAS CHANGED, and while the
+//! cluster is out of reach commands end with NOT READY and service resumes after.
+
+#[path = "ceph/mod.rs"]
+mod ceph;
+mod common;
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use ceph::TestCluster;
+use common::{free_port, skip_or_fail, Rtgtd, TEST_IQN};
+use rtgt_tools::iscsi::{LoginConfig, ScsiResult, Session};
+
+const WWN: &str = "6001405aabbccdd0011223344556677c";
+
+fn gateway(c: &TestCluster, group: u16, port: u16) -> String {
+    let remote = 3 - group;
+    format!(
+        "\
+backstores:
+  - name: d0
+    type: rbd
+    wwn: {WWN}
+    serial: rbdlun0001
+    rbd: {{image: lun, ceph_conf: {conf}, op_timeout_secs: 3}}
+targets:
+  - name: {TEST_IQN}
+    portal_groups:
+      - {{tag: {group}, portals: ['127.0.0.1:{port}'], allow_any_initiator: true, alua_group: {group},
+         luns: [{{lun: 0, backstore: d0}}], params: {{NopInInterval: 0}}}}
+alua:
+  groups:
+    - {{id: {group}}}
+    - {{id: {remote}, state: active_non_optimized, remote_ports: [{remote}]}}
+policy: {{backstore_roots: ['{dir}']}}
+",
+        conf = c.conf().display(),
+        dir = c.dir().display(),
+    )
+}
+
+async fn connect(port: u16, isid: u8) -> Session {
+    let addr = format!("127.0.0.1:{port}").parse().unwrap();
+    let login = LoginConfig {
+        initiator_name: format!("iqn.2025-01.io.rtgt:rbd-initiator{isid}"),
+        isid: [0x80, 0, 0, 0, 0, isid],
+        target_name: Some(TEST_IQN.into()),
+        ..LoginConfig::default()
+    };
+    Session::connect(addr, login).await.expect("login")
+}
+
+/// Runs a command; unit attentions are collected and the command repeated.
+async fn run(
+    s: &Session,
+    cdb: &[u8],
+    data: Option<&[u8]>,
+    len: u32,
+    uas: &mut Vec<(u8, u8)>,
+) -> ScsiResult {
+    for _ in 0..8 {
+        let r = s
+            .command(0, cdb, data.map(Bytes::copy_from_slice), len)
+            .await
+            .expect("command");
+        match r.sense_key() {
+            Some((6, asc, ascq)) if r.status == 2 => uas.push((asc, ascq)),
+            _ => return r,
+        }
+    }
+    panic!("unit attentions do not stop");
+}
+
+fn rw10(op: u8, lba: u32, blocks: u16) -> Vec<u8> {
+    let mut c = vec![op, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+    c[2..6].copy_from_slice(&lba.to_be_bytes());
+    c[7..9].copy_from_slice(&blocks.to_be_bytes());
+    c
+}
+
+fn capacity(r: &ScsiResult) -> u64 {
+    assert!(r.is_good(), "{r:?}");
+    u64::from_be_bytes(r.data[0..8].try_into().unwrap()) + 1
+}
+
+const READ_CAPACITY16: [u8; 16] = [0x9e, 0x10, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 32, 0, 0];
+
+#[test]
+fn two_gateways_serve_one_rbd_image() {
+    let c = match TestCluster::start() {
+        Ok(c) => c,
+        Err(e) => return skip_or_fail(e),
+    };
+    c.create_image("lun", 32);
+    let (p1, p2) = (free_port(), free_port());
+    let _g1 = Rtgtd::start("rbd-gw1", &gateway(&c, 1, p1), p1);
+    let _g2 = Rtgtd::start("rbd-gw2", &gateway(&c, 2, p2), p2);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let (a, b) = (connect(p1, 1).await, connect(p2, 2).await);
+        let (mut ua_a, mut ua_b) = (Vec::new(), Vec::new());
+        assert_eq!(
+            capacity(&run(&a, &READ_CAPACITY16, None, 32, &mut ua_a).await),
+            32 << 11
+        );
+        assert_eq!(
+            capacity(&run(&b, &READ_CAPACITY16, None, 32, &mut ua_b).await),
+            32 << 11
+        );
+
+        // Written through A, read through B and by the cluster's own tools.
+        let data: Vec<u8> = (0..8192u32).map(|i| (i * 7 % 251) as u8).collect();
+        let r = run(&a, &rw10(0x2a, 100, 16), Some(&data), 0, &mut ua_a).await;
+        assert!(r.is_good(), "{r:?}");
+        let r = run(&b, &rw10(0x28, 100, 16), None, 8192, &mut ua_b).await;
+        assert!(r.is_good(), "{r:?}");
+        assert_eq!(r.data, data);
+        assert_eq!(&c.export("lun")[100 * 512..100 * 512 + 8192], &data[..]);
+
+        // COMPARE AND WRITE through B against what A wrote; then A's stale compare fails.
+        let caw = |lba: u64| {
+            let mut cdb = vec![0x89, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0];
+            cdb[2..10].copy_from_slice(&lba.to_be_bytes());
+            cdb
+        };
+        let mut both = data[..512].to_vec();
+        both.extend_from_slice(&[0x5a; 512]);
+        let r = run(&b, &caw(100), Some(&both), 0, &mut ua_b).await;
+        assert!(r.is_good(), "{r:?}");
+        let r = run(&a, &caw(100), Some(&both), 0, &mut ua_a).await;
+        assert_eq!(r.sense_key(), Some((0x0e, 0x1d, 0)), "{r:?}");
+        // INFORMATION: the offset of the first differing byte (byte 0: 0x00 vs 0x5a).
+        assert_eq!(&r.sense[3..7], &[0, 0, 0, 0]);
+        let r = run(&a, &rw10(0x28, 100, 1), None, 512, &mut ua_a).await;
+        assert_eq!(r.data, vec![0x5a; 512]);
+
+        // WRITE SAME(10) of a zero block: zeroes through the image's own operation.
+        let mut ws = rw10(0x41, 100, 16);
+        ws[1] = 0;
+        let r = run(&b, &ws, Some(&[0u8; 512]), 0, &mut ua_b).await;
+        assert!(r.is_good(), "{r:?}");
+        let r = run(&a, &rw10(0x28, 100, 16), None, 8192, &mut ua_a).await;
+        assert!(r.data.iter().all(|&x| x == 0));
+
+        // Resized by the cluster's tools: both gateways' initiators hear of it.
+        c.rbd(&["resize", "--size", "48M", "rbd/lun"]);
+        let (mut seen_a, mut seen_b) = (false, false);
+        for _ in 0..100 {
+            ua_a.clear();
+            ua_b.clear();
+            let ca = capacity(&run(&a, &READ_CAPACITY16, None, 32, &mut ua_a).await);
+            let cb = capacity(&run(&b, &READ_CAPACITY16, None, 32, &mut ua_b).await);
+            seen_a |= ua_a.contains(&(0x2a, 0x09));
+            seen_b |= ua_b.contains(&(0x2a, 0x09));
+            if ca == 48 << 11 && cb == 48 << 11 && seen_a && seen_b {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert!(
+            seen_a && seen_b,
+            "CAPACITY DATA HAS CHANGED through both gateways"
+        );
+
+        // The cluster out of reach: NOT READY after the configured 3 s, not a hang.
+        c.pause(true);
+        let r = tokio::time::timeout(
+            Duration::from_secs(60),
+            run(&a, &rw10(0x2a, 0, 1), Some(&[1u8; 512]), 0, &mut ua_a),
+        )
+        .await
+        .expect("the write ends");
+        assert_eq!(r.sense_key(), Some((0x02, 0x04, 0x00)), "{r:?}");
+        c.pause(false);
+        let r = run(&a, &rw10(0x2a, 0, 1), Some(&[2u8; 512]), 0, &mut ua_a).await;
+        assert!(r.is_good(), "{r:?}");
+        let r = run(&b, &rw10(0x28, 0, 1), None, 512, &mut ua_b).await;
+        assert_eq!(r.data, vec![2u8; 512]);
+    });
+}
