@@ -1,7 +1,8 @@
 //! rtgtd over Ceph: two gateways export one RBD image of a real one-node cluster
 //! (`tests/ceph/cluster.sh`) as one LUN, each in its own ALUA group. Data written through
 //! one is read through the other, COMPARE AND WRITE is atomic on the image (a stale compare
-//! through the other gateway miscompares), WRITE SAME zeroes, a resize with the cluster's
+//! through the other gateway miscompares), WRITE SAME zeroes, persistent reservations hold
+//! across the gateways (and a restarted one), a resize with the cluster's
 //! tools reaches initiators of both gateways as CAPACITY DATA HAS CHANGED, and while the
 //! cluster is out of reach commands end with NOT READY and service resumes after.
 
@@ -146,6 +147,68 @@ fn two_gateways_serve_one_rbd_image() {
         assert!(r.is_good(), "{r:?}");
         let r = run(&a, &rw10(0x28, 100, 16), None, 8192, &mut ua_a).await;
         assert!(r.data.iter().all(|&x| x == 0));
+
+        // Persistent reservations hold across the gateways (kept in RADOS beside the image).
+        let prout = |sa: u8, ty: u8, key: u64, sark: u64| {
+            let mut p = vec![0u8; 24];
+            p[0..8].copy_from_slice(&key.to_be_bytes());
+            p[8..16].copy_from_slice(&sark.to_be_bytes());
+            (vec![0x5f, sa, ty, 0, 0, 0, 0, 0, 24, 0], p)
+        };
+        let keys = |r: &ScsiResult| -> Vec<u64> {
+            assert!(r.is_good(), "{r:?}");
+            r.data[8..]
+                .chunks(8)
+                .map(|k| u64::from_be_bytes(k.try_into().unwrap()))
+                .collect()
+        };
+        const READ_KEYS: [u8; 10] = [0x5e, 0, 0, 0, 0, 0, 0, 1, 0, 0];
+        let (cdb, p) = prout(0, 0, 0, 0xa);
+        assert!(run(&a, &cdb, Some(&p), 0, &mut ua_a).await.is_good());
+        let (cdb, p) = prout(0, 0, 0, 0xb);
+        assert!(run(&b, &cdb, Some(&p), 0, &mut ua_b).await.is_good());
+        assert_eq!(
+            keys(&run(&b, &READ_KEYS, None, 256, &mut ua_b).await),
+            [0xa, 0xb]
+        );
+        assert_eq!(
+            keys(&run(&a, &READ_KEYS, None, 256, &mut ua_a).await),
+            [0xa, 0xb]
+        );
+        // A reserves (write exclusive): B's writes conflict, its reads do not.
+        let (cdb, p) = prout(1, 1, 0xa, 0);
+        assert!(run(&a, &cdb, Some(&p), 0, &mut ua_a).await.is_good());
+        let r = run(&b, &rw10(0x2a, 0, 1), Some(&[3u8; 512]), 0, &mut ua_b).await;
+        assert_eq!(r.status, 0x18, "RESERVATION CONFLICT: {r:?}");
+        assert!(run(&b, &rw10(0x28, 0, 1), None, 512, &mut ua_b)
+            .await
+            .is_good());
+        // B preempts A: A's initiator hears of it on its next command and is fenced.
+        let (cdb, p) = prout(4, 1, 0xb, 0xa);
+        assert!(run(&b, &cdb, Some(&p), 0, &mut ua_b).await.is_good());
+        ua_a.clear();
+        let r = run(&a, &rw10(0x2a, 0, 1), Some(&[4u8; 512]), 0, &mut ua_a).await;
+        assert_eq!(r.status, 0x18, "{r:?}");
+        assert!(
+            ua_a.contains(&(0x2a, 0x05)),
+            "REGISTRATIONS PREEMPTED: {ua_a:?}"
+        );
+        let r = run(&a, &[0x5e, 1, 0, 0, 0, 0, 0, 0, 64, 0], None, 64, &mut ua_a).await;
+        assert_eq!(u64::from_be_bytes(r.data[8..16].try_into().unwrap()), 0xb);
+        // A gateway restarted later reads the same state.
+        drop(_g2);
+        let _g2 = Rtgtd::start("rbd-gw2b", &gateway(&c, 2, p2), p2);
+        let b = connect(p2, 2).await;
+        assert_eq!(
+            keys(&run(&b, &READ_KEYS, None, 256, &mut ua_b).await),
+            [0xb]
+        );
+        let (cdb, p) = prout(3, 0, 0xb, 0);
+        assert!(
+            run(&b, &cdb, Some(&p), 0, &mut ua_b).await.is_good(),
+            "CLEAR"
+        );
+        assert!(keys(&run(&a, &READ_KEYS, None, 256, &mut ua_a).await).is_empty());
 
         // Resized by the cluster's tools: both gateways' initiators hear of it.
         c.rbd(&["resize", "--size", "48M", "rbd/lun"]);

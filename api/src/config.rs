@@ -2449,31 +2449,72 @@ srp:
         assert_eq!((r.op_timeout_secs, r.keyring.as_ref()), (30, None));
         let full = &c.backstores[1].rbd.as_ref().unwrap();
         assert_eq!(
-            (full.pool.as_str(), full.namespace.as_str(), full.client_id.as_str()),
+            (
+                full.pool.as_str(),
+                full.namespace.as_str(),
+                full.client_id.as_str()
+            ),
             ("vms", "tenant1", "rtgt")
         );
         assert!(!c.backstores[0].direct());
         // What an rbd backstore must have, and must not.
         let bad = [
             ("{name: a, type: rbd}", "backstores[0].rbd"),
-            ("{name: a, type: rbd, size: 1M, rbd: {image: i}}", "backstores[0].size"),
-            ("{name: a, type: rbd, path: x, rbd: {image: i}}", "backstores[0].path"),
-            ("{name: a, type: rbd, direct: true, rbd: {image: i}}", "backstores[0].direct"),
-            ("{name: a, type: rbd, rbd: {image: i}, shared: {pr_file: p}}", "backstores[0].shared"),
-            ("{name: a, type: null, size: 1M, rbd: {image: i}}", "backstores[0].rbd"),
-            ("{name: a, type: rbd, rbd: {image: 'a/b'}}", "backstores[0].rbd.image"),
-            ("{name: a, type: rbd, rbd: {image: ''}}", "backstores[0].rbd.image"),
-            ("{name: a, type: rbd, rbd: {pool: 'p@', image: i}}", "backstores[0].rbd.pool"),
-            ("{name: a, type: rbd, rbd: {image: i, namespace: 'x y'}}", "backstores[0].rbd.namespace"),
-            ("{name: a, type: rbd, rbd: {image: i, client_id: 'a b'}}", "backstores[0].rbd.client_id"),
-            ("{name: a, type: rbd, rbd: {image: i, op_timeout_secs: 0}}", "backstores[0].rbd.op_timeout_secs"),
-            ("{name: a, type: rbd, rbd: {image: i, op_timeout_secs: 601}}", "backstores[0].rbd.op_timeout_secs"),
+            (
+                "{name: a, type: rbd, size: 1M, rbd: {image: i}}",
+                "backstores[0].size",
+            ),
+            (
+                "{name: a, type: rbd, path: x, rbd: {image: i}}",
+                "backstores[0].path",
+            ),
+            (
+                "{name: a, type: rbd, direct: true, rbd: {image: i}}",
+                "backstores[0].direct",
+            ),
+            (
+                "{name: a, type: rbd, rbd: {image: i}, shared: {pr_file: p}}",
+                "backstores[0].shared",
+            ),
+            (
+                "{name: a, type: null, size: 1M, rbd: {image: i}}",
+                "backstores[0].rbd",
+            ),
+            (
+                "{name: a, type: rbd, rbd: {image: 'a/b'}}",
+                "backstores[0].rbd.image",
+            ),
+            (
+                "{name: a, type: rbd, rbd: {image: ''}}",
+                "backstores[0].rbd.image",
+            ),
+            (
+                "{name: a, type: rbd, rbd: {pool: 'p@', image: i}}",
+                "backstores[0].rbd.pool",
+            ),
+            (
+                "{name: a, type: rbd, rbd: {image: i, namespace: 'x y'}}",
+                "backstores[0].rbd.namespace",
+            ),
+            (
+                "{name: a, type: rbd, rbd: {image: i, client_id: 'a b'}}",
+                "backstores[0].rbd.client_id",
+            ),
+            (
+                "{name: a, type: rbd, rbd: {image: i, op_timeout_secs: 0}}",
+                "backstores[0].rbd.op_timeout_secs",
+            ),
+            (
+                "{name: a, type: rbd, rbd: {image: i, op_timeout_secs: 601}}",
+                "backstores[0].rbd.op_timeout_secs",
+            ),
         ];
         for (b, path) in bad {
             assert_eq!(err_of(&format!("backstores: [{b}]\n")).0, path, "{b}");
         }
         // Unknown fields are refused.
-        let (path, msg) = err_of("backstores: [{name: a, type: rbd, rbd: {image: i, monitors: x}}]\n");
+        let (path, msg) =
+            err_of("backstores: [{name: a, type: rbd, rbd: {image: i, monitors: x}}]\n");
         assert!(path.starts_with("backstores[0]"), "{path}: {msg}");
     }
 }

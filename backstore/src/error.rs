@@ -121,7 +121,7 @@ impl BackstoreError {
 }
 
 /// Classifies an OS error; permission errors only mean "read-only" for operations that modify.
-pub(crate) fn errno_kind(err: &io::Error, modifies: bool) -> IoErrorKind {
+pub fn errno_kind(err: &io::Error, modifies: bool) -> IoErrorKind {
     match err.raw_os_error() {
         Some(libc::EIO | libc::EILSEQ | libc::EBADMSG) => IoErrorKind::Medium,
         Some(libc::ENOSPC | libc::EDQUOT) => IoErrorKind::NoSpace,

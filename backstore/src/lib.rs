@@ -15,16 +15,18 @@ mod error;
 mod file;
 mod mem;
 pub mod policy;
+mod shared;
 mod sys;
 #[cfg(test)]
 mod test_support;
 mod uring;
 
 pub use buf::{BufPool, IoBuf, IO_BUF_ALIGN};
-pub use error::{BackstoreError, IoErrorKind};
+pub use error::{errno_kind, BackstoreError, IoErrorKind};
 pub use file::{FileBackstore, FileCounters, FileOptions, DEFAULT_QUEUE_DEPTH};
 pub use mem::{NullBackstore, RamBackstore, RAM_CHUNK};
 pub use policy::{BackstoreRoots, FileRequest, PolicyError};
+pub use shared::{write_atomically, SharedFile, SharedState, Update};
 
 /// Page granularity of [`Backstore::write_replacing`].
 pub const PAGE: u64 = 4096;

@@ -130,6 +130,11 @@ impl Cluster {
         Ok(())
     }
 
+    /// The librados handle.
+    pub(crate) fn raw(&self) -> rados_t {
+        self.handle
+    }
+
     pub fn spec(&self) -> &ClusterSpec {
         &self.spec
     }

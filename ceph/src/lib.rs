@@ -4,12 +4,14 @@
 
 pub mod cluster;
 mod rbd;
+mod state;
 pub mod sys;
 
 use std::path::PathBuf;
 
 pub use cluster::{Cluster, ClusterSpec};
 pub use rbd::{RbdBackstore, RbdOptions};
+pub use state::RadosState;
 
 /// Why a cluster, pool or image could not be used.
 #[derive(Debug, thiserror::Error)]

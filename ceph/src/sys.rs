@@ -15,6 +15,14 @@ pub type rbd_image_t = *mut c_void;
 pub type rbd_completion_t = *mut c_void;
 pub type rbd_callback_t = unsafe extern "C" fn(rbd_completion_t, *mut c_void);
 pub type rbd_update_callback_t = unsafe extern "C" fn(*mut c_void);
+pub type rados_write_op_t = *mut c_void;
+pub type rados_watchcb2_t = unsafe extern "C" fn(*mut c_void, u64, u64, u64, *mut c_void, usize);
+pub type rados_watcherrcb_t = unsafe extern "C" fn(*mut c_void, u64, c_int);
+
+/// `LIBRADOS_CMPXATTR_OP_EQ`.
+pub const LIBRADOS_CMPXATTR_OP_EQ: u8 = 1;
+/// `LIBRADOS_CREATE_EXCLUSIVE`.
+pub const LIBRADOS_CREATE_EXCLUSIVE: c_int = 1;
 
 /// `RBD_LOCK_MODE_EXCLUSIVE` of `rbd_lock_mode_t`.
 pub const RBD_LOCK_MODE_EXCLUSIVE: c_int = 0;
@@ -32,6 +40,22 @@ rtgt_dynlib::functions! {
         rados_ioctx_create: "", fn(rados_t, *const c_char, *mut rados_ioctx_t) -> c_int;
         rados_ioctx_destroy: "", fn(rados_ioctx_t) -> ();
         rados_ioctx_set_namespace: "", fn(rados_ioctx_t, *const c_char) -> ();
+        rados_read: "", fn(rados_ioctx_t, *const c_char, *mut c_char, usize, u64) -> c_int;
+        rados_stat: "", fn(rados_ioctx_t, *const c_char, *mut u64, *mut libc::time_t) -> c_int;
+        rados_getxattr: "", fn(rados_ioctx_t, *const c_char, *const c_char, *mut c_char, usize) -> c_int;
+        rados_create_write_op: "", fn() -> rados_write_op_t;
+        rados_release_write_op: "", fn(rados_write_op_t) -> ();
+        rados_write_op_create: "", fn(rados_write_op_t, c_int, *const c_char) -> ();
+        rados_write_op_cmpxattr: "", fn(rados_write_op_t, *const c_char, u8, *const c_char, usize) -> ();
+        rados_write_op_write_full: "", fn(rados_write_op_t, *const c_char, usize) -> ();
+        rados_write_op_setxattr: "", fn(rados_write_op_t, *const c_char, *const c_char, usize) -> ();
+        rados_write_op_operate: "", fn(rados_write_op_t, rados_ioctx_t, *const c_char, *mut libc::time_t, c_int) -> c_int;
+        rados_watch3: "", fn(rados_ioctx_t, *const c_char, *mut u64, rados_watchcb2_t, rados_watcherrcb_t, u32, *mut c_void) -> c_int;
+        rados_unwatch2: "", fn(rados_ioctx_t, u64) -> c_int;
+        rados_watch_flush: "", fn(rados_t) -> c_int;
+        rados_notify2: "", fn(rados_ioctx_t, *const c_char, *const c_char, c_int, u64, *mut *mut c_char, *mut usize) -> c_int;
+        rados_notify_ack: "", fn(rados_ioctx_t, *const c_char, u64, u64, *const c_char, c_int) -> c_int;
+        rados_buffer_free: "", fn(*mut c_char) -> ();
     }
 }
 

@@ -16,6 +16,8 @@ use test_support::skip_or_fail;
 
 type Cb = rbd_callback_t;
 type UpdateCb = rbd_update_callback_t;
+type WatchCb = rados_watchcb2_t;
+type WatchErrCb = rados_watcherrcb_t;
 
 macro_rules! abi {
     ($($table:ident . $name:ident: fn($($arg:ty),*) -> $ret:ty = $c:literal;)*) => {
@@ -42,6 +44,33 @@ abi! {
     rados.rados_ioctx_destroy: fn(rados_ioctx_t) -> () = "void (*)(rados_ioctx_t)";
     rados.rados_ioctx_set_namespace: fn(rados_ioctx_t, *const c_char) -> ()
         = "void (*)(rados_ioctx_t, const char *)";
+    rados.rados_read: fn(rados_ioctx_t, *const c_char, *mut c_char, usize, u64) -> c_int
+        = "int (*)(rados_ioctx_t, const char *, char *, size_t, uint64_t)";
+    rados.rados_stat: fn(rados_ioctx_t, *const c_char, *mut u64, *mut libc::time_t) -> c_int
+        = "int (*)(rados_ioctx_t, const char *, uint64_t *, time_t *)";
+    rados.rados_getxattr: fn(rados_ioctx_t, *const c_char, *const c_char, *mut c_char, usize) -> c_int
+        = "int (*)(rados_ioctx_t, const char *, const char *, char *, size_t)";
+    rados.rados_create_write_op: fn() -> rados_write_op_t = "rados_write_op_t (*)(void)";
+    rados.rados_release_write_op: fn(rados_write_op_t) -> () = "void (*)(rados_write_op_t)";
+    rados.rados_write_op_create: fn(rados_write_op_t, c_int, *const c_char) -> ()
+        = "void (*)(rados_write_op_t, int, const char *)";
+    rados.rados_write_op_cmpxattr: fn(rados_write_op_t, *const c_char, u8, *const c_char, usize) -> ()
+        = "void (*)(rados_write_op_t, const char *, uint8_t, const char *, size_t)";
+    rados.rados_write_op_write_full: fn(rados_write_op_t, *const c_char, usize) -> ()
+        = "void (*)(rados_write_op_t, const char *, size_t)";
+    rados.rados_write_op_setxattr: fn(rados_write_op_t, *const c_char, *const c_char, usize) -> ()
+        = "void (*)(rados_write_op_t, const char *, const char *, size_t)";
+    rados.rados_write_op_operate: fn(rados_write_op_t, rados_ioctx_t, *const c_char, *mut libc::time_t, c_int) -> c_int
+        = "int (*)(rados_write_op_t, rados_ioctx_t, const char *, time_t *, int)";
+    rados.rados_watch3: fn(rados_ioctx_t, *const c_char, *mut u64, WatchCb, WatchErrCb, u32, *mut c_void) -> c_int
+        = "int (*)(rados_ioctx_t, const char *, uint64_t *, rados_watchcb2_t, rados_watcherrcb_t, uint32_t, void *)";
+    rados.rados_unwatch2: fn(rados_ioctx_t, u64) -> c_int = "int (*)(rados_ioctx_t, uint64_t)";
+    rados.rados_watch_flush: fn(rados_t) -> c_int = "int (*)(rados_t)";
+    rados.rados_notify2: fn(rados_ioctx_t, *const c_char, *const c_char, c_int, u64, *mut *mut c_char, *mut usize) -> c_int
+        = "int (*)(rados_ioctx_t, const char *, const char *, int, uint64_t, char **, size_t *)";
+    rados.rados_notify_ack: fn(rados_ioctx_t, *const c_char, u64, u64, *const c_char, c_int) -> c_int
+        = "int (*)(rados_ioctx_t, const char *, uint64_t, uint64_t, const char *, int)";
+    rados.rados_buffer_free: fn(*mut c_char) -> () = "void (*)(char *)";
     rbd.rbd_open: fn(rados_ioctx_t, *const c_char, *mut rbd_image_t, *const c_char) -> c_int
         = "int (*)(rados_ioctx_t, const char *, rbd_image_t *, const char *)";
     rbd.rbd_close: fn(rbd_image_t) -> c_int = "int (*)(rbd_image_t)";
@@ -91,6 +120,8 @@ fn declarations_match_the_headers() {
     src.push_str(&format!(
         "_Static_assert(RBD_LOCK_MODE_EXCLUSIVE == {RBD_LOCK_MODE_EXCLUSIVE}, \"lock mode\");\n\
          _Static_assert(RBD_FEATURE_EXCLUSIVE_LOCK == {RBD_FEATURE_EXCLUSIVE_LOCK}ULL, \"feature\");\n\
+         _Static_assert(LIBRADOS_CMPXATTR_OP_EQ == {LIBRADOS_CMPXATTR_OP_EQ}, \"cmpxattr\");\n\
+         _Static_assert(LIBRADOS_CREATE_EXCLUSIVE == {LIBRADOS_CREATE_EXCLUSIVE}, \"create\");\n\
          int main(void) {{ return 0; }}\n"
     ));
     let c = dir.path().join("abi.c");

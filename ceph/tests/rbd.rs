@@ -6,8 +6,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use rtgt_backstore::{Backstore, BackstoreError, IoBuf, IoErrorKind};
-use rtgt_ceph::{ClusterSpec, RbdBackstore, RbdOptions};
+use rtgt_backstore::{Backstore, BackstoreError, IoBuf, IoErrorKind, SharedState};
+use rtgt_ceph::{ClusterSpec, RadosState, RbdBackstore, RbdOptions};
 
 #[path = "../../tests/ceph/mod.rs"]
 mod cluster;
@@ -196,4 +196,88 @@ async fn a_missing_image_or_pool_is_named() {
         .unwrap()
         .expect("no such pool");
     assert!(e.to_string().contains("\"nopool\""), "{e}");
+}
+
+fn spec(c: &TestCluster, timeout: u64) -> ClusterSpec {
+    options(c, "", timeout).cluster
+}
+
+async fn state(c: &TestCluster, timeout: u64, object: &str) -> RadosState {
+    let (spec, object) = (spec(c, timeout), object.to_string());
+    tokio::task::spawn_blocking(move || RadosState::open(&spec, "rbd", "", &object))
+        .await
+        .unwrap()
+        .unwrap()
+}
+
+/// Two gateways' handles on one RADOS state object: a change through one is known to the
+/// other when the update returns; concurrent updates all land (none lost to a race); an
+/// unreachable cluster is an error of the NOT READY class, and the handles recover.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn state_is_shared_through_rados() {
+    let Some(c) = cluster() else { return };
+    // Separate connections, as two processes have: another client id each.
+    let a = state(&c, 3, "rtgt.pr.disk").await;
+    let mut other = spec(&c, 3);
+    other.client_id = "gw2".into();
+    let b = {
+        let other = other.clone();
+        tokio::task::spawn_blocking(move || RadosState::open(&other, "rbd", "", "rtgt.pr.disk"))
+            .await
+            .unwrap()
+            .unwrap()
+    };
+    assert!(a.maybe_changed().unwrap(), "nothing read yet");
+    assert_eq!(a.read().await.unwrap(), b"");
+    assert_eq!(b.read().await.unwrap(), b"");
+    assert!(!a.maybe_changed().unwrap() && !b.maybe_changed().unwrap());
+
+    a.update(&mut |cur| {
+        assert_eq!(cur, b"");
+        Some(b"1".to_vec())
+    })
+    .await
+    .unwrap();
+    // The notification was acknowledged by B before the update returned.
+    assert!(b.maybe_changed().unwrap());
+    assert_eq!(b.read().await.unwrap(), b"1");
+    assert!(!b.maybe_changed().unwrap());
+    // Declining changes nothing and tells nobody.
+    b.update(&mut |_| None).await.unwrap();
+    assert!(!b.maybe_changed().unwrap());
+
+    // Counters incremented from both handles at once: every increment lands.
+    let (a, b) = (Arc::new(a), Arc::new(b));
+    let bump = |s: Arc<RadosState>| async move {
+        for _ in 0..20 {
+            s.update(&mut |cur| {
+                let n: u64 = std::str::from_utf8(cur).unwrap().parse().unwrap();
+                Some((n + 1).to_string().into_bytes())
+            })
+            .await
+            .unwrap();
+        }
+    };
+    tokio::join!(bump(a.clone()), bump(b.clone()));
+    assert_eq!(a.read().await.unwrap(), b"41");
+    assert_eq!(b.read().await.unwrap(), b"41");
+
+    // Out of reach: reads and updates fail within the operation timeout, as NOT READY.
+    c.pause(true);
+    a.update(&mut |_| Some(b"x".to_vec()))
+        .await
+        .map(|()| panic!("an update with the cluster paused"))
+        .unwrap_or_else(|e| {
+            assert_eq!(
+                rtgt_backstore::errno_kind(&e, true),
+                IoErrorKind::NotReady,
+                "{e}"
+            )
+        });
+    c.pause(false);
+    b.update(&mut |cur| Some([cur, b"+"].concat()))
+        .await
+        .unwrap();
+    assert!(a.maybe_changed().unwrap());
+    assert_eq!(a.read().await.unwrap(), b"41+");
 }

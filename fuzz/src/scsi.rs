@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use rtgt_backstore::{BufPool, IoBuf, RamBackstore};
+use rtgt_backstore::{BufPool, IoBuf, RamBackstore, SharedFile};
 use rtgt_iscsi::session::transport_id;
 use rtgt_scsi::sense::Sense;
 use rtgt_scsi::{Command, Device, DeviceConfig, DeviceRegistry, Nexus, Response, Status, TaskAttr};
@@ -66,8 +66,8 @@ impl Lab {
         let dev = {
             let wwn = 0x6001_4050_0000_0000_0000_0000_0000_0001;
             let config = DeviceConfig {
-                pr_shared: pr_file.is_some(),
-                pr_file,
+                pr_shared: pr_file
+                    .map(|p| Arc::new(SharedFile::new(p)) as Arc<dyn rtgt_backstore::SharedState>),
                 ..lu_config(wwn)
             };
             let backstore = Arc::new(RamBackstore::new(CAPACITY, BLOCK_SIZE));
@@ -268,8 +268,7 @@ pub fn scsi_pr_state(data: &[u8]) {
         Arc::new(RamBackstore::new(CAPACITY, BLOCK_SIZE)),
         BufPool::new(1 << 20),
         DeviceConfig {
-            pr_file: Some(path.clone()),
-            pr_shared: true,
+            pr_shared: Some(Arc::new(SharedFile::new(&path))),
             ..DeviceConfig::default()
         },
     );

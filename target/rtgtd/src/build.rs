@@ -12,8 +12,11 @@ use std::time::Duration;
 use rtgt_api::alua::{ids_of, PortKey, TargetPort};
 use rtgt_api::config::{self, BackstoreKind, Config};
 use rtgt_backstore::policy::{BackstoreRoots, FileRequest, PolicyError};
-use rtgt_backstore::{Backstore, BufPool, FileBackstore, FileOptions, NullBackstore, RamBackstore};
-use rtgt_ceph::{ClusterSpec, RbdBackstore, RbdOptions};
+use rtgt_backstore::{
+    Backstore, BufPool, FileBackstore, FileOptions, NullBackstore, RamBackstore, SharedFile,
+    SharedState,
+};
+use rtgt_ceph::{ClusterSpec, RadosState, RbdBackstore, RbdOptions};
 use rtgt_rdma_channel::cm::Provider;
 use rtgt_transport::hca::{Hca, HcaConfig};
 use tracing::{info, warn};
@@ -193,10 +196,23 @@ fn derived_serial(wwn: u128) -> String {
 
 /// Opens a backstore as the policy of `roots` allows. Returns it with the physical block size
 /// of its block device, when it is one and sysfs tells.
+/// An open backstore: the store, the physical block size of a block device, and the
+/// reservation state its other exporters share (an rbd image's RADOS object).
+struct Opened {
+    store: Arc<dyn Backstore>,
+    device_pbs: Option<u32>,
+    shared: Option<Arc<dyn SharedState>>,
+}
+
 async fn open_backstore(
     b: &config::Backstore,
     roots: &BackstoreRoots,
-) -> Result<(Arc<dyn Backstore>, Option<u32>), DaemonError> {
+) -> Result<Opened, DaemonError> {
+    let plain = |(store, device_pbs): (Arc<dyn Backstore>, Option<u32>)| Opened {
+        store,
+        device_pbs,
+        shared: None,
+    };
     let fail = |message: String| DaemonError::Backstore {
         name: b.name.clone(),
         message,
@@ -235,22 +251,22 @@ async fn open_backstore(
             };
             let store = FileBackstore::from_file(opened.file, path, opts)
                 .map_err(|e| fail(format!("{}: {}", path.display(), error_chain(&e))))?;
-            (Arc::new(store), pbs)
+            plain((Arc::new(store), pbs))
         }
-        BackstoreKind::Ramdisk => (
+        BackstoreKind::Ramdisk => plain((
             Arc::new(RamBackstore::new(
                 size.expect("validated: ramdisk has a size"),
                 b.block_size,
             )),
             None,
-        ),
-        BackstoreKind::Null => (
+        )),
+        BackstoreKind::Null => plain((
             Arc::new(NullBackstore::new(
                 size.expect("validated: null has a size"),
                 b.block_size,
             )),
             None,
-        ),
+        )),
         BackstoreKind::Rbd => {
             let r = b.rbd.as_ref().expect("validated: rbd has its section");
             let opts = RbdOptions {
@@ -273,12 +289,22 @@ async fn open_backstore(
                 write_cache: b.write_cache,
                 thin: b.thin,
             };
-            // Connecting and opening wait on the cluster.
-            let store = tokio::task::spawn_blocking(move || RbdBackstore::open(&opts))
-                .await
-                .map_err(|e| fail(e.to_string()))?
-                .map_err(|e| fail(e.to_string()))?;
-            (store, None)
+            // Connecting and opening wait on the cluster. Reservations live beside the image,
+            // shared by every gateway that exports it.
+            let (store, shared) = tokio::task::spawn_blocking(move || {
+                let store = RbdBackstore::open(&opts)?;
+                let object = format!("rtgt.pr.{}", opts.image);
+                let shared = RadosState::open(&opts.cluster, &opts.pool, &opts.namespace, &object)?;
+                Ok::<_, rtgt_ceph::CephError>((store, shared))
+            })
+            .await
+            .map_err(|e| fail(e.to_string()))?
+            .map_err(|e| fail(e.to_string()))?;
+            Opened {
+                store,
+                device_pbs: None,
+                shared: Some(Arc::new(shared)),
+            }
         }
     })
 }
@@ -317,19 +343,24 @@ pub(crate) async fn open_device(
     pool: &Arc<BufPool>,
     device_registry: &Arc<DeviceRegistry>,
 ) -> Result<(Arc<dyn Backstore>, Arc<Device>), DaemonError> {
-    let (pr_file, pr_shared) = match &b.shared {
-        Some(shared) => (
-            roots
-                .side_file(&shared.pr_file)
+    let Opened {
+        store,
+        device_pbs,
+        shared,
+    } = open_backstore(b, roots).await?;
+    let pr_shared: Option<Arc<dyn SharedState>> = match &b.shared {
+        Some(s) => {
+            let path = roots
+                .side_file(&s.pr_file)
                 .map_err(|source| DaemonError::Policy {
                     name: b.name.clone(),
                     source,
-                })?,
-            true,
-        ),
-        None => (state_dir.join("pr").join(format!("{}.pr", b.name)), false),
+                })?;
+            Some(Arc::new(SharedFile::new(path)))
+        }
+        None => shared,
     };
-    let (store, device_pbs) = open_backstore(b, roots).await?;
+    let pr_file = state_dir.join("pr").join(format!("{}.pr", b.name));
     let wwn = b
         .wwn
         .as_deref()

@@ -41,7 +41,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
-use rtgt_backstore::{Backstore, BackstoreError, BufPool, IoBuf};
+use rtgt_backstore::{Backstore, BackstoreError, BufPool, IoBuf, IoErrorKind, SharedState};
 
 pub use alua::{AccessState, AluaConfig, PortGroup};
 pub use lun_map::{lun_from_bytes, lun_to_bytes};
@@ -255,11 +255,12 @@ pub struct DeviceConfig {
     pub sanitize_rate: u64,
     /// Persistent reservation state (saved while APTPL is set), restored by [`Device::new`].
     pub pr_file: Option<PathBuf>,
-    /// `pr_file` is shared with the other processes that export this logical unit: it holds
-    /// the live state whatever APTPL says, every change is made under an exclusive lock on
-    /// it from its current contents, and every command first takes in a change another
-    /// process made (with the unit attentions it owes this process's I_T nexuses).
-    pub pr_shared: bool,
+    /// The persistent reservation state lives with the other processes that export this
+    /// logical unit (a shared file, a RADOS object), instead of `pr_file`: it holds the live
+    /// state whatever APTPL says, every change is made atomically from its current contents,
+    /// and every command first takes in a change another process made (with the unit
+    /// attentions it owes this process's I_T nexuses).
+    pub pr_shared: Option<Arc<dyn SharedState>>,
     /// Registry through which EXTENDED COPY resolves copy targets; the device registers
     /// itself in [`Device::new`].
     pub registry: Option<Arc<DeviceRegistry>>,
@@ -284,7 +285,7 @@ impl Default for DeviceConfig {
             removable: false,
             sanitize_rate: DEFAULT_SANITIZE_RATE,
             pr_file: None,
-            pr_shared: false,
+            pr_shared: None,
             registry: None,
             alua: AluaConfig::default(),
         }
@@ -336,8 +337,6 @@ struct DevState {
     sanitize: sbc::SanitizeState,
     copies: xcopy::HeldResults,
     alua: alua::Alua,
-    /// The version of a shared reservation file `pr` was read from.
-    pr_stamp: Option<pr::Stamp>,
 }
 
 impl DevState {
@@ -421,6 +420,8 @@ pub struct Device {
     /// TPGS of standard INQUIRY data ([`AluaConfig::tpgs`]); it changes with the groups.
     tpgs: AtomicU8,
     state: Mutex<DevState>,
+    /// Held while a shared reservation state is read and taken in.
+    pr_refresh: tokio::sync::Mutex<()>,
     range_lock: Arc<range_lock::RangeLock>,
     /// Ordering of the logical unit's task set ([`task`]).
     order: task::Order,
@@ -554,16 +555,10 @@ impl Device {
         }
         let lbppb_exp = (pbs / bs).trailing_zeros() as u8;
         config.alua.validate().map_err(ScsiError::InvalidConfig)?;
+        // A shared state is read before the first command (it may need the network).
         let pr = match &config.pr_file {
-            Some(p) => pr::load(p)?,
-            None => pr::PrState::default(),
-        };
-        let pr_stamp = match &config.pr_file {
-            Some(p) if config.pr_shared => pr::stamp(p).map_err(|source| ScsiError::PrLoad {
-                path: p.clone(),
-                source,
-            })?,
-            _ => None,
+            Some(p) if config.pr_shared.is_none() => pr::load(p)?,
+            _ => pr::PrState::default(),
         };
         let defaults = ModeState {
             wce: config.write_cache,
@@ -587,7 +582,6 @@ impl Device {
                 pr,
                 stopped: false,
                 loaded: true,
-                pr_stamp,
                 sanitize: sbc::SanitizeState::default(),
                 copies: xcopy::HeldResults::default(),
                 alua: alua::Alua::new(&config.alua),
@@ -596,6 +590,7 @@ impl Device {
                 (rtgt_backstore::PAGE / u64::from(bs)).max(1),
             )),
             order: task::Order::default(),
+            pr_refresh: tokio::sync::Mutex::new(()),
             backstore,
             pool,
             config,
@@ -765,34 +760,55 @@ impl Device {
         self.lock().mode.wce
     }
 
-    /// Takes in what another process wrote to the shared reservation file since this one
+    /// Takes in what another process changed in the shared reservation state since this one
     /// last read it, posting the unit attentions that owes this process's I_T nexuses. A
-    /// file that cannot be read fails the command: reservations are not evaluated on a state
-    /// that may be stale.
-    fn refresh_shared_pr(&self, st: &mut DevState) -> Result<(), Sense> {
-        let Some(path) = self
-            .config
-            .pr_file
-            .as_ref()
-            .filter(|_| self.config.pr_shared)
-        else {
+    /// state that cannot be read fails the command (NOT READY when its storage is out of
+    /// reach): reservations are not evaluated on a state that may be stale.
+    async fn refresh_shared_pr(&self) -> Result<(), Sense> {
+        let Some(store) = &self.config.pr_shared else {
             return Ok(());
         };
-        let failed = |e: &dyn std::fmt::Display| {
-            tracing::error!(device = %self.config.name, path = %path.display(), error = %e,
-                "reading the shared reservation state failed");
-            Sense::internal_failure()
-        };
-        let stamp = pr::stamp(path).map_err(|e| failed(&e))?;
-        if stamp == st.pr_stamp {
+        if !store
+            .maybe_changed()
+            .map_err(|e| self.pr_failed(store.as_ref(), &e))?
+        {
             return Ok(());
         }
-        let new = pr::load(path).map_err(|e| failed(&e))?;
+        // One reader at a time, so an older read never replaces a newer one.
+        let _one = self.pr_refresh.lock().await;
+        if !store
+            .maybe_changed()
+            .map_err(|e| self.pr_failed(store.as_ref(), &e))?
+        {
+            return Ok(());
+        }
+        let bytes = store
+            .read()
+            .await
+            .map_err(|e| self.pr_failed(store.as_ref(), &e))?;
+        let new = pr::decode_shared(&bytes).map_err(|e| {
+            self.pr_failed(
+                store.as_ref(),
+                &std::io::Error::new(std::io::ErrorKind::InvalidData, e),
+            )
+        })?;
+        let mut st = self.lock();
         let uas = pr::changed_elsewhere(&st.pr, &new);
         st.pr = new;
-        st.pr_stamp = stamp;
         st.post_reg(&uas, u64::MAX);
         Ok(())
+    }
+
+    /// The sense for a shared reservation state that could not be read or changed.
+    pub(crate) fn pr_failed(&self, store: &dyn SharedState, e: &std::io::Error) -> Sense {
+        tracing::error!(device = %self.config.name, state = %store.location(), error = %e,
+            "the shared reservation state is unavailable");
+        match rtgt_backstore::errno_kind(e, false) {
+            IoErrorKind::NotReady => {
+                Sense::new(key::NOT_READY, asc::NOT_READY_CAUSE_NOT_REPORTABLE)
+            }
+            _ => Sense::internal_failure(),
+        }
     }
 
     /// The TPGS field of standard INQUIRY data.
@@ -941,11 +957,11 @@ impl Device {
     ) -> (CmdResult, bool, Option<FileRange>) {
         let opcode = cmd.cdb.first().copied().unwrap_or(0xff);
         let desc = {
+            if let Err(s) = self.refresh_shared_pr().await {
+                return (Err(s.into()), self.lock().mode.d_sense, None);
+            }
             let mut st = self.lock();
             let d_sense = st.mode.d_sense;
-            if let Err(s) = self.refresh_shared_pr(&mut st) {
-                return (Err(s.into()), d_sense, None);
-            }
             if !st.nexuses.contains_key(&nexus.id) {
                 st.alua.learn(nexus.port_group, nexus.relative_port);
             }
@@ -1037,7 +1053,7 @@ impl Device {
             Op::StartStopUnit => spc::start_stop_unit(ctx).await,
             Op::PreventAllow => spc::prevent_allow(ctx),
             Op::PrIn => spc::pr_in(ctx),
-            Op::PrOut => spc::pr_out(ctx),
+            Op::PrOut => spc::pr_out(ctx).await,
             Op::ReportSupportedOpcodes => spc::report_supported_opcodes(ctx),
             Op::ReportSupportedTmf => spc::report_supported_tmf(ctx),
             Op::ReportTargetPortGroups => alua::report_target_port_groups(ctx),

@@ -6,7 +6,6 @@
 //! port, so registrations survive a session logging out and in again.
 
 use std::fmt::Write as _;
-use std::io::Write as _;
 use std::path::Path;
 
 use super::cdb::{be, put_be16, put_be32, put_be64};
@@ -856,71 +855,16 @@ pub fn persist(path: &Path, st: &PrState) -> std::io::Result<()> {
             _ => Ok(()),
         };
     }
-    write_state(path, st)
+    rtgt_backstore::write_atomically(path, encode(st).as_bytes())
 }
 
-/// Writes the state atomically, whatever APTPL says (a file shared with other processes
-/// holds the live state).
-pub fn write_state(path: &Path, st: &PrState) -> std::io::Result<()> {
-    let dir = path
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    let mut tmp_name = path.file_name().unwrap_or_default().to_os_string();
-    tmp_name.push(".tmp");
-    let tmp = dir.join(tmp_name);
-    {
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(encode(st).as_bytes())?;
-        f.sync_all()?;
+/// The state kept with other processes ([`rtgt_backstore::SharedState`]): empty when none
+/// was ever written.
+pub fn decode_shared(bytes: &[u8]) -> Result<PrState, String> {
+    if bytes.is_empty() {
+        return Ok(PrState::default());
     }
-    std::fs::rename(&tmp, path)?;
-    if let Ok(d) = std::fs::File::open(dir) {
-        let _ = d.sync_all();
-    }
-    Ok(())
-}
-
-/// Holds the exclusive lock of a shared state file (`PATH.lock`, created when missing) until
-/// it is dropped; waits for another process holding it.
-pub fn lock_shared(path: &Path) -> std::io::Result<std::fs::File> {
-    use std::os::fd::AsRawFd;
-    let mut name = path.as_os_str().to_os_string();
-    name.push(".lock");
-    let f = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(name)?;
-    // SAFETY: flock on a descriptor this function owns; the lock goes with the file.
-    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) } != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(f)
-}
-
-/// What identifies one version of a state file: each write renames a new file into place.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Stamp {
-    ino: u64,
-    mtime_ns: i128,
-    ctime_ns: i128,
-    len: u64,
-}
-
-/// The stamp of the file at `path`; `None` when there is none.
-pub fn stamp(path: &Path) -> std::io::Result<Option<Stamp>> {
-    use std::os::unix::fs::MetadataExt;
-    match std::fs::metadata(path) {
-        Ok(m) => Ok(Some(Stamp {
-            ino: m.ino(),
-            mtime_ns: i128::from(m.mtime()) * 1_000_000_000 + i128::from(m.mtime_nsec()),
-            ctime_ns: i128::from(m.ctime()) * 1_000_000_000 + i128::from(m.ctime_nsec()),
-            len: m.len(),
-        })),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(e),
-    }
+    decode(std::str::from_utf8(bytes).map_err(|_| "not UTF-8".to_string())?)
 }
 
 /// The unit attentions another process's change from `old` to `new` owes this process's

@@ -349,40 +349,69 @@ pub fn prevent_allow(ctx: &mut Ctx<'_>) -> CmdResult {
 pub fn pr_in(ctx: &mut Ctx<'_>) -> CmdResult {
     let sa = ctx.cdb[1] & 0x1f;
     let alloc = ctx.cdb().be(field::ALLOC10) as u32;
-    let b = pr::pr_in(&ctx.dev.lock().pr, sa, ctx.dev.config.pr_file.is_some())?;
+    let capable = ctx.dev.config.pr_file.is_some() || ctx.dev.config.pr_shared.is_some();
+    let b = pr::pr_in(&ctx.dev.lock().pr, sa, capable)?;
     Ok(Done::data(&b, alloc))
 }
 
-/// PERSISTENT RESERVE OUT: applied to a copy, persisted when APTPL requires (always to a
-/// file shared with other processes, under its lock and from its current contents), then
-/// committed.
-pub fn pr_out(ctx: &mut Ctx<'_>) -> CmdResult {
+/// PERSISTENT RESERVE OUT: applied to a copy, persisted when APTPL requires, then
+/// committed. A state shared with other processes is changed there first, atomically from its
+/// current contents (what they changed meanwhile is taken in, with the unit attentions it
+/// owes), and always kept whatever APTPL says.
+pub async fn pr_out(ctx: &mut Ctx<'_>) -> CmdResult {
     let req = pr::PrOutReq::parse(&ctx.cdb, ctx.data_out())?;
     let dev = ctx.dev;
-    let failed = |path: &std::path::Path, e: std::io::Error| {
-        tracing::error!(device = %dev.config.name, path = %path.display(), error = %e,
-            "persisting reservation state failed");
-        Sense::internal_failure()
-    };
-    let shared = dev.config.pr_file.as_ref().filter(|_| dev.config.pr_shared);
-    // Taken before the state lock: another process may hold it for a moment.
-    let _held = match shared {
-        Some(path) => Some(pr::lock_shared(path).map_err(|e| failed(path, e))?),
-        None => None,
-    };
+    if let Some(store) = &dev.config.pr_shared {
+        let nexus = ctx.nexus;
+        type Applied = (pr::PrState, pr::PrState, Vec<pr::UaTarget>);
+        let mut outcome: Option<Result<Applied, Fail>> = None;
+        store
+            .update(&mut |current| {
+                let base = match pr::decode_shared(current) {
+                    Ok(b) => b,
+                    Err(e) => {
+                        tracing::error!(device = %dev.config.name, error = %e,
+                            "the shared reservation state is corrupt");
+                        outcome = Some(Err(Sense::internal_failure().into()));
+                        return None;
+                    }
+                };
+                let mut new = base.clone();
+                match pr::pr_out(&mut new, nexus, &req, true) {
+                    Ok(uas) => {
+                        let bytes = (new != base).then(|| pr::encode(&new).into_bytes());
+                        outcome = Some(Ok((base, new, uas)));
+                        bytes
+                    }
+                    Err(s) => {
+                        outcome = Some(Err(s));
+                        None
+                    }
+                }
+            })
+            .await
+            .map_err(|e| dev.pr_failed(store.as_ref(), &e))?;
+        let (base, new, uas) = outcome.unwrap_or_else(|| Err(Sense::internal_failure().into()))?;
+        let mut st = dev.lock();
+        let elsewhere = pr::changed_elsewhere(&st.pr, &base);
+        st.post_reg(&elsewhere, u64::MAX);
+        st.pr = new;
+        st.post_reg(&uas, nexus.id);
+        return Ok(Done::good());
+    }
     let mut st = dev.lock();
-    dev.refresh_shared_pr(&mut st)?;
     let mut new = st.pr.clone();
     let uas = pr::pr_out(&mut new, ctx.nexus, &req, dev.config.pr_file.is_some())?;
     if new != st.pr {
-        // Small synchronous writes under the state lock keep the file in the same order as
-        // the state changes; PERSISTENT RESERVE OUT is rare.
-        if let Some(path) = shared {
-            pr::write_state(path, &new).map_err(|e| failed(path, e))?;
-            st.pr_stamp = pr::stamp(path).map_err(|e| failed(path, e))?;
-        } else if let Some(path) = &dev.config.pr_file {
+        // A small synchronous write under the state lock keeps the file in the same order
+        // as the state changes; PERSISTENT RESERVE OUT is rare.
+        if let Some(path) = &dev.config.pr_file {
             if new.aptpl || st.pr.aptpl {
-                pr::persist(path, &new).map_err(|e| failed(path, e))?;
+                pr::persist(path, &new).map_err(|e| {
+                    tracing::error!(device = %dev.config.name, path = %path.display(), error = %e,
+                        "persisting reservation state failed");
+                    Sense::internal_failure()
+                })?;
             }
         }
         st.pr = new;

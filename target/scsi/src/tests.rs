@@ -1776,13 +1776,16 @@ async fn pr_state_shared_by_two_gateways() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("lun0.pr");
     let backstore = ram();
-    let config = DeviceConfig {
-        pr_file: Some(path.clone()),
-        pr_shared: true,
+    let shared = |path: &std::path::Path| -> Option<Arc<dyn rtgt_backstore::SharedState>> {
+        Some(Arc::new(rtgt_backstore::SharedFile::new(path)))
+    };
+    // Each process has its own handle on the file.
+    let config = || DeviceConfig {
+        pr_shared: shared(&path),
         ..cfg()
     };
-    let a = make_with(backstore.clone(), config.clone());
-    let b = make_with(backstore.clone(), config.clone());
+    let a = make_with(backstore.clone(), config());
+    let b = make_with(backstore.clone(), config());
     let (n1, n2) = (nx_port(1, 1, 1), nx_port(2, 2, 2));
     ready(&a, &n1).await;
     ready(&b, &n2).await;
@@ -1819,7 +1822,7 @@ async fn pr_state_shared_by_two_gateways() {
     );
     assert_eq!(keys(&prin(&a, &n1, 0, 16384).await), vec![0x2222]);
     // A third gateway started now reads the same state.
-    let c = make_with(backstore.clone(), config.clone());
+    let c = make_with(backstore.clone(), config());
     let n3 = nx_port(3, 3, 3);
     ready(&c, &n3).await;
     assert_eq!(keys(&prin(&c, &n3, 0, 16384).await), vec![0x2222]);
