@@ -7,6 +7,8 @@
 //! them run against their own (see [`lun_for`]). The totals are printed as
 //! `conformance: N passed, N failed, N skipped`.
 
+#[path = "ceph/mod.rs"]
+mod ceph;
 mod common;
 
 use std::io::Write;
@@ -140,6 +142,54 @@ fn tally_reads_cunit_output() {
     assert_eq!(failed, vec!["C".to_string()]);
 }
 
+/// One suite's result.
+struct SuiteRun {
+    tally: Tally,
+    failed: Vec<String>,
+    hung: bool,
+}
+
+/// Runs one suite against `urls` (a second URL is the second path of the multipath tests and
+/// the second initiator's session of the others), printing its score as `where` ran it.
+fn run_suite(suite: &str, urls: &[String], place: &str) -> SuiteRun {
+    let mut cmd = Command::new("timeout");
+    cmd.arg("--kill-after=5")
+        .arg(SUITE_TIMEOUT.as_secs().to_string())
+        .args([
+            "iscsi-test-cu",
+            "--dataloss",
+            "--allow-sanitize",
+            "-t",
+            suite,
+        ])
+        .args(urls);
+    let out = cmd.output().expect("iscsi-test-cu runs");
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    let (tally, failed) = tally(&text);
+    // Written past libtest's output capture so CI logs show the score of a passing run.
+    let _ = writeln!(
+        std::io::stderr(),
+        "conformance: {suite} ({place}): {} passed, {} failed, {} skipped{}",
+        tally.passed,
+        tally.failed,
+        tally.skipped,
+        if failed.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", failed.join(", "))
+        }
+    );
+    if !failed.is_empty() {
+        eprintln!("{text}");
+    }
+    SuiteRun {
+        tally,
+        failed,
+        hung: matches!(out.status.code(), Some(124 | 137)),
+    }
+}
+
 #[test]
 fn libiscsi_conformance() {
     if !prerequisite("iscsi-test-cu", &["iscsi-test-cu", "-l"]) {
@@ -153,48 +203,18 @@ fn libiscsi_conformance() {
     let mut hung = Vec::new();
     for suite in suites() {
         let url = daemon.lun_url(lun_for(&suite));
-        let mut cmd = Command::new("timeout");
-        cmd.arg("--kill-after=5")
-            .arg(SUITE_TIMEOUT.as_secs().to_string())
-            .args([
-                "iscsi-test-cu",
-                "--dataloss",
-                "--allow-sanitize",
-                "-t",
-                &suite,
-                &url,
-            ]);
+        let mut urls = vec![url.clone()];
         if suite == "ALL.MultipathIO" {
-            cmd.arg(&url);
+            urls.push(url);
         }
-        let out = cmd.output().expect("iscsi-test-cu runs");
-        let text = String::from_utf8_lossy(&out.stdout).into_owned()
-            + &String::from_utf8_lossy(&out.stderr);
-        let (t, failed) = tally(&text);
-        if out.status.code() == Some(124) || out.status.code() == Some(137) {
+        let run = run_suite(&suite, &urls, &format!("LUN {}", lun_for(&suite)));
+        if run.hung {
             hung.push(suite.clone());
         }
-        // Written past libtest's output capture so CI logs show the score of a passing run.
-        let _ = writeln!(
-            std::io::stderr(),
-            "conformance: {suite} (LUN {}): {} passed, {} failed, {} skipped{}",
-            lun_for(&suite),
-            t.passed,
-            t.failed,
-            t.skipped,
-            if failed.is_empty() {
-                String::new()
-            } else {
-                format!(" ({})", failed.join(", "))
-            }
-        );
-        if !failed.is_empty() {
-            eprintln!("{text}");
-        }
-        failures.extend(failed.into_iter().map(|f| format!("{suite}.{f}")));
-        total.passed += t.passed;
-        total.failed += t.failed;
-        total.skipped += t.skipped;
+        failures.extend(run.failed.into_iter().map(|f| format!("{suite}.{f}")));
+        total.passed += run.tally.passed;
+        total.failed += run.tally.failed;
+        total.skipped += run.tally.skipped;
     }
     let _ = writeln!(
         std::io::stderr(),
@@ -215,3 +235,86 @@ fn libiscsi_conformance() {
         total.passed
     );
 }
+
+/// The persistent reservation suites with their two initiators on two rtgtd gateways of one
+/// RBD image (tests/ceph/cluster.sh): each suite gets both gateways' URLs, so its second
+/// session (libiscsi's multipath device) is on the other gateway, and every reservation
+/// check crosses the gateways through the state kept in RADOS.
+#[test]
+fn pr_suites_across_two_rbd_gateways() {
+    if !prerequisite("iscsi-test-cu", &["iscsi-test-cu", "-l"]) {
+        return;
+    }
+    let cluster = match ceph::TestCluster::start() {
+        Ok(c) => c,
+        Err(e) => return common::skip_or_fail(e),
+    };
+    cluster.create_image("pr", 64);
+    let gateway = |group: u16, port: u16| {
+        let remote = 3 - group;
+        format!(
+            "\
+backstores:
+  - name: pr
+    type: rbd
+    wwn: 6001405aabbccdd0011223344556677e
+    serial: rbdpr0001
+    rbd: {{image: pr, ceph_conf: {conf}}}
+targets:
+  - name: {TEST_IQN}
+    portal_groups:
+      - {{tag: {group}, portals: ['127.0.0.1:{port}'], allow_any_initiator: true, alua_group: {group},
+         luns: [{{lun: 0, backstore: pr}}], params: {{NopInInterval: 0}}}}
+alua:
+  groups:
+    - {{id: {group}}}
+    - {{id: {remote}, remote_ports: [{remote}]}}
+policy: {{backstore_roots: ['{dir}']}}
+",
+            conf = cluster.conf().display(),
+            dir = cluster.dir().display(),
+        )
+    };
+    let (p1, p2) = (free_port(), free_port());
+    let mut a = Rtgtd::start("conformance-gw1", &gateway(1, p1), p1);
+    let mut b = Rtgtd::start("conformance-gw2", &gateway(2, p2), p2);
+    let urls = [a.lun_url(0), b.lun_url(0)];
+    let mut total = Tally::default();
+    let mut failures = Vec::new();
+    for suite in PR_SUITES {
+        let run = run_suite(suite, &urls, "two rbd gateways");
+        assert!(!run.hung, "{suite} timed out");
+        failures.extend(run.failed.into_iter().map(|f| format!("{suite}.{f}")));
+        total.passed += run.tally.passed;
+        total.failed += run.tally.failed;
+        total.skipped += run.tally.skipped;
+    }
+    let _ = writeln!(
+        std::io::stderr(),
+        "conformance across two rbd gateways: {} passed, {} failed, {} skipped",
+        total.passed,
+        total.failed,
+        total.skipped
+    );
+    assert!(a.is_running() && b.is_running(), "a gateway exited");
+    assert!(failures.is_empty(), "failed tests: {failures:?}");
+    assert!(
+        total.passed >= PR_SUITES_MIN_PASSED,
+        "{} passed",
+        total.passed
+    );
+}
+
+/// The reservation suites, run across two gateways.
+const PR_SUITES: [&str; 7] = [
+    "ALL.PrinReadKeys",
+    "ALL.PrinServiceactionRange",
+    "ALL.PrinReportCapabilities",
+    "ALL.ProutRegister",
+    "ALL.ProutReserve",
+    "ALL.ProutClear",
+    "ALL.ProutPreempt",
+];
+
+/// What they must pass across two gateways: all of them.
+const PR_SUITES_MIN_PASSED: usize = 20;

@@ -64,8 +64,6 @@ pub enum BackstoreError {
     ReadOnly { op: &'static str },
     #[error("the backstore has no {op} of its own")]
     Unsupported { op: &'static str },
-    #[error("{op} refused: another exporter of the device is writing to it (it holds its lock)")]
-    NotOwner { op: &'static str },
 }
 
 /// Error classes with distinct SCSI answers.
@@ -86,9 +84,6 @@ pub enum IoErrorKind {
     /// Ceph cluster out of reach): NOT READY, so that a multipath initiator tries another
     /// path.
     NotReady,
-    /// Another process exporting the device writes to it now (the hosts are moving between
-    /// gateways): NOT READY, ASYMMETRIC ACCESS STATE TRANSITION, which hosts retry.
-    Transitioning,
     /// Anything else: HARDWARE ERROR.
     Other,
 }
@@ -99,7 +94,6 @@ impl BackstoreError {
             BackstoreError::OutOfRange { .. } => IoErrorKind::OutOfRange,
             BackstoreError::ReadOnly { .. } => IoErrorKind::ReadOnly,
             BackstoreError::Unsupported { .. } => IoErrorKind::Unsupported,
-            BackstoreError::NotOwner { .. } => IoErrorKind::Transitioning,
             BackstoreError::Config(_) => IoErrorKind::Other,
             BackstoreError::Open { source, .. }
             | BackstoreError::Read { source, .. }

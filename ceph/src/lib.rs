@@ -10,7 +10,7 @@ pub mod sys;
 use std::path::PathBuf;
 
 pub use cluster::{Cluster, ClusterSpec};
-pub use rbd::{RbdBackstore, RbdOptions, LOCK_IDLE};
+pub use rbd::{RbdBackstore, RbdOptions};
 pub use state::RadosState;
 
 /// Why a cluster, pool or image could not be used.

@@ -11,9 +11,8 @@
 
 use std::ffi::{c_char, c_int, c_void};
 use std::io;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use rtgt_backstore::{Backstore, BackstoreError, BufResult, DeviceInfo, IoBuf};
@@ -25,8 +24,6 @@ use crate::CephError;
 
 /// What librbd's compare-and-write covers: one sector, aligned.
 const CAW_SECTOR: u64 = 512;
-/// A gateway gives up the image's exclusive lock this long after its last modifying command.
-pub const LOCK_IDLE: Duration = Duration::from_secs(3);
 
 /// Which image, and how to present it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -82,16 +79,6 @@ pub struct RbdBackstore {
     thin: bool,
     watch: Option<(u64, Arc<Notify>)>,
     capacity: watch::Sender<u64>,
-    /// This gateway holds the image's exclusive lock, taken explicitly.
-    holding: Arc<AtomicBool>,
-    /// Serialises taking and giving up the lock; held by the blocking call itself, so a
-    /// call the cluster does not answer keeps later ones from piling up behind it.
-    lock_change: Arc<tokio::sync::Mutex<()>>,
-    /// How long taking the lock may wait for the cluster.
-    op_timeout: Duration,
-    /// When the last modifying command arrived, in milliseconds since `opened`.
-    last_write_ms: AtomicU64,
-    opened: Instant,
 }
 
 // SAFETY: see `Image`; `image` is `handle.raw`.
@@ -196,11 +183,6 @@ impl RbdBackstore {
             thin: opts.thin,
             watch: None,
             capacity,
-            holding: Arc::new(AtomicBool::new(false)),
-            lock_change: Arc::new(tokio::sync::Mutex::new(())),
-            op_timeout: opts.cluster.op_timeout,
-            last_write_ms: AtomicU64::new(0),
-            opened: Instant::now(),
         };
         let notify = Arc::new(Notify::new());
         let mut handle = 0u64;
@@ -230,15 +212,6 @@ impl RbdBackstore {
                 if let Ok(Ok(bytes)) = size {
                     store.update_capacity(bytes);
                 }
-            }
-        });
-        let weak = Arc::downgrade(&store);
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(LOCK_IDLE / 3);
-            loop {
-                tick.tick().await;
-                let Some(store) = weak.upgrade() else { return };
-                store.release_if_idle().await;
             }
         });
         tracing::info!(image = %store.name, bytes = size, "rbd image open");
@@ -277,115 +250,6 @@ impl RbdBackstore {
             return Err(os(r as isize));
         }
         Ok(owner != 0)
-    }
-
-    /// Whether this gateway holds the image's exclusive lock (taken by its last writes).
-    pub fn holds_lock(&self) -> bool {
-        self.holding.load(Ordering::Acquire)
-    }
-
-    /// Takes the exclusive lock for a modifying command unless held: 0, or -EROFS when
-    /// another live gateway holds it, -ETIMEDOUT when the cluster does not answer within the
-    /// operation timeout. The lock of a gateway that is gone is broken once the cluster has
-    /// noticed (its watch timed out), which this waits for.
-    async fn take_lock(&self) -> isize {
-        self.last_write_ms.store(self.now_ms(), Ordering::Release);
-        if self.holding.load(Ordering::Acquire) {
-            return 0;
-        }
-        let timed_out = -(libc::ETIMEDOUT as isize);
-        let lock = Arc::clone(&self.lock_change).lock_owned();
-        let Ok(one) = tokio::time::timeout(self.op_timeout, lock).await else {
-            return timed_out;
-        };
-        if self.holding.load(Ordering::Acquire) {
-            return 0;
-        }
-        let (image, holding) = (Arc::clone(&self.handle), Arc::clone(&self.holding));
-        let call = tokio::task::spawn_blocking(move || {
-            // SAFETY: the task holds the image open.
-            let r = unsafe {
-                (image.lib.rbd.rbd_lock_acquire)(image.raw, crate::sys::RBD_LOCK_MODE_EXCLUSIVE)
-            };
-            if r >= 0 {
-                holding.store(true, Ordering::Release);
-            }
-            drop(one);
-            r as isize
-        });
-        let r = match tokio::time::timeout(self.op_timeout, call).await {
-            Ok(Ok(r)) => r,
-            Ok(Err(_)) => -(libc::EIO as isize),
-            Err(_) => timed_out,
-        };
-        if r < 0 {
-            tracing::debug!(image = %self.name, error = %os(r), "exclusive lock not taken");
-        } else {
-            tracing::info!(image = %self.name, "took the image's exclusive lock");
-        }
-        r
-    }
-
-    /// Gives the lock up after [`LOCK_IDLE`] without modifying commands, so that the gateway
-    /// the hosts now write through can take it.
-    async fn release_if_idle(&self) {
-        if !self.holding.load(Ordering::Acquire) {
-            return;
-        }
-        let idle_ms = LOCK_IDLE.as_millis() as u64;
-        if self
-            .now_ms()
-            .saturating_sub(self.last_write_ms.load(Ordering::Acquire))
-            < idle_ms
-        {
-            return;
-        }
-        let Ok(one) = Arc::clone(&self.lock_change).try_lock_owned() else {
-            return;
-        };
-        self.holding.store(false, Ordering::Release);
-        let image = Arc::clone(&self.handle);
-        let r = tokio::task::spawn_blocking(move || {
-            // SAFETY: the task holds the image open; librbd lets operations in flight finish.
-            let r = unsafe { (image.lib.rbd.rbd_lock_release)(image.raw) };
-            drop(one);
-            r
-        })
-        .await
-        .unwrap_or(-libc::EIO);
-        if r < 0 && r != -libc::EINVAL {
-            tracing::warn!(image = %self.name, error = %os(r as isize), "giving up the exclusive lock failed");
-        } else {
-            tracing::info!(image = %self.name, "gave up the image's exclusive lock (idle)");
-        }
-    }
-
-    fn now_ms(&self) -> u64 {
-        self.opened.elapsed().as_millis() as u64
-    }
-
-    /// A modifying operation: under the exclusive lock, taken first when not held. Without it
-    /// the operation is not started: EROFS (another gateway is writing), which
-    /// [`modify_error`] reports as an access state transition, or ETIMEDOUT.
-    async fn modify(
-        &self,
-        buf: Option<IoBuf>,
-        start: impl FnOnce(*mut u8, rbd_completion_t, *mut u64) -> isize,
-    ) -> Finished {
-        let r = self.take_lock().await;
-        if r < 0 {
-            return Finished {
-                ret: r,
-                buf,
-                mismatch: 0,
-            };
-        }
-        let f = self.submit(buf, start).await;
-        if f.ret == -(libc::EROFS as isize) {
-            // The lock was lost (broken by another gateway): taken again by the next command.
-            self.holding.store(false, Ordering::Release);
-        }
-        f
     }
 
     fn capacity_bytes(&self) -> u64 {
@@ -490,20 +354,6 @@ fn image_name(o: &RbdOptions) -> String {
     }
 }
 
-/// The error of a failed modifying operation: EROFS means another gateway holds the image's
-/// exclusive lock (the hosts are moving between gateways), reported as such.
-fn modify_error(
-    ret: isize,
-    op: &'static str,
-    other: impl FnOnce(io::Error) -> BackstoreError,
-) -> BackstoreError {
-    if ret == -(libc::EROFS as isize) {
-        BackstoreError::NotOwner { op }
-    } else {
-        other(os(ret))
-    }
-}
-
 /// The buffer of a finished operation, or a replacement of the same length if librbd's
 /// completion could not hand it back (never expected).
 fn returned(f: &mut Finished, len: usize) -> IoBuf {
@@ -562,7 +412,7 @@ impl Backstore for RbdBackstore {
         let rbd = &self.lib.rbd;
         // Without librbd's cache a completed write is on the OSDs: FUA needs nothing more.
         let mut f = self
-            .modify(Some(buf), |data, c, _| {
+            .submit(Some(buf), |data, c, _| {
                 // SAFETY: as in read; librbd only reads the buffer.
                 unsafe {
                     (rbd.rbd_aio_write)(
@@ -577,12 +427,15 @@ impl Backstore for RbdBackstore {
             .await;
         let buf = returned(&mut f, len);
         if f.ret < 0 {
-            let e = modify_error(f.ret, "write", |source| BackstoreError::Write {
-                offset,
-                len: len as u64,
-                source,
-            });
-            return (Err(e), buf);
+            let source = os(f.ret);
+            return (
+                Err(BackstoreError::Write {
+                    offset,
+                    len: len as u64,
+                    source,
+                }),
+                buf,
+            );
         }
         (Ok(()), buf)
     }
@@ -614,18 +467,16 @@ impl Backstore for RbdBackstore {
         let rbd = &self.lib.rbd;
         // SAFETY: open image; range checked.
         let f = self
-            .modify(None, |_, c, _| unsafe {
+            .submit(None, |_, c, _| unsafe {
                 (rbd.rbd_aio_discard)(self.image, offset, len, c) as isize
             })
             .await;
         if f.ret < 0 {
-            return Err(modify_error(f.ret, "unmap", |source| {
-                BackstoreError::Unmap {
-                    offset,
-                    len,
-                    source,
-                }
-            }));
+            return Err(BackstoreError::Unmap {
+                offset,
+                len,
+                source: os(f.ret),
+            });
         }
         Ok(())
     }
@@ -641,18 +492,16 @@ impl Backstore for RbdBackstore {
         let rbd = &self.lib.rbd;
         // SAFETY: open image; range checked; no zero or op flags.
         let f = self
-            .modify(None, |_, c, _| unsafe {
+            .submit(None, |_, c, _| unsafe {
                 (rbd.rbd_aio_write_zeroes)(self.image, offset, n, c, 0, 0) as isize
             })
             .await;
         if f.ret < 0 {
-            return Err(modify_error(f.ret, "write", |source| {
-                BackstoreError::Write {
-                    offset,
-                    len,
-                    source,
-                }
-            }));
+            return Err(BackstoreError::Write {
+                offset,
+                len,
+                source: os(f.ret),
+            });
         }
         Ok(())
     }
@@ -678,7 +527,7 @@ impl Backstore for RbdBackstore {
         }
         let rbd = &self.lib.rbd;
         let mut f = self
-            .modify(Some(buf), |data, c, mismatch| {
+            .submit(Some(buf), |data, c, mismatch| {
                 let (cmp, new) = (
                     data.cast_const().cast::<c_char>(),
                     data.wrapping_add(half).cast_const().cast::<c_char>(),
@@ -700,12 +549,15 @@ impl Backstore for RbdBackstore {
                 (Ok(Some(at)), buf)
             }
             r if r < 0 => {
-                let e = modify_error(r, "compare and write", |source| BackstoreError::Write {
-                    offset,
-                    len: half as u64,
-                    source,
-                });
-                (Err(e), buf)
+                let source = os(r);
+                (
+                    Err(BackstoreError::Write {
+                        offset,
+                        len: half as u64,
+                        source,
+                    }),
+                    buf,
+                )
             }
             _ => (Ok(None), buf),
         }

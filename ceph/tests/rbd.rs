@@ -17,18 +17,12 @@ mod test_support;
 use cluster::TestCluster;
 
 fn options(c: &TestCluster, image: &str, timeout: u64) -> RbdOptions {
-    let mut o = options_at(c.conf(), image);
-    o.cluster.op_timeout = Duration::from_secs(timeout);
-    o
-}
-
-fn options_at(conf: &std::path::Path, image: &str) -> RbdOptions {
     RbdOptions {
         cluster: ClusterSpec {
-            conf: conf.to_path_buf(),
+            conf: c.conf().to_path_buf(),
             client_id: "admin".into(),
             keyring: None,
-            op_timeout: Duration::from_secs(10),
+            op_timeout: Duration::from_secs(timeout),
         },
         pool: "rbd".into(),
         namespace: String::new(),
@@ -286,95 +280,4 @@ async fn state_is_shared_through_rados() {
         .unwrap();
     assert!(a.maybe_changed().unwrap());
     assert_eq!(a.read().await.unwrap(), b"41+");
-}
-
-async fn open_as(c: &TestCluster, client: &str) -> Arc<RbdBackstore> {
-    let mut o = options(c, "disk", 10);
-    o.cluster.client_id = client.into();
-    open(o).await
-}
-
-/// Two gateways over one image write one at a time: the one writing holds the exclusive
-/// lock and keeps it while it writes (no hand-over per write); the other's writes are
-/// refused at once as a transition, its reads served; the lock moves once the holder has
-/// been idle for LOCK_IDLE.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn one_gateway_writes_at_a_time() {
-    let Some(c) = cluster() else { return };
-    c.create_image("disk", 8);
-    let (a, b) = (open_as(&c, "a").await, open_as(&c, "b").await);
-    let write = |s: &Arc<RbdBackstore>, v: u8| {
-        let s = Arc::clone(s);
-        async move { s.write(0, IoBuf::from_slice(&[v; 4096]), false).await.0 }
-    };
-    write(&a, 1).await.unwrap();
-    assert!(a.holds_lock() && !b.holds_lock());
-    for v in 2..5 {
-        let e = write(&b, v).await.unwrap_err();
-        assert_eq!(e.kind(), IoErrorKind::Transitioning, "{e}");
-        write(&a, v).await.unwrap();
-    }
-    let (r, buf) = b.read(0, IoBuf::zeroed(4096)).await;
-    r.unwrap();
-    assert!(buf.iter().all(|&x| x == 4), "B reads what A wrote");
-    // A goes idle: it gives the lock up and B's next write takes it.
-    tokio::time::sleep(rtgt_ceph::LOCK_IDLE * 2).await;
-    assert!(!a.holds_lock());
-    write(&b, 5).await.unwrap();
-    assert!(b.holds_lock());
-    assert_eq!(
-        write(&a, 6).await.unwrap_err().kind(),
-        IoErrorKind::Transitioning
-    );
-    let image = c.export("disk");
-    assert!(image[..4096].iter().all(|&x| x == 5));
-}
-
-/// The holder of `disk`'s lock in a process of its own, for
-/// `a_dead_gateways_lock_is_taken_over` (which starts this test binary with HOLDER_CONF).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn lock_holder_process() {
-    let Ok(conf) = std::env::var("HOLDER_CONF") else {
-        return;
-    };
-    let mut o = options_at(std::path::Path::new(&conf), "disk");
-    o.cluster.client_id = "holder".into();
-    let s = open(o).await;
-    let (r, _) = s.write(0, IoBuf::from_slice(&[1u8; 4096]), false).await;
-    r.unwrap();
-    println!("HOLDING");
-    std::thread::sleep(Duration::from_secs(300));
-}
-
-/// A gateway killed while it holds the lock: the other's write waits until the cluster has
-/// noticed (the watch timeout, 5 s in the test cluster), then breaks the lock and succeeds.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_dead_gateways_lock_is_taken_over() {
-    use std::io::BufRead;
-    let Some(c) = cluster() else { return };
-    c.create_image("disk", 8);
-    let mut holder = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "lock_holder_process", "--nocapture"])
-        .env("HOLDER_CONF", c.conf())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let out = std::io::BufReader::new(holder.stdout.take().unwrap());
-    for line in out.lines() {
-        if line.unwrap().contains("HOLDING") {
-            break;
-        }
-    }
-    let b = open_as(&c, "b").await;
-    let (r, _) = b.write(0, IoBuf::from_slice(&[2u8; 4096]), false).await;
-    assert_eq!(r.unwrap_err().kind(), IoErrorKind::Transitioning);
-    holder.kill().unwrap();
-    holder.wait().unwrap();
-    let write = b.write(0, IoBuf::from_slice(&[3u8; 4096]), false);
-    let (r, _) = tokio::time::timeout(Duration::from_secs(60), write)
-        .await
-        .expect("the lock of the dead holder is broken");
-    r.unwrap();
-    assert!(b.holds_lock());
-    assert!(c.export("disk")[..4096].iter().all(|&x| x == 3));
 }

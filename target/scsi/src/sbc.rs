@@ -45,8 +45,6 @@ pub fn io_error(e: &BackstoreError, write: bool) -> Sense {
         // The storage behind the backstore is out of reach: a multipath initiator fails the
         // path and retries through another (Linux fails the command on this sense).
         IoErrorKind::NotReady => Sense::new(key::NOT_READY, asc::NOT_READY_CAUSE_NOT_REPORTABLE),
-        // Another gateway holds the device's lock: hosts retry (Linux's ALUA handler does).
-        IoErrorKind::Transitioning => Sense::new(key::NOT_READY, asc::ALUA_TRANSITION),
         _ => Sense::internal_failure(),
     }
 }
