@@ -24,6 +24,18 @@ pub struct ClusterSpec {
     pub op_timeout: Duration,
 }
 
+/// The open connections, by spec and use.
+static OPEN: Mutex<Vec<(ClusterSpec, Usage, Weak<Cluster>)>> = Mutex::new(Vec::new());
+
+/// What a connection is for (each use has its own client per cluster and identity).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Usage {
+    /// RBD images (their I/O and exclusive locks).
+    Images,
+    /// State the gateways share ([`crate::RadosState`]).
+    SharedState,
+}
+
 /// A connected librados handle.
 pub struct Cluster {
     pub(crate) lib: &'static Ceph,
@@ -49,21 +61,36 @@ fn path_cstring(what: &str, p: &std::path::Path) -> Result<CString, CephError> {
 
 impl Cluster {
     /// Connects (blocking, at most about `op_timeout`), or returns the existing connection
-    /// for the same spec.
-    pub fn connect(spec: &ClusterSpec) -> Result<Arc<Cluster>, CephError> {
-        static OPEN: Mutex<Vec<(ClusterSpec, Weak<Cluster>)>> = Mutex::new(Vec::new());
+    /// for the same spec and use: images share one client, the gateways' shared state
+    /// another, so that a client the cluster blocklists (another gateway broke its image
+    /// lock) leaves the reservation state reachable.
+    pub fn connect(spec: &ClusterSpec, usage: Usage) -> Result<Arc<Cluster>, CephError> {
         let mut open = OPEN.lock().unwrap_or_else(PoisonError::into_inner);
-        open.retain(|(_, w)| w.strong_count() > 0);
+        open.retain(|(_, _, w)| w.strong_count() > 0);
         if let Some(c) = open
             .iter()
-            .find(|(s, _)| s == spec)
-            .and_then(|(_, w)| w.upgrade())
+            .find(|(s, u, _)| s == spec && *u == usage)
+            .and_then(|(_, _, w)| w.upgrade())
         {
             return Ok(c);
         }
         let c = Arc::new(Cluster::connect_new(spec)?);
-        open.push((spec.clone(), Arc::downgrade(&c)));
+        open.push((spec.clone(), usage, Arc::downgrade(&c)));
         Ok(c)
+    }
+
+    /// A new connection in place of `old` (which the cluster blocklisted): later
+    /// [`Cluster::connect`]s for the same spec and use get the new one.
+    pub fn reconnect(
+        spec: &ClusterSpec,
+        usage: Usage,
+        old: &Arc<Cluster>,
+    ) -> Result<Arc<Cluster>, CephError> {
+        {
+            let mut open = OPEN.lock().unwrap_or_else(PoisonError::into_inner);
+            open.retain(|(_, _, w)| w.as_ptr() != Arc::as_ptr(old));
+        }
+        Cluster::connect(spec, usage)
     }
 
     fn connect_new(spec: &ClusterSpec) -> Result<Cluster, CephError> {

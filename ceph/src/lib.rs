@@ -9,7 +9,7 @@ pub mod sys;
 
 use std::path::PathBuf;
 
-pub use cluster::{Cluster, ClusterSpec};
+pub use cluster::{Cluster, ClusterSpec, Usage};
 pub use rbd::{RbdBackstore, RbdOptions};
 pub use state::RadosState;
 

@@ -14,11 +14,12 @@ use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+use arc_swap::ArcSwap;
 use async_trait::async_trait;
 use rtgt_backstore::{Backstore, BackstoreError, BufResult, DeviceInfo, IoBuf};
 use tokio::sync::{oneshot, watch, Notify};
 
-use crate::cluster::{cstring, Cluster, ClusterSpec, IoCtx};
+use crate::cluster::{cstring, Cluster, ClusterSpec, IoCtx, Usage};
 use crate::sys::{rbd_completion_t, rbd_image_t, Ceph};
 use crate::CephError;
 
@@ -43,12 +44,15 @@ pub struct RbdOptions {
     pub thin: bool,
 }
 
-/// An open librbd image handle, closed when the last holder drops it.
+/// An open librbd image handle with its header watch, closed when the last holder drops it.
 struct Image {
     lib: &'static Ceph,
     raw: rbd_image_t,
-    /// Keeps the pool's I/O context (and through it the cluster connection) open.
-    _io: IoCtx,
+    /// The pool's I/O context (and through it the cluster connection).
+    io: IoCtx,
+    /// The header watch and what it wakes (kept alive until the watch is gone).
+    watch: u64,
+    notify: Arc<Notify>,
 }
 
 // SAFETY: librbd image handles are thread-safe for concurrent aio calls, size queries and
@@ -59,32 +63,79 @@ unsafe impl Sync for Image {}
 
 impl Drop for Image {
     fn drop(&mut self) {
-        // SAFETY: opened by rbd_open; waits for operations still in flight (their buffers
-        // are theirs); nothing uses the handle after.
-        unsafe { (self.lib.rbd.rbd_close)(self.raw) };
+        // SAFETY: registered when opened; returns once no callback runs. Then rbd_close waits
+        // for operations still in flight (their buffers are theirs); nothing uses the handle
+        // after.
+        unsafe {
+            (self.lib.rbd.rbd_update_unwatch)(self.raw, self.watch);
+            (self.lib.rbd.rbd_close)(self.raw)
+        };
+    }
+}
+
+impl Image {
+    /// Opens `opts`'s image on `cluster` and watches its header (blocking).
+    fn open(
+        cluster: &Arc<Cluster>,
+        opts: &RbdOptions,
+        notify: &Arc<Notify>,
+    ) -> Result<Image, CephError> {
+        let lib = cluster.lib;
+        let io = cluster.ioctx(&opts.pool, &opts.namespace)?;
+        let name = cstring("image", &opts.image)?;
+        let mut raw: rbd_image_t = std::ptr::null_mut();
+        // SAFETY: live I/O context, valid C string, `raw` written on success; a null
+        // snapshot name opens the image itself.
+        let r = unsafe { (lib.rbd.rbd_open)(io.io, name.as_ptr(), &mut raw, std::ptr::null()) };
+        if r < 0 {
+            return Err(CephError::Image {
+                image: image_name(opts),
+                errno: -r,
+            });
+        }
+        let mut watch = 0u64;
+        // SAFETY: open image; the callback's argument is the Notify, which the Image keeps
+        // alive until `rbd_update_unwatch` has returned (in drop).
+        let r = unsafe {
+            (lib.rbd.rbd_update_watch)(
+                raw,
+                &mut watch,
+                header_changed,
+                Arc::as_ptr(notify).cast_mut().cast(),
+            )
+        };
+        if r < 0 {
+            // SAFETY: opened above, not used after.
+            unsafe { (lib.rbd.rbd_close)(raw) };
+            return Err(CephError::call("rbd_update_watch", r));
+        }
+        Ok(Image {
+            lib,
+            raw,
+            io,
+            watch,
+            notify: Arc::clone(notify),
+        })
     }
 }
 
 /// An open RBD image.
 pub struct RbdBackstore {
     lib: &'static Ceph,
-    /// `handle.raw`, for the data path.
-    image: rbd_image_t,
-    handle: Arc<Image>,
+    /// The open image; replaced by a new one on a new connection when the cluster has
+    /// blocklisted this one's client.
+    image: ArcSwap<Image>,
+    opts: RbdOptions,
+    /// Held while the image is opened again.
+    reopening: tokio::sync::Mutex<()>,
     name: String,
     block_size: u32,
     num_blocks: AtomicU64,
     read_only: bool,
     write_cache: bool,
     thin: bool,
-    watch: Option<(u64, Arc<Notify>)>,
     capacity: watch::Sender<u64>,
 }
-
-// SAFETY: see `Image`; `image` is `handle.raw`.
-unsafe impl Send for RbdBackstore {}
-// SAFETY: as above.
-unsafe impl Sync for RbdBackstore {}
 
 /// What an operation keeps alive until librbd completes it.
 struct Op {
@@ -143,64 +194,30 @@ impl RbdBackstore {
                 opts.block_size
             )));
         }
-        let cluster = Cluster::connect(&opts.cluster)?;
-        let lib = cluster.lib;
-        let io = cluster.ioctx(&opts.pool, &opts.namespace)?;
-        let name = cstring("image", &opts.image)?;
-        let mut image: rbd_image_t = std::ptr::null_mut();
-        // SAFETY: live I/O context, valid C string, `image` written on success; a null
-        // snapshot name opens the image itself.
-        let r = unsafe { (lib.rbd.rbd_open)(io.io, name.as_ptr(), &mut image, std::ptr::null()) };
-        let full = image_name(opts);
-        if r < 0 {
-            return Err(CephError::Image {
-                image: full,
-                errno: -r,
-            });
-        }
-        let handle = Arc::new(Image {
-            lib,
-            raw: image,
-            _io: io,
-        });
+        let cluster = Cluster::connect(&opts.cluster, Usage::Images)?;
+        let notify = Arc::new(Notify::new());
+        let image = Image::open(&cluster, opts, &notify)?;
         let mut size = 0u64;
         // SAFETY: open image; `size` is written.
-        let r = unsafe { (lib.rbd.rbd_get_size)(image, &mut size) };
+        let r = unsafe { (cluster.lib.rbd.rbd_get_size)(image.raw, &mut size) };
         if r < 0 {
             return Err(CephError::call("rbd_get_size", r));
         }
         let num_blocks = size / u64::from(opts.block_size);
         let (capacity, _) = watch::channel(num_blocks);
-        let mut store = RbdBackstore {
-            lib,
-            image,
-            handle,
-            name: full,
+        let store = Arc::new(RbdBackstore {
+            lib: cluster.lib,
+            image: ArcSwap::from_pointee(image),
+            opts: opts.clone(),
+            reopening: tokio::sync::Mutex::new(()),
+            name: image_name(opts),
             block_size: opts.block_size,
             num_blocks: AtomicU64::new(num_blocks),
             read_only: opts.read_only,
             write_cache: opts.write_cache,
             thin: opts.thin,
-            watch: None,
             capacity,
-        };
-        let notify = Arc::new(Notify::new());
-        let mut handle = 0u64;
-        // SAFETY: open image; the callback's argument is the Notify, kept alive by
-        // `store.watch` until `rbd_update_unwatch` has returned (in drop).
-        let r = unsafe {
-            (lib.rbd.rbd_update_watch)(
-                image,
-                &mut handle,
-                header_changed,
-                Arc::as_ptr(&notify).cast_mut().cast(),
-            )
-        };
-        if r < 0 {
-            return Err(CephError::call("rbd_update_watch", r));
-        }
-        store.watch = Some((handle, Arc::clone(&notify)));
-        let store = Arc::new(store);
+        });
         let weak = Arc::downgrade(&store);
         tokio::spawn(async move {
             loop {
@@ -224,9 +241,10 @@ impl RbdBackstore {
     }
 
     fn size(&self) -> Result<u64, io::Error> {
+        let image = self.image.load_full();
         let mut size = 0u64;
         // SAFETY: open image; `size` is written.
-        let r = unsafe { (self.lib.rbd.rbd_get_size)(self.image, &mut size) };
+        let r = unsafe { (self.lib.rbd.rbd_get_size)(image.raw, &mut size) };
         if r < 0 {
             return Err(os(r as isize));
         }
@@ -243,9 +261,10 @@ impl RbdBackstore {
 
     /// Whether this client holds the image's exclusive lock.
     pub fn is_lock_owner(&self) -> Result<bool, io::Error> {
+        let image = self.image.load_full();
         let mut owner: c_int = 0;
         // SAFETY: open image; `owner` is written.
-        let r = unsafe { (self.lib.rbd.rbd_is_exclusive_lock_owner)(self.image, &mut owner) };
+        let r = unsafe { (self.lib.rbd.rbd_is_exclusive_lock_owner)(image.raw, &mut owner) };
         if r < 0 {
             return Err(os(r as isize));
         }
@@ -271,12 +290,31 @@ impl RbdBackstore {
     /// Starts one librbd operation with `buf` kept alive until it completes, and waits.
     /// `start` gets the buffer's address, the completion and where a compare-and-write
     /// puts its mismatch offset, and returns librbd's result of starting it.
+    /// A client the cluster has blocklisted (ESHUTDOWN) gets a new connection and the image
+    /// is opened again on it, and the operation is repeated once.
     async fn submit(
         &self,
         buf: Option<IoBuf>,
-        start: impl FnOnce(*mut u8, rbd_completion_t, *mut u64) -> isize,
+        start: impl Fn(rbd_image_t, *mut u8, rbd_completion_t, *mut u64) -> isize,
     ) -> Finished {
-        let rx = match self.start(buf, start) {
+        let image = self.image.load_full();
+        let mut f = self.submit_on(&image, buf, &start).await;
+        if f.ret == -(libc::ESHUTDOWN as isize) && self.reopen(&image).await {
+            let image = self.image.load_full();
+            let buf = f.buf.take();
+            f = self.submit_on(&image, buf, &start).await;
+        }
+        f
+    }
+
+    async fn submit_on(
+        &self,
+        image: &Arc<Image>,
+        buf: Option<IoBuf>,
+        start: &impl Fn(rbd_image_t, *mut u8, rbd_completion_t, *mut u64) -> isize,
+    ) -> Finished {
+        let raw = image.raw as usize;
+        let rx = match self.start(buf, |d, c, m| start(raw as rbd_image_t, d, c, m)) {
             Ok(rx) => rx,
             Err(refused) => return refused,
         };
@@ -288,6 +326,35 @@ impl RbdBackstore {
                 buf: None,
                 mismatch: 0,
             },
+        }
+    }
+
+    /// Replaces `old` (whose client the cluster blocklisted) by the image opened on a new
+    /// connection; false when that failed within the operation timeout. Commands that
+    /// failed meanwhile are repeated by the hosts (NOT READY).
+    async fn reopen(&self, old: &Arc<Image>) -> bool {
+        let _one = self.reopening.lock().await;
+        if !Arc::ptr_eq(&self.image.load_full(), old) {
+            return true;
+        }
+        tracing::warn!(image = %self.name, "the cluster blocklisted this gateway's client: connecting again");
+        let (opts, cluster) = (self.opts.clone(), Arc::clone(&old.io.cluster));
+        let notify = Arc::clone(&old.notify);
+        let open = tokio::task::spawn_blocking(move || {
+            let fresh = Cluster::reconnect(&opts.cluster, Usage::Images, &cluster)?;
+            Image::open(&fresh, &opts, &notify)
+        });
+        match tokio::time::timeout(self.opts.cluster.op_timeout, open).await {
+            Ok(Ok(Ok(image))) => {
+                self.image.store(Arc::new(image));
+                tracing::info!(image = %self.name, "rbd image open again");
+                true
+            }
+            Ok(Ok(Err(e))) => {
+                tracing::error!(image = %self.name, error = %e, "opening the image again failed");
+                false
+            }
+            _ => false,
         }
     }
 
@@ -379,11 +446,9 @@ impl Backstore for RbdBackstore {
         }
         let rbd = &self.lib.rbd;
         let mut f = self
-            .submit(Some(buf), |data, c, _| {
+            .submit(Some(buf), |image, data, c, _| {
                 // SAFETY: `data` is `len` bytes of the buffer the Op keeps until completion.
-                unsafe {
-                    (rbd.rbd_aio_read)(self.image, offset, len, data.cast::<c_char>(), c) as isize
-                }
+                unsafe { (rbd.rbd_aio_read)(image, offset, len, data.cast::<c_char>(), c) as isize }
             })
             .await;
         let buf = returned(&mut f, len);
@@ -412,16 +477,11 @@ impl Backstore for RbdBackstore {
         let rbd = &self.lib.rbd;
         // Without librbd's cache a completed write is on the OSDs: FUA needs nothing more.
         let mut f = self
-            .submit(Some(buf), |data, c, _| {
+            .submit(Some(buf), |image, data, c, _| {
                 // SAFETY: as in read; librbd only reads the buffer.
                 unsafe {
-                    (rbd.rbd_aio_write)(
-                        self.image,
-                        offset,
-                        len,
-                        data.cast_const().cast::<c_char>(),
-                        c,
-                    ) as isize
+                    (rbd.rbd_aio_write)(image, offset, len, data.cast_const().cast::<c_char>(), c)
+                        as isize
                 }
             })
             .await;
@@ -444,8 +504,8 @@ impl Backstore for RbdBackstore {
         let rbd = &self.lib.rbd;
         // SAFETY: open image; the completion is librbd's until it runs.
         let f = self
-            .submit(None, |_, c, _| unsafe {
-                (rbd.rbd_aio_flush)(self.image, c) as isize
+            .submit(None, |image, _, c, _| unsafe {
+                (rbd.rbd_aio_flush)(image, c) as isize
             })
             .await;
         if f.ret < 0 {
@@ -467,8 +527,8 @@ impl Backstore for RbdBackstore {
         let rbd = &self.lib.rbd;
         // SAFETY: open image; range checked.
         let f = self
-            .submit(None, |_, c, _| unsafe {
-                (rbd.rbd_aio_discard)(self.image, offset, len, c) as isize
+            .submit(None, |image, _, c, _| unsafe {
+                (rbd.rbd_aio_discard)(image, offset, len, c) as isize
             })
             .await;
         if f.ret < 0 {
@@ -492,8 +552,8 @@ impl Backstore for RbdBackstore {
         let rbd = &self.lib.rbd;
         // SAFETY: open image; range checked; no zero or op flags.
         let f = self
-            .submit(None, |_, c, _| unsafe {
-                (rbd.rbd_aio_write_zeroes)(self.image, offset, n, c, 0, 0) as isize
+            .submit(None, |image, _, c, _| unsafe {
+                (rbd.rbd_aio_write_zeroes)(image, offset, n, c, 0, 0) as isize
             })
             .await;
         if f.ret < 0 {
@@ -527,7 +587,7 @@ impl Backstore for RbdBackstore {
         }
         let rbd = &self.lib.rbd;
         let mut f = self
-            .submit(Some(buf), |data, c, mismatch| {
+            .submit(Some(buf), |image, data, c, mismatch| {
                 let (cmp, new) = (
                     data.cast_const().cast::<c_char>(),
                     data.wrapping_add(half).cast_const().cast::<c_char>(),
@@ -535,9 +595,7 @@ impl Backstore for RbdBackstore {
                 // SAFETY: both halves lie in the buffer the Op keeps; `mismatch` is the Op's
                 // field, written by librbd before the completion runs.
                 unsafe {
-                    (rbd.rbd_aio_compare_and_write)(
-                        self.image, offset, half, cmp, new, c, mismatch, 0,
-                    )
+                    (rbd.rbd_aio_compare_and_write)(image, offset, half, cmp, new, c, mismatch, 0)
                 }
             })
             .await;
@@ -570,7 +628,7 @@ impl Backstore for RbdBackstore {
 
     async fn resize(&self, num_blocks: u64) -> Result<(), BackstoreError> {
         let bytes = num_blocks * u64::from(self.block_size);
-        let image = Arc::clone(&self.handle);
+        let image = self.image.load_full();
         // SAFETY: the task holds the image open.
         let r = tokio::task::spawn_blocking(move || unsafe {
             (image.lib.rbd.rbd_resize)(image.raw, bytes)
@@ -589,15 +647,5 @@ impl Backstore for RbdBackstore {
 
     fn capacity_changes(&self) -> Option<watch::Receiver<u64>> {
         Some(self.capacity.subscribe())
-    }
-}
-
-impl Drop for RbdBackstore {
-    fn drop(&mut self) {
-        if let Some((handle, _notify)) = self.watch.take() {
-            // SAFETY: registered in open; returns once no callback runs, so the Notify may
-            // be dropped after it. The image closes when `self.handle` is dropped.
-            unsafe { (self.lib.rbd.rbd_update_unwatch)(self.image, handle) };
-        }
     }
 }

@@ -19,7 +19,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use async_trait::async_trait;
 use rtgt_backstore::{SharedState, Update};
 
-use crate::cluster::{cstring, Cluster, ClusterSpec, IoCtx};
+use crate::cluster::{cstring, Cluster, ClusterSpec, IoCtx, Usage};
 use crate::sys::{rados_ioctx_t, Ceph, LIBRADOS_CMPXATTR_OP_EQ, LIBRADOS_CREATE_EXCLUSIVE};
 use crate::CephError;
 
@@ -106,7 +106,7 @@ impl RadosState {
         namespace: &str,
         object: &str,
     ) -> Result<RadosState, CephError> {
-        let cluster = Cluster::connect(spec)?;
+        let cluster = Cluster::connect(spec, Usage::SharedState)?;
         let io = cluster.ioctx(pool, namespace)?;
         let watch = Box::new(Watch {
             lib: cluster.lib,

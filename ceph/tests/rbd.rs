@@ -281,3 +281,46 @@ async fn state_is_shared_through_rados() {
     assert!(a.maybe_changed().unwrap());
     assert_eq!(a.read().await.unwrap(), b"41+");
 }
+
+/// The cluster blocklists the gateway's client (as when another client broke its lock after
+/// losing touch with it): the next command finds it out, the gateway connects again and the
+/// command goes through on the new connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_blocklisted_gateway_connects_again() {
+    let Some(c) = cluster() else { return };
+    c.create_image("disk", 8);
+    let store = open(options(&c, "disk", 10)).await;
+    let (r, _) = store.write(0, IoBuf::from_slice(&[1u8; 4096]), false).await;
+    r.unwrap();
+    let status = String::from_utf8(c.rbd(&["status", "--format", "json", "rbd/disk"])).unwrap();
+    let addr = status
+        .split("\"address\":\"")
+        .nth(1)
+        .and_then(|s| s.split('"').next())
+        .unwrap_or_else(|| panic!("a watcher in {status}"))
+        .to_string();
+    let out = std::process::Command::new("ceph")
+        .arg("-c")
+        .arg(c.conf())
+        .args(["osd", "blocklist", "add", &addr])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let write = store.write(4096, IoBuf::from_slice(&[2u8; 4096]), false);
+    let (r, _) = tokio::time::timeout(Duration::from_secs(60), write)
+        .await
+        .expect("the write ends");
+    r.unwrap();
+    let (r, buf) = store.read(0, IoBuf::zeroed(8192)).await;
+    r.unwrap();
+    assert!(buf[..4096].iter().all(|&x| x == 1) && buf[4096..].iter().all(|&x| x == 2));
+    let status = String::from_utf8(c.rbd(&["status", "--format", "json", "rbd/disk"])).unwrap();
+    assert!(
+        !status.contains(&addr),
+        "a new client watches the image: {status}"
+    );
+}

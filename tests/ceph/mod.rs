@@ -20,32 +20,63 @@ fn script() -> PathBuf {
 pub struct TestCluster {
     dir: tempfile::TempDir,
     conf: PathBuf,
+    /// One cluster at a time per test process: each is a monitor and an OSD, and several
+    /// starting at once on a small machine push each other past the script's time limits.
+    _one: std::sync::MutexGuard<'static, ()>,
 }
 
+static ONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+type Guard = std::sync::MutexGuard<'static, ()>;
+
 impl TestCluster {
-    /// Starts a cluster, or says why it cannot (the caller skips or fails).
+    /// Starts a cluster, or says why it cannot (the caller skips or fails). A start that
+    /// fails is tried once more in a new directory (on a loaded machine a port picked free
+    /// may be taken before the daemon binds it); both failures are reported.
     pub fn start() -> Result<TestCluster, String> {
         if !Path::new("/usr/bin/ceph-osd").exists() || !Path::new("/usr/bin/ceph-mon").exists() {
             return Err("no Ceph daemons (Debian: ceph-mon ceph-osd ceph-common)".into());
         }
-        let dir = tempfile::Builder::new()
-            .prefix("rtgt-ceph-")
-            .tempdir()
-            .map_err(|e| e.to_string())?;
-        let out = Command::new("bash")
+        let one = ONE
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        TestCluster::start_once(one).or_else(|(first, one)| {
+            TestCluster::start_once(one).map_err(|(second, _)| format!("{first}\nagain: {second}"))
+        })
+    }
+
+    fn start_once(one: Guard) -> Result<TestCluster, (String, Guard)> {
+        let dir = match tempfile::Builder::new().prefix("rtgt-ceph-").tempdir() {
+            Ok(d) => d,
+            Err(e) => return Err((e.to_string(), one)),
+        };
+        let out = match Command::new("bash")
             .arg(script())
             .arg("start")
             .arg(dir.path().join("c"))
             .output()
-            .map_err(|e| e.to_string())?;
+        {
+            Ok(o) => o,
+            Err(e) => return Err((e.to_string(), one)),
+        };
         if !out.status.success() {
-            return Err(format!(
+            let why = format!(
                 "the test cluster did not start: {}",
                 String::from_utf8_lossy(&out.stderr)
-            ));
+            );
+            // Stop whatever the script left (it stops its daemons, but be sure).
+            let _ = Command::new("bash")
+                .arg(script())
+                .arg("stop")
+                .arg(dir.path().join("c"))
+                .status();
+            return Err((why, one));
         }
         let conf = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
-        Ok(TestCluster { dir, conf })
+        Ok(TestCluster {
+            dir,
+            conf,
+            _one: one,
+        })
     }
 
     /// The cluster's ceph.conf.
