@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use common::{free_port, prerequisite, skip_or_fail};
+use common::{free_port, prerequisite, run, skip_or_fail};
 use rtgt_api::client::{segment, Client, ClientError};
 use rtgt_api::config::Config;
 use rtgt_api::{ChangeReport, SessionView};
@@ -634,29 +634,6 @@ fn read_capacity16(r: &ScsiResult) -> (u64, u32) {
 
 const READ_CAPACITY16: [u8; 16] = [0x9e, 0x10, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 32, 0, 0];
 const REPORT_LUNS: [u8; 12] = [0xa0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0];
-
-/// Runs a command, retrying after unit attentions as an initiator does; returns the
-/// result and the unit attentions seen.
-async fn run(
-    s: &Session,
-    lun: u64,
-    cdb: &[u8],
-    data: Option<Bytes>,
-    len: u32,
-    uas: &mut Vec<(u8, u8)>,
-) -> ScsiResult {
-    for _ in 0..8 {
-        let r = s
-            .command(lun, cdb, data.clone(), len)
-            .await
-            .expect("command");
-        match r.sense_key() {
-            Some((6, asc, ascq)) if r.status == 2 => uas.push((asc, ascq)),
-            _ => return r,
-        }
-    }
-    panic!("unit attentions do not stop");
-}
 
 #[test]
 fn live_changes_under_io() {

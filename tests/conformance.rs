@@ -142,6 +142,27 @@ fn tally_reads_cunit_output() {
     assert_eq!(failed, vec!["C".to_string()]);
 }
 
+impl Tally {
+    /// Adds a suite's run; its failed tests go to `failures` as `SUITE.TEST`.
+    fn add(&mut self, suite: &str, run: SuiteRun, failures: &mut Vec<String>) {
+        failures.extend(run.failed.into_iter().map(|f| format!("{suite}.{f}")));
+        self.passed += run.tally.passed;
+        self.failed += run.tally.failed;
+        self.skipped += run.tally.skipped;
+    }
+
+    /// The totals, past libtest's output capture.
+    fn print(&self, what: &str) {
+        let _ = writeln!(
+            std::io::stderr(),
+            "{what}: {} passed, {} failed, {} skipped",
+            self.passed,
+            self.failed,
+            self.skipped
+        );
+    }
+}
+
 /// One suite's result.
 struct SuiteRun {
     tally: Tally,
@@ -211,18 +232,9 @@ fn libiscsi_conformance() {
         if run.hung {
             hung.push(suite.clone());
         }
-        failures.extend(run.failed.into_iter().map(|f| format!("{suite}.{f}")));
-        total.passed += run.tally.passed;
-        total.failed += run.tally.failed;
-        total.skipped += run.tally.skipped;
+        total.add(&suite, run, &mut failures);
     }
-    let _ = writeln!(
-        std::io::stderr(),
-        "conformance: {} passed, {} failed, {} skipped",
-        total.passed,
-        total.failed,
-        total.skipped
-    );
+    total.print("conformance");
     assert!(
         daemon.is_running(),
         "rtgtd exited during the conformance run"
@@ -284,18 +296,9 @@ policy: {{backstore_roots: ['{dir}']}}
     for suite in PR_SUITES {
         let run = run_suite(suite, &urls, "two rbd gateways");
         assert!(!run.hung, "{suite} timed out");
-        failures.extend(run.failed.into_iter().map(|f| format!("{suite}.{f}")));
-        total.passed += run.tally.passed;
-        total.failed += run.tally.failed;
-        total.skipped += run.tally.skipped;
+        total.add(suite, run, &mut failures);
     }
-    let _ = writeln!(
-        std::io::stderr(),
-        "conformance across two rbd gateways: {} passed, {} failed, {} skipped",
-        total.passed,
-        total.failed,
-        total.skipped
-    );
+    total.print("conformance across two rbd gateways");
     assert!(a.is_running() && b.is_running(), "a gateway exited");
     assert!(failures.is_empty(), "failed tests: {failures:?}");
     assert!(

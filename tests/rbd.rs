@@ -64,17 +64,7 @@ async fn run(
     len: u32,
     uas: &mut Vec<(u8, u8)>,
 ) -> ScsiResult {
-    for _ in 0..8 {
-        let r = s
-            .command(0, cdb, data.map(Bytes::copy_from_slice), len)
-            .await
-            .expect("command");
-        match r.sense_key() {
-            Some((6, asc, ascq)) if r.status == 2 => uas.push((asc, ascq)),
-            _ => return r,
-        }
-    }
-    panic!("unit attentions do not stop");
+    common::run(s, 0, cdb, data.map(Bytes::copy_from_slice), len, uas).await
 }
 
 fn rw10(op: u8, lba: u32, blocks: u16) -> Vec<u8> {

@@ -468,15 +468,7 @@ impl FileBackstore {
     }
 
     fn check_range(&self, offset: u64, len: u64) -> Result<(), BackstoreError> {
-        let capacity = self.capacity();
-        match offset.checked_add(len) {
-            Some(end) if end <= capacity => Ok(()),
-            _ => Err(BackstoreError::OutOfRange {
-                offset,
-                len,
-                capacity,
-            }),
-        }
+        crate::check_range(offset, len, self.capacity())
     }
 
     fn direct_ok(&self, offset: u64, buf: &IoBuf, start: usize) -> bool {

@@ -35,6 +35,18 @@ use std::os::fd::RawFd;
 
 use async_trait::async_trait;
 
+/// `OutOfRange` unless `len` bytes at `offset` lie within `capacity` bytes.
+pub fn check_range(offset: u64, len: u64, capacity: u64) -> Result<(), BackstoreError> {
+    match offset.checked_add(len) {
+        Some(end) if end <= capacity => Ok(()),
+        _ => Err(BackstoreError::OutOfRange {
+            offset,
+            len,
+            capacity,
+        }),
+    }
+}
+
 /// What the SCSI layer needs to know about a device.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeviceInfo {

@@ -7,7 +7,7 @@ use async_trait::async_trait;
 
 use crate::buf::IoBuf;
 use crate::error::BackstoreError;
-use crate::{Backstore, BufResult, DeviceInfo};
+use crate::{check_range, Backstore, BufResult, DeviceInfo};
 
 /// Allocation unit of [`RamBackstore`]: large enough to keep the table small, small enough that
 /// a thinly used disk stays cheap.
@@ -18,17 +18,6 @@ fn check_block_size(block_size: u32) {
         block_size.is_power_of_two() && (512..=65536).contains(&block_size),
         "block size {block_size} is not a power of two in 512..=65536"
     );
-}
-
-fn check_range(offset: u64, len: u64, capacity: u64) -> Result<(), BackstoreError> {
-    match offset.checked_add(len) {
-        Some(end) if end <= capacity => Ok(()),
-        _ => Err(BackstoreError::OutOfRange {
-            offset,
-            len,
-            capacity,
-        }),
-    }
 }
 
 type Chunk = RwLock<Option<Box<[u8]>>>;

@@ -276,15 +276,7 @@ impl RbdBackstore {
     }
 
     fn check_range(&self, offset: u64, len: u64) -> Result<(), BackstoreError> {
-        let capacity = self.capacity_bytes();
-        match offset.checked_add(len) {
-            Some(end) if end <= capacity => Ok(()),
-            _ => Err(BackstoreError::OutOfRange {
-                offset,
-                len,
-                capacity,
-            }),
-        }
+        rtgt_backstore::check_range(offset, len, self.capacity_bytes())
     }
 
     /// Starts one librbd operation with `buf` kept alive until it completes, and waits.

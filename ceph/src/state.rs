@@ -157,38 +157,27 @@ impl Inner {
         let arg = std::ptr::from_ref::<Watch>(&self.watch)
             .cast_mut()
             .cast::<c_void>();
-        // SAFETY: the Watch outlives the registration (removed and flushed in drop); the
-        // object need not exist (a watch creates nothing, but RADOS answers ENOENT then).
-        let r = unsafe {
-            (self.lib().rados.rados_watch3)(
-                self.io.io,
-                self.oid(),
-                &mut new,
-                notified,
-                watch_failed,
-                0,
-                arg,
-            )
-        };
-        if r == -libc::ENOENT {
-            // No state yet: create it empty so that it can be watched.
-            self.create_empty()?;
-            // SAFETY: as above.
-            let r = unsafe {
+        let watch = |new: &mut u64| {
+            // SAFETY: the Watch outlives the registration (removed and flushed in drop).
+            unsafe {
                 (self.lib().rados.rados_watch3)(
                     self.io.io,
                     self.oid(),
-                    &mut new,
+                    new,
                     notified,
                     watch_failed,
                     0,
                     arg,
                 )
-            };
-            if r < 0 {
-                return Err(err(r));
             }
-        } else if r < 0 {
+        };
+        let mut r = watch(&mut new);
+        if r == -libc::ENOENT {
+            // No state yet: create it empty so that it can be watched.
+            self.create_empty()?;
+            r = watch(&mut new);
+        }
+        if r < 0 {
             return Err(err(r));
         }
         *cookie = Some(new);

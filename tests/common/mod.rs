@@ -9,6 +9,9 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
+use rtgt_tools::iscsi::{ScsiResult, Session};
+
 /// Whether CI runs us (`CI` set, not empty, neither `false` nor `0`): there a missing
 /// prerequisite is a failure, not a skip.
 pub fn in_ci() -> bool {
@@ -228,4 +231,27 @@ impl Drop for Rtgtd {
             eprintln!("rtgtd state and log kept in {}", self.dir.display());
         }
     }
+}
+
+/// Runs a command, retrying after unit attentions as an initiator does; returns the
+/// result and the unit attentions seen.
+pub async fn run(
+    s: &Session,
+    lun: u64,
+    cdb: &[u8],
+    data: Option<Bytes>,
+    len: u32,
+    uas: &mut Vec<(u8, u8)>,
+) -> ScsiResult {
+    for _ in 0..8 {
+        let r = s
+            .command(lun, cdb, data.clone(), len)
+            .await
+            .expect("command");
+        match r.sense_key() {
+            Some((6, asc, ascq)) if r.status == 2 => uas.push((asc, ascq)),
+            _ => return r,
+        }
+    }
+    panic!("unit attentions do not stop");
 }
