@@ -308,8 +308,8 @@ policy: {{backstore_roots: ['{dir}']}}
     );
 }
 
-/// The reservation suites, run across two gateways.
-const PR_SUITES: [&str; 7] = [
+/// The reservation suites (persistent and SPC-2), run across two gateways.
+const PR_SUITES: [&str; 8] = [
     "ALL.PrinReadKeys",
     "ALL.PrinServiceactionRange",
     "ALL.PrinReportCapabilities",
@@ -317,7 +317,8 @@ const PR_SUITES: [&str; 7] = [
     "ALL.ProutReserve",
     "ALL.ProutClear",
     "ALL.ProutPreempt",
+    "ALL.Reserve6",
 ];
 
 /// What they must pass across two gateways: all of them.
-const PR_SUITES_MIN_PASSED: usize = 20;
+const PR_SUITES_MIN_PASSED: usize = 27;

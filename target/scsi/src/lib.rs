@@ -328,8 +328,6 @@ struct DevState {
     mode: ModeState,
     /// The mode parameters at power on (the configuration's; MODE SENSE's default values).
     defaults: ModeState,
-    /// SPC-2 reservation holder (nexus id).
-    spc2: Option<u64>,
     pr: pr::PrState,
     stopped: bool,
     /// A removable medium is loaded (always true for a fixed medium).
@@ -578,7 +576,6 @@ impl Device {
                 nexuses: HashMap::new(),
                 mode: defaults,
                 defaults,
-                spc2: None,
                 pr,
                 stopped: false,
                 loaded: true,
@@ -669,8 +666,8 @@ impl Device {
     /// for every I_T nexus. Persistent reservations, a loaded or ejected medium and a
     /// sanitize operation in progress (SBC-4 4.11) survive.
     pub fn lun_reset(&self, nexus: &Nexus) {
+        self.release_spc2(|_| true);
         let mut st = self.lock();
-        st.spc2 = None;
         st.copies.clear();
         for n in st.nexuses.values_mut() {
             n.prevent = false;
@@ -683,12 +680,41 @@ impl Device {
     /// (its PREVENT too); a new session gets POWER ON, RESET OR BUS DEVICE RESET OCCURRED. A
     /// sanitize operation in progress continues.
     pub fn nexus_loss(&self, nexus: &Nexus) {
+        let holder = pr::Spc2Holder::of(nexus);
+        self.release_spc2(move |h| *h == holder);
         let mut st = self.lock();
-        if st.spc2 == Some(nexus.id) {
-            st.spc2 = None;
-        }
         st.nexuses.remove(&nexus.id);
         st.copies.forget_nexus(nexus.id);
+    }
+
+    /// Releases the SPC-2 reservation if `held` says its holder lets go: at once locally;
+    /// in a state shared with other gateways through an update in the background (the
+    /// reset or nexus loss that releases it has no command to fail).
+    fn release_spc2(&self, held: impl Fn(&pr::Spc2Holder) -> bool + Send + Sync + 'static) {
+        let Some(store) = self.config.pr_shared.clone() else {
+            let mut st = self.lock();
+            if st.pr.spc2.as_ref().is_some_and(&held) {
+                st.pr.spc2 = None;
+            }
+            return;
+        };
+        if !self.lock().pr.spc2.as_ref().is_some_and(&held) {
+            return;
+        }
+        let me = self.me.clone();
+        tokio::spawn(async move {
+            let r = store
+                .update(&mut |current| {
+                    let mut st = pr::decode_shared(current).ok()?;
+                    st.spc2.take_if(|h| held(h))?;
+                    Some(pr::encode(&st).into_bytes())
+                })
+                .await;
+            if let (Err(e), Some(dev)) = (r, me.upgrade()) {
+                tracing::error!(device = %dev.config.name, state = %store.location(), error = %e,
+                    "releasing the SPC-2 reservation in the shared state failed");
+            }
+        });
     }
 
     /// I_T NEXUS RESET (SAM-5 7.8): like an I_T nexus loss, but the nexus stays and its
@@ -993,8 +1019,8 @@ impl Device {
             if let Some(s) = st.alua.state_of(nexus).refuses(desc) {
                 return (Err(s.into()), d_sense, None);
             }
-            if let Some(holder) = st.spc2 {
-                if holder != nexus.id && !desc.spc2_ok {
+            if let Some(holder) = &st.pr.spc2 {
+                if !holder.is(nexus) && !desc.spc2_ok {
                     return (Err(Fail::Conflict), d_sense, None);
                 }
             }
@@ -1048,8 +1074,8 @@ impl Device {
             Op::Inquiry => spc::inquiry(ctx),
             Op::ModeSense => spc::mode_sense(ctx),
             Op::ModeSelect => spc::mode_select(ctx),
-            Op::Reserve => spc::reserve(ctx),
-            Op::Release => spc::release(ctx),
+            Op::Reserve => spc::reserve(ctx).await,
+            Op::Release => spc::release(ctx).await,
             Op::StartStopUnit => spc::start_stop_unit(ctx).await,
             Op::PreventAllow => spc::prevent_allow(ctx),
             Op::PrIn => spc::pr_in(ctx),

@@ -102,13 +102,36 @@ pub struct Reservation {
     pub holder: Option<usize>,
 }
 
-/// Persistent reservation state of a logical unit.
+/// The I_T nexus holding an SPC-2 reservation (RESERVE(6)/(10)), by its initiator port and
+/// relative target port, so that gateways sharing the state know it too.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Spc2Holder {
+    pub initiator_port: String,
+    pub rel_port: u16,
+}
+
+impl Spc2Holder {
+    pub fn of(n: &Nexus) -> Spc2Holder {
+        Spc2Holder {
+            initiator_port: n.initiator_port.clone(),
+            rel_port: n.relative_port,
+        }
+    }
+
+    pub fn is(&self, n: &Nexus) -> bool {
+        self.rel_port == n.relative_port && self.initiator_port == n.initiator_port
+    }
+}
+
+/// Reservation state of a logical unit: persistent reservations, and the SPC-2 reservation
+/// (which is never persisted across a power loss).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PrState {
     pub generation: u32,
     pub regs: Vec<Registration>,
     pub resv: Option<Reservation>,
     pub aptpl: bool,
+    pub spc2: Option<Spc2Holder>,
 }
 
 /// Registrations the engine keeps at most (INSUFFICIENT REGISTRATION RESOURCES beyond).
@@ -786,6 +809,14 @@ pub fn encode(st: &PrState) -> String {
             hex(&r.transport_id)
         );
     }
+    if let Some(h) = &st.spc2 {
+        let _ = writeln!(
+            s,
+            "spc2 {} {}",
+            h.rel_port,
+            hex(h.initiator_port.as_bytes())
+        );
+    }
     if let Some(r) = &st.resv {
         match r.holder {
             Some(h) => {
@@ -824,6 +855,13 @@ pub fn decode(text: &str) -> Result<PrState, String> {
                     transport_id: unhex(tid).ok_or_else(bad)?,
                 });
             }
+            ["spc2", port, init] => {
+                st.spc2 = Some(Spc2Holder {
+                    rel_port: port.parse().map_err(|_| bad())?,
+                    initiator_port: String::from_utf8(unhex(init).ok_or_else(bad)?)
+                        .map_err(|_| bad())?,
+                });
+            }
             ["resv", ty, holder] => {
                 let ty = PrType::from_u8(ty.parse().map_err(|_| bad())?).ok_or_else(bad)?;
                 let holder = if *holder == "-" {
@@ -855,7 +893,11 @@ pub fn persist(path: &Path, st: &PrState) -> std::io::Result<()> {
             _ => Ok(()),
         };
     }
-    rtgt_backstore::write_atomically(path, encode(st).as_bytes())
+    let persistent = PrState {
+        spc2: None,
+        ..st.clone()
+    };
+    rtgt_backstore::write_atomically(path, encode(&persistent).as_bytes())
 }
 
 /// The state kept with other processes ([`rtgt_backstore::SharedState`]): empty when none
@@ -1058,8 +1100,18 @@ mod tests {
                 holder: Some(1),
             }),
             aptpl: true,
+            spc2: Some(Spc2Holder {
+                initiator_port: "iqn.d,i,0x23d000000001".into(),
+                rel_port: 2,
+            }),
         };
-        assert_eq!(decode(&encode(&st)), Ok(st));
+        assert_eq!(decode(&encode(&st)), Ok(st.clone()));
+        // The SPC-2 reservation is not persisted across a power loss.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("st.pr");
+        persist(&path, &st).unwrap();
+        let back = decode(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        assert_eq!(back, PrState { spc2: None, ..st });
     }
 
     #[test]

@@ -240,31 +240,38 @@ pub fn mode_select(ctx: &mut Ctx<'_>) -> CmdResult {
     Ok(Done::good())
 }
 
-/// RESERVE(6)/(10) (SPC-2 7.21): logical unit reservation of the issuing I_T nexus.
-pub fn reserve(ctx: &mut Ctx<'_>) -> CmdResult {
-    let mut st = ctx.dev.lock();
-    if st.pr.resv.is_some() || !st.pr.regs.is_empty() {
-        return Err(Fail::Conflict);
-    }
-    match st.spc2 {
-        Some(h) if h != ctx.nexus.id => Err(Fail::Conflict),
-        _ => {
-            st.spc2 = Some(ctx.nexus.id);
-            Ok(Done::good())
+/// RESERVE(6)/(10) (SPC-2 7.21): logical unit reservation of the issuing I_T nexus, kept with
+/// the other gateways where the reservation state is shared.
+pub async fn reserve(ctx: &mut Ctx<'_>) -> CmdResult {
+    let nexus = ctx.nexus;
+    change_reservations(ctx.dev, nexus, |st| {
+        if st.resv.is_some() || !st.regs.is_empty() {
+            return Err(Fail::Conflict);
         }
-    }
+        match &st.spc2 {
+            Some(h) if !h.is(nexus) => Err(Fail::Conflict),
+            _ => {
+                st.spc2 = Some(pr::Spc2Holder::of(nexus));
+                Ok(Vec::new())
+            }
+        }
+    })
+    .await
 }
 
 /// RELEASE(6)/(10) (SPC-2 7.16): a release by a non-holder is a no-op.
-pub fn release(ctx: &mut Ctx<'_>) -> CmdResult {
-    let mut st = ctx.dev.lock();
-    if st.pr.resv.is_some() || !st.pr.regs.is_empty() {
-        return Err(Fail::Conflict);
-    }
-    if st.spc2 == Some(ctx.nexus.id) {
-        st.spc2 = None;
-    }
-    Ok(Done::good())
+pub async fn release(ctx: &mut Ctx<'_>) -> CmdResult {
+    let nexus = ctx.nexus;
+    change_reservations(ctx.dev, nexus, |st| {
+        if st.resv.is_some() || !st.regs.is_empty() {
+            return Err(Fail::Conflict);
+        }
+        if st.spc2.as_ref().is_some_and(|h| h.is(nexus)) {
+            st.spc2 = None;
+        }
+        Ok(Vec::new())
+    })
+    .await
 }
 
 /// START STOP UNIT (SBC-4 5.27).
@@ -354,15 +361,27 @@ pub fn pr_in(ctx: &mut Ctx<'_>) -> CmdResult {
     Ok(Done::data(&b, alloc))
 }
 
-/// PERSISTENT RESERVE OUT: applied to a copy, persisted when APTPL requires, then
-/// committed. A state shared with other processes is changed there first, atomically from its
-/// current contents (what they changed meanwhile is taken in, with the unit attentions it
-/// owes), and always kept whatever APTPL says.
+/// PERSISTENT RESERVE OUT.
 pub async fn pr_out(ctx: &mut Ctx<'_>) -> CmdResult {
     let req = pr::PrOutReq::parse(&ctx.cdb, ctx.data_out())?;
-    let dev = ctx.dev;
+    let capable = ctx.dev.config.pr_file.is_some() || ctx.dev.config.pr_shared.is_some();
+    change_reservations(ctx.dev, ctx.nexus, |st| {
+        pr::pr_out(st, ctx.nexus, &req, capable)
+    })
+    .await
+}
+
+/// Applies `change` to a copy of the reservation state, then commits it with the unit
+/// attentions it returns. Locally the copy is persisted first when APTPL requires. A state
+/// shared with other processes is changed there first, atomically from its current contents
+/// (what they changed meanwhile is taken in, with the unit attentions it owes), and always
+/// kept whatever APTPL says.
+pub(crate) async fn change_reservations(
+    dev: &Device,
+    nexus: &Nexus,
+    mut change: impl FnMut(&mut pr::PrState) -> Result<Vec<pr::UaTarget>, Fail> + Send,
+) -> CmdResult {
     if let Some(store) = &dev.config.pr_shared {
-        let nexus = ctx.nexus;
         type Applied = (pr::PrState, pr::PrState, Vec<pr::UaTarget>);
         let mut outcome: Option<Result<Applied, Fail>> = None;
         store
@@ -377,14 +396,14 @@ pub async fn pr_out(ctx: &mut Ctx<'_>) -> CmdResult {
                     }
                 };
                 let mut new = base.clone();
-                match pr::pr_out(&mut new, nexus, &req, true) {
+                match change(&mut new) {
                     Ok(uas) => {
                         let bytes = (new != base).then(|| pr::encode(&new).into_bytes());
                         outcome = Some(Ok((base, new, uas)));
                         bytes
                     }
-                    Err(s) => {
-                        outcome = Some(Err(s));
+                    Err(f) => {
+                        outcome = Some(Err(f));
                         None
                     }
                 }
@@ -401,10 +420,10 @@ pub async fn pr_out(ctx: &mut Ctx<'_>) -> CmdResult {
     }
     let mut st = dev.lock();
     let mut new = st.pr.clone();
-    let uas = pr::pr_out(&mut new, ctx.nexus, &req, dev.config.pr_file.is_some())?;
+    let uas = change(&mut new)?;
     if new != st.pr {
         // A small synchronous write under the state lock keeps the file in the same order
-        // as the state changes; PERSISTENT RESERVE OUT is rare.
+        // as the state changes; reservation changes are rare.
         if let Some(path) = &dev.config.pr_file {
             if new.aptpl || st.pr.aptpl {
                 pr::persist(path, &new).map_err(|e| {
@@ -416,7 +435,7 @@ pub async fn pr_out(ctx: &mut Ctx<'_>) -> CmdResult {
         }
         st.pr = new;
     }
-    st.post_reg(&uas, ctx.nexus.id);
+    st.post_reg(&uas, nexus.id);
     Ok(Done::good())
 }
 
