@@ -413,6 +413,28 @@ fn image_name(o: &RbdOptions) -> String {
     }
 }
 
+/// The first run of allocated extents `rbd_diff_iterate2` reports: start and end.
+#[derive(Default)]
+struct Run {
+    first: Option<(u64, u64)>,
+}
+
+/// `rbd_diff_iterate2`'s callback: extends the first run, and stops at its end.
+unsafe extern "C" fn allocated(off: u64, len: usize, exists: c_int, arg: *mut c_void) -> c_int {
+    // SAFETY: `arg` is the Run of the lba_status call that is waiting for this iteration.
+    let run = unsafe { &mut *arg.cast::<Run>() };
+    if exists == 0 {
+        return 0;
+    }
+    let len = len as u64;
+    match &mut run.first {
+        None => run.first = Some((off, off + len)),
+        Some((_, end)) if *end == off => *end += len,
+        Some(_) => return -libc::ECANCELED,
+    }
+    0
+}
+
 /// The buffer of a finished operation, or a replacement of the same length if librbd's
 /// completion could not hand it back (never expected).
 fn returned(f: &mut Finished, len: usize) -> IoBuf {
@@ -613,9 +635,44 @@ impl Backstore for RbdBackstore {
         }
     }
 
+    /// From the image's allocation (its object map where it has one): RADOS objects are
+    /// the unit, so a range is mapped as long as its object exists.
     async fn lba_status(&self, offset: u64, len: u64) -> Result<(bool, u64), BackstoreError> {
         self.check_range(offset, len)?;
-        Ok((true, len))
+        if len == 0 {
+            return Ok((true, 0));
+        }
+        let image = self.image.load_full();
+        let run = tokio::task::spawn_blocking(move || {
+            let mut run = Run::default();
+            // SAFETY: the task holds the image open; `run` outlives the call, which invokes
+            // the callback on this thread only.
+            let r = unsafe {
+                (image.lib.rbd.rbd_diff_iterate2)(
+                    image.raw,
+                    std::ptr::null(),
+                    offset,
+                    len,
+                    1,
+                    1,
+                    allocated,
+                    std::ptr::from_mut(&mut run).cast(),
+                )
+            };
+            if r < 0 && r != -libc::ECANCELED {
+                return Err(os(r as isize));
+            }
+            Ok(run)
+        })
+        .await
+        .unwrap_or_else(|e| Err(io::Error::other(e)))
+        .map_err(|source| BackstoreError::LbaStatus { offset, source })?;
+        let end = offset + len;
+        Ok(match run.first {
+            None => (false, len),
+            Some((start, _)) if start > offset => (false, start.min(end) - offset),
+            Some((_, run_end)) => (true, run_end.min(end) - offset),
+        })
     }
 
     async fn resize(&self, num_blocks: u64) -> Result<(), BackstoreError> {

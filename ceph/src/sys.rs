@@ -16,6 +16,7 @@ pub type rbd_completion_t = *mut c_void;
 pub type rbd_callback_t = unsafe extern "C" fn(rbd_completion_t, *mut c_void);
 pub type rbd_update_callback_t = unsafe extern "C" fn(*mut c_void);
 pub type rados_write_op_t = *mut c_void;
+pub type rbd_diff_callback_t = unsafe extern "C" fn(u64, usize, c_int, *mut c_void) -> c_int;
 pub type rados_watchcb2_t = unsafe extern "C" fn(*mut c_void, u64, u64, u64, *mut c_void, usize);
 pub type rados_watcherrcb_t = unsafe extern "C" fn(*mut c_void, u64, c_int);
 
@@ -81,6 +82,7 @@ rtgt_dynlib::functions! {
         rbd_aio_write_zeroes: "", fn(rbd_image_t, u64, usize, rbd_completion_t, c_int, c_int) -> c_int;
         rbd_aio_compare_and_write: "", fn(rbd_image_t, u64, usize, *const c_char, *const c_char, rbd_completion_t, *mut u64, c_int) -> isize;
         rbd_aio_flush: "", fn(rbd_image_t, rbd_completion_t) -> c_int;
+        rbd_diff_iterate2: "", fn(rbd_image_t, *const c_char, u64, u64, u8, u8, rbd_diff_callback_t, *mut c_void) -> c_int;
     }
 }
 

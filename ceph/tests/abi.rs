@@ -17,6 +17,7 @@ use test_support::skip_or_fail;
 type Cb = rbd_callback_t;
 type UpdateCb = rbd_update_callback_t;
 type WatchCb = rados_watchcb2_t;
+type DiffCb = rbd_diff_callback_t;
 type WatchErrCb = rados_watcherrcb_t;
 
 macro_rules! abi {
@@ -103,6 +104,8 @@ abi! {
         = "ssize_t (*)(rbd_image_t, uint64_t, size_t, const char *, const char *, rbd_completion_t, uint64_t *, int)";
     rbd.rbd_aio_flush: fn(rbd_image_t, rbd_completion_t) -> c_int
         = "int (*)(rbd_image_t, rbd_completion_t)";
+    rbd.rbd_diff_iterate2: fn(rbd_image_t, *const c_char, u64, u64, u8, u8, DiffCb, *mut c_void) -> c_int
+        = "int (*)(rbd_image_t, const char *, uint64_t, uint64_t, uint8_t, uint8_t, int (*)(uint64_t, size_t, int, void *), void *)";
 }
 
 #[test]
