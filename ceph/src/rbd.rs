@@ -259,18 +259,6 @@ impl RbdBackstore {
         }
     }
 
-    /// Whether this client holds the image's exclusive lock.
-    pub fn is_lock_owner(&self) -> Result<bool, io::Error> {
-        let image = self.image.load_full();
-        let mut owner: c_int = 0;
-        // SAFETY: open image; `owner` is written.
-        let r = unsafe { (self.lib.rbd.rbd_is_exclusive_lock_owner)(image.raw, &mut owner) };
-        if r < 0 {
-            return Err(os(r as isize));
-        }
-        Ok(owner != 0)
-    }
-
     fn capacity_bytes(&self) -> u64 {
         self.num_blocks.load(Ordering::Acquire) * u64::from(self.block_size)
     }

@@ -25,11 +25,6 @@ pub const LIBRADOS_CMPXATTR_OP_EQ: u8 = 1;
 /// `LIBRADOS_CREATE_EXCLUSIVE`.
 pub const LIBRADOS_CREATE_EXCLUSIVE: c_int = 1;
 
-/// `RBD_LOCK_MODE_EXCLUSIVE` of `rbd_lock_mode_t`.
-pub const RBD_LOCK_MODE_EXCLUSIVE: c_int = 0;
-/// `RBD_FEATURE_EXCLUSIVE_LOCK`.
-pub const RBD_FEATURE_EXCLUSIVE_LOCK: u64 = 1 << 2;
-
 rtgt_dynlib::functions! {
     /// librados.
     pub Rados in "librados.so.2" {
@@ -66,13 +61,9 @@ rtgt_dynlib::functions! {
         rbd_open: "", fn(rados_ioctx_t, *const c_char, *mut rbd_image_t, *const c_char) -> c_int;
         rbd_close: "", fn(rbd_image_t) -> c_int;
         rbd_get_size: "", fn(rbd_image_t, *mut u64) -> c_int;
-        rbd_get_features: "", fn(rbd_image_t, *mut u64) -> c_int;
         rbd_resize: "", fn(rbd_image_t, u64) -> c_int;
         rbd_update_watch: "", fn(rbd_image_t, *mut u64, rbd_update_callback_t, *mut c_void) -> c_int;
         rbd_update_unwatch: "", fn(rbd_image_t, u64) -> c_int;
-        rbd_is_exclusive_lock_owner: "", fn(rbd_image_t, *mut c_int) -> c_int;
-        rbd_lock_acquire: "", fn(rbd_image_t, c_int) -> c_int;
-        rbd_lock_release: "", fn(rbd_image_t) -> c_int;
         rbd_aio_create_completion: "", fn(*mut c_void, rbd_callback_t, *mut rbd_completion_t) -> c_int;
         rbd_aio_get_return_value: "", fn(rbd_completion_t) -> isize;
         rbd_aio_release: "", fn(rbd_completion_t) -> ();

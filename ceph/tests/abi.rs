@@ -76,17 +76,10 @@ abi! {
         = "int (*)(rados_ioctx_t, const char *, rbd_image_t *, const char *)";
     rbd.rbd_close: fn(rbd_image_t) -> c_int = "int (*)(rbd_image_t)";
     rbd.rbd_get_size: fn(rbd_image_t, *mut u64) -> c_int = "int (*)(rbd_image_t, uint64_t *)";
-    rbd.rbd_get_features: fn(rbd_image_t, *mut u64) -> c_int
-        = "int (*)(rbd_image_t, uint64_t *)";
     rbd.rbd_resize: fn(rbd_image_t, u64) -> c_int = "int (*)(rbd_image_t, uint64_t)";
     rbd.rbd_update_watch: fn(rbd_image_t, *mut u64, UpdateCb, *mut c_void) -> c_int
         = "int (*)(rbd_image_t, uint64_t *, rbd_update_callback_t, void *)";
     rbd.rbd_update_unwatch: fn(rbd_image_t, u64) -> c_int = "int (*)(rbd_image_t, uint64_t)";
-    rbd.rbd_is_exclusive_lock_owner: fn(rbd_image_t, *mut c_int) -> c_int
-        = "int (*)(rbd_image_t, int *)";
-    rbd.rbd_lock_acquire: fn(rbd_image_t, c_int) -> c_int
-        = "int (*)(rbd_image_t, rbd_lock_mode_t)";
-    rbd.rbd_lock_release: fn(rbd_image_t) -> c_int = "int (*)(rbd_image_t)";
     rbd.rbd_aio_create_completion: fn(*mut c_void, Cb, *mut rbd_completion_t) -> c_int
         = "int (*)(void *, rbd_callback_t, rbd_completion_t *)";
     rbd.rbd_aio_get_return_value: fn(rbd_completion_t) -> isize
@@ -121,9 +114,7 @@ fn declarations_match_the_headers() {
     }
     // The constants rtgt uses.
     src.push_str(&format!(
-        "_Static_assert(RBD_LOCK_MODE_EXCLUSIVE == {RBD_LOCK_MODE_EXCLUSIVE}, \"lock mode\");\n\
-         _Static_assert(RBD_FEATURE_EXCLUSIVE_LOCK == {RBD_FEATURE_EXCLUSIVE_LOCK}ULL, \"feature\");\n\
-         _Static_assert(LIBRADOS_CMPXATTR_OP_EQ == {LIBRADOS_CMPXATTR_OP_EQ}, \"cmpxattr\");\n\
+        "_Static_assert(LIBRADOS_CMPXATTR_OP_EQ == {LIBRADOS_CMPXATTR_OP_EQ}, \"cmpxattr\");\n\
          _Static_assert(LIBRADOS_CREATE_EXCLUSIVE == {LIBRADOS_CREATE_EXCLUSIVE}, \"create\");\n\
          int main(void) {{ return 0; }}\n"
     ));

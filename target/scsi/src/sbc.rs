@@ -132,8 +132,8 @@ impl Device {
     }
 
     /// Zeroes the range: by the backstore's own operation where it has one, else by writing
-    /// zero blocks.
-    async fn write_zeroes(&self, lba: u64, blocks: u64) -> Result<(), Sense> {
+    /// `zero_block` (one block of zeroes) over it.
+    async fn write_zeroes(&self, lba: u64, blocks: u64, zero_block: &[u8]) -> Result<(), Sense> {
         let fua = self.write_fua(false);
         match self
             .backstore
@@ -141,8 +141,7 @@ impl Device {
             .await
         {
             Err(e) if e.kind() == IoErrorKind::Unsupported => {
-                let zero = vec![0u8; self.block_size as usize];
-                self.write_pattern(lba, blocks, &zero, fua).await
+                self.write_pattern(lba, blocks, zero_block, fua).await
             }
             res => res.map_err(|e| io_error(&e, true)),
         }
@@ -569,7 +568,7 @@ pub async fn write_same(ctx: &mut Ctx<'_>) -> CmdResult {
     if w.unmap {
         dev.unmap_range(r.lba, blocks).await?;
     } else if pattern.iter().all(|&b| b == 0) {
-        dev.write_zeroes(r.lba, blocks).await?;
+        dev.write_zeroes(r.lba, blocks, pattern).await?;
     } else {
         let fua = dev.write_fua(false);
         dev.write_pattern(r.lba, blocks, pattern, fua).await?;
