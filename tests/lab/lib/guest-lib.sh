@@ -267,3 +267,110 @@ lab_rdma_loopback() {
     lab_resets_under_fio "$dev" srp-resets 152m -d
     LAB_SRP_DEV=$dev
 }
+
+# --- dm-multipath over rtgtd gateways ---------------------------------------------------------
+
+# lab_multipath_start: multipath.conf with ALUA for rtgtd's vendor string (what multipath-tools
+# has for LIO-ORG), then iscsid and multipathd; waits until multipathd answers.
+lab_multipath_start() {
+    cat >/etc/multipath.conf <<'CONF'
+defaults {
+    user_friendly_names no
+    find_multipaths no
+    polling_interval 2
+}
+devices {
+    device {
+        vendor "RTGT"
+        product ".*"
+        path_grouping_policy group_by_prio
+        prio alua
+        hardware_handler "1 alua"
+        path_checker tur
+        failback immediate
+        no_path_retry 12
+    }
+}
+CONF
+    lab_step "starting iscsid and multipathd"
+    pgrep -x iscsid >/dev/null || iscsid
+    multipathd
+    lab_retry 30 multipathd show daemon >/dev/null || lab_fail "multipathd does not answer"
+}
+
+# lab_mpath_login PORTAL IQN [iser]: discover PORTAL and log in to IQN there (over iSER when
+# asked), with timeouts that fail a dead path fast (NOP-Out every 2 s, 5 s to replace a session).
+lab_mpath_login() {
+    local node=(-m node -T "$2" -p "$1")
+    iscsiadm -m discovery -t sendtargets -p "$1" >>"$LAB_OUT/discovery.txt"
+    [[ ${3:-} == iser ]] && lab_iser_node "$1" "$2"
+    iscsiadm "${node[@]}" --op update -n node.session.timeo.replacement_timeout -v 5
+    iscsiadm "${node[@]}" --op update -n 'node.conn[0].timeo.noop_out_interval' -v 2
+    iscsiadm "${node[@]}" --op update -n 'node.conn[0].timeo.noop_out_timeout' -v 4
+    iscsiadm "${node[@]}" --login
+}
+
+# lab_path DEV: "dm-state checker-state priority" of path DEV in multipathd.
+lab_path() {
+    multipathd show paths raw format "%d %t %T %p" | awk -v d="$1" '$1 == d { print $2, $3, $4 }'
+}
+
+lab_path_matches() { [[ $(lab_path "$1") =~ $2 ]]; }
+
+# lab_path_is DEV DM CHECKER PRIO [TIMEOUT]: wait until path DEV shows that state ("-": any).
+lab_path_is() {
+    local dev=$1 re="^$2 $3 $4\$" t=${5:-90}
+    re=${re//-/[^ ]+}
+    if ! lab_retry "$t" lab_path_matches "$dev" "$re"; then
+        multipathd show paths || true
+        lab_fail "path $dev is '$(lab_path "$dev")', expected '$2 $3 $4'"
+    fi
+    lab_step "path $dev: $(lab_path "$dev")"
+}
+
+# lab_mpath_ready MAP AO ANO OUT: wait until MAP exists with path AO active/optimized (priority
+# 50) and ANO active/non-optimized (10), each in its own path group, handled by scsi_dh_alua;
+# `multipath -ll MAP` goes to OUT.
+lab_mpath_ready() {
+    local map=$1 out=$4
+    lab_retry 60 test -b "$map" || {
+        multipath -ll || true
+        lab_fail "no multipath map $map"
+    }
+    lab_path_is "$2" active ready 50
+    lab_path_is "$3" active ready 10
+    multipath -ll "$map" | tee "$out"
+    grep -q "hwhandler='1 alua'" "$out" || lab_fail "no ALUA hardware handler"
+    grep -q 'prio=50 status=active' "$out" || lab_fail "no active/optimized path group"
+    grep -q 'prio=10 status=enabled' "$out" || lab_fail "no non-optimized path group"
+    [[ $(cat "/sys/block/$2/device/dh_state") == alua ]] || lab_fail "scsi_dh_alua is not attached"
+}
+
+# lab_writes DEV: write requests completed through block device DEV.
+lab_writes() { awk '{ print $5 }' "/sys/block/$1/stat"; }
+
+# lab_writes_grow DEV WHAT: fail unless writes complete through DEV within 5 s.
+lab_writes_grow() {
+    local w
+    w=$(lab_writes "$1")
+    sleep 5
+    (($(lab_writes "$1") > w)) || lab_fail "no writes through $1 $2"
+}
+
+# lab_fio_start NAME FILE SECONDS OFFSET [SIZE]: fio randwrite QD16 with crc32c verification
+# of what it wrote (every 512 blocks) on FILE (a device or a file, SIZE default 32m), time
+# based, in the background; lab_fio_end waits for it.
+lab_fio_start() {
+    fio --name="$1" --filename="$2" --rw=randwrite --bs=4k --iodepth=16 --offset="$4" \
+        --size="${5:-32m}" --time_based --runtime="$3" --verify=crc32c --verify_backlog=512 \
+        --verify_fatal=1 --ioengine=libaio --direct=1 --eta=never --output="$LAB_OUT/fio-$1.txt" &
+    LAB_FIO_PID=$!
+    LAB_FIO_NAME=$1
+    sleep 5
+}
+
+lab_fio_end() {
+    wait "$LAB_FIO_PID" || { cat "$LAB_OUT/fio-$LAB_FIO_NAME.txt"; lab_fail "fio $LAB_FIO_NAME failed"; }
+    grep -q 'err= 0' "$LAB_OUT/fio-$LAB_FIO_NAME.txt" || lab_fail "fio $LAB_FIO_NAME reported errors"
+    grep -E 'write: IOPS|verify' "$LAB_OUT/fio-$LAB_FIO_NAME.txt" | head -3 || true
+}

@@ -104,17 +104,29 @@ lab_daemon_status() {
     return 1
 }
 
+# lab_daemon_pid NAME: the pid of the daemon NAME started last by lab_start_daemon.
+lab_daemon_pid() {
+    awk -v n="$1" '$2 == n { p = $1 } END { print p }' "$LAB_WORK/daemons" 2>/dev/null
+}
+
 # lab_daemon_alive NAME: true while the daemon NAME started by lab_start_daemon runs.
 lab_daemon_alive() {
     local pid
-    pid=$(awk -v n="$1" '$2 == n { p = $1 } END { print p }' "$LAB_WORK/daemons" 2>/dev/null)
+    pid=$(lab_daemon_pid "$1")
     [[ -n $pid ]] && kill -0 "$pid" 2>/dev/null
+}
+
+# lab_kill_daemon NAME: SIGKILL the daemon NAME (a crash: it cleans nothing up).
+lab_kill_daemon() {
+    local pid
+    pid=$(lab_daemon_pid "$1")
+    [[ -n $pid ]] && kill -KILL "$pid"
 }
 
 # lab_stop_daemon NAME [GRACE_S]: SIGTERM the daemon, SIGKILL it after GRACE_S (default 5) seconds.
 lab_stop_daemon() {
     local pid i grace=${2:-5}
-    pid=$(awk -v n="$1" '$2 == n { p = $1 } END { print p }' "$LAB_WORK/daemons" 2>/dev/null)
+    pid=$(lab_daemon_pid "$1")
     [[ -n $pid ]] || return 0
     kill -TERM "$pid" 2>/dev/null || return 0
     for ((i = 0; i < grace * 10; i++)); do

@@ -20,42 +20,7 @@ modprobe -a iscsi_tcp sd_mod scsi_dh_alua dm_multipath dm_round_robin
 lab_rxe_add rxe0 eth0
 modprobe ib_iser
 echo "InitiatorName=$GUEST_IQN" >/etc/iscsi/initiatorname.iscsi
-# What multipath-tools has for LIO-ORG, for rtgt's vendor string.
-cat >/etc/multipath.conf <<'CONF'
-defaults {
-    user_friendly_names no
-    find_multipaths no
-    polling_interval 2
-}
-devices {
-    device {
-        vendor "RTGT"
-        product ".*"
-        path_grouping_policy group_by_prio
-        prio alua
-        hardware_handler "1 alua"
-        path_checker tur
-        failback immediate
-        no_path_retry 12
-    }
-}
-CONF
-lab_step "starting iscsid and multipathd"
-iscsid
-multipathd
-lab_retry 30 multipathd show daemon >/dev/null || lab_fail "multipathd does not answer"
-
-# login PORTAL: discover PORTAL and log in to it over $transport, with timeouts that fail a
-# dead path fast.
-login() {
-    local node=(-m node -T "$TARGET_IQN" -p "$1")
-    iscsiadm -m discovery -t sendtargets -p "$1" >>"$LAB_OUT/discovery.txt"
-    [[ $transport == iser ]] && lab_iser_node "$1" "$TARGET_IQN"
-    iscsiadm "${node[@]}" --op update -n node.session.timeo.replacement_timeout -v 5
-    iscsiadm "${node[@]}" --op update -n 'node.conn[0].timeo.noop_out_interval' -v 2
-    iscsiadm "${node[@]}" --op update -n 'node.conn[0].timeo.noop_out_timeout' -v 4
-    iscsiadm "${node[@]}" --login
-}
+lab_multipath_start
 
 # srp_path ADD_TARGET: log in to an SRP target port with ib_srp and print the name of its
 # disk; its remote port fails a dead path's I/O after 5 s and reconnects every 2 s.
@@ -79,24 +44,6 @@ srp_path() {
     return 1
 }
 
-# path DEV: "dm-state checker-state priority" of path DEV in multipathd.
-path() {
-    multipathd show paths raw format "%d %t %T %p" | awk -v d="$1" '$1 == d { print $2, $3, $4 }'
-}
-
-path_matches() { [[ $(path "$1") =~ $2 ]]; }
-
-# path_is DEV DM CHECKER PRIO [TIMEOUT]: wait until path DEV shows that state ("-": any).
-path_is() {
-    local dev=$1 re="^$2 $3 $4\$" t=${5:-90}
-    re=${re//-/[^ ]+}
-    if ! lab_retry "$t" path_matches "$dev" "$re"; then
-        multipathd show paths || true
-        lab_fail "path $dev is '$(path "$dev")', expected '$2 $3 $4'"
-    fi
-    lab_step "path $dev: $(path "$dev")"
-}
-
 # both_paths: log in to both portals; sets d1, d2 (the path of each portal) once multipath
 # has both in the map, each in its own path group (active/optimized 50, non-optimized 10).
 both_paths() {
@@ -104,24 +51,13 @@ both_paths() {
         d1=$(srp_path "$SRP1") || lab_fail "no disk through SRP port p1"
         d2=$(srp_path "$SRP2") || lab_fail "no disk through SRP port p2"
     else
-        login "$p1"
-        login "$p2"
+        lab_mpath_login "$p1" "$TARGET_IQN" "$transport"
+        lab_mpath_login "$p2" "$TARGET_IQN" "$transport"
         d1=$(lab_iscsi_disk "$p1" "$TARGET_IQN" 0 60) || lab_fail "no disk through $p1"
         d2=$(lab_iscsi_disk "$p2" "$TARGET_IQN" 0 60) || lab_fail "no disk through $p2"
         d1=${d1#/dev/} d2=${d2#/dev/}
     fi
-    lab_retry 60 test -b "$map" || {
-        multipath -ll || true
-        lab_fail "no multipath map $map"
-    }
-    path_is "$d1" active ready 50
-    path_is "$d2" active ready 10
-    local out=$LAB_OUT/multipath-$transport-$1.txt
-    multipath -ll "$map" | tee "$out"
-    grep -q "hwhandler='1 alua'" "$out" || lab_fail "no ALUA hardware handler"
-    grep -q 'prio=50 status=active' "$out" || lab_fail "no active/optimized path group"
-    grep -q 'prio=10 status=enabled' "$out" || lab_fail "no non-optimized path group"
-    [[ $(cat "/sys/block/$d1/device/dh_state") == alua ]] || lab_fail "scsi_dh_alua is not attached"
+    lab_mpath_ready "$map" "$d1" "$d2" "$LAB_OUT/multipath-$transport-$1.txt"
     if [[ $transport == iser ]]; then
         iscsiadm -m session -P 1 | grep -c 'Iface Transport: iser' | grep -qx 2 ||
             lab_fail "the sessions are not on iser"
@@ -141,39 +77,17 @@ logout_all() {
     fi
 }
 
-# writes DEV: write requests completed through path DEV.
-writes() { awk '{ print $5 }' "/sys/block/$1/stat"; }
-
-# fio_start NAME SECONDS OFFSET: fio randwrite QD16 with crc32c verification of what it wrote
-# (every 512 blocks) on the map, in the background.
-fio_start() {
-    fio --name="$transport-$1" --filename="$map" --rw=randwrite --bs=4k --iodepth=16 --offset="$3" \
-        --size=32m --time_based --runtime="$2" --verify=crc32c --verify_backlog=512 \
-        --verify_fatal=1 --ioengine=libaio --direct=1 --eta=never --output="$LAB_OUT/fio-$transport-$1.txt" &
-    fio_pid=$!
-    fio_name=$transport-$1
-    sleep 5
-}
-
-fio_end() {
-    wait "$fio_pid" || { cat "$LAB_OUT/fio-$fio_name.txt"; lab_fail "fio $fio_name failed"; }
-    grep -q 'err= 0' "$LAB_OUT/fio-$fio_name.txt" || lab_fail "fio $fio_name reported errors"
-    grep -E 'write: IOPS|verify' "$LAB_OUT/fio-$fio_name.txt" | head -3 || true
-}
-
 # link_fault: fio while the link of the path through $p1 goes down (the guest sends its frames
 # to a MAC address nobody has) and comes back.
 link_fault() {
-    fio_start link 50 64m
+    lab_fio_start "$transport-link" "$map" 50 64m
 
     ip neigh replace "$p1" lladdr 02:00:00:00:00:01 dev eth0 nud permanent
-    path_is "$d1" failed - - 90
-    w=$(writes "$d2")
-    sleep 5
-    (($(writes "$d2") > w)) || lab_fail "no writes through $d2 with $p1 down"
+    lab_path_is "$d1" failed - - 90
+    lab_writes_grow "$d2" "with $p1 down"
     ip neigh del "$p1" dev eth0
-    path_is "$d1" active ready 50 120
-    fio_end
+    lab_path_is "$d1" active ready 50 120
+    lab_fio_end
 }
 
 # round: (a), (b) and (c) over $transport.
@@ -182,22 +96,18 @@ round() {
     both_paths one
 
     lab_step "$transport (a) fio while the API sets group 1 standby and back"
-    fio_start failover 50 0
+    lab_fio_start "$transport-failover" "$map" 50 0
     lab_signal failover-$transport
     lab_wait failed-over-$transport 120 || lab_fail "the host did not fail over"
-    path_is "$d1" - ghost 1
-    path_is "$d2" active ready 10
-    w=$(writes "$d2")
-    sleep 5
-    (($(writes "$d2") > w)) || lab_fail "no writes through $d2 after the failover"
+    lab_path_is "$d1" - ghost 1
+    lab_path_is "$d2" active ready 10
+    lab_writes_grow "$d2" "after the failover"
     multipath -ll "$map" | tee "$LAB_OUT/multipath-$transport-standby.txt"
     lab_signal failback-$transport
     lab_wait failed-back-$transport 120 || lab_fail "the host did not fail back"
-    path_is "$d1" active ready 50
-    w=$(writes "$d1")
-    sleep 5
-    (($(writes "$d1") > w)) || lab_fail "no writes through $d1 after the failback"
-    fio_end
+    lab_path_is "$d1" active ready 50
+    lab_writes_grow "$d1" "after the failback"
+    lab_fio_end
 
     if [[ $transport == tcp ]]; then
         lab_step "$transport (b) fio while the link of the path through $p1 goes down and comes back"
@@ -220,15 +130,15 @@ round() {
     # instead of moving to the other path, and must come through intact.
     local runtime=50
     [[ $transport == srp ]] && runtime=110
-    fio_start kill "$runtime" 128m
-    w=$(writes "$d2")
+    lab_fio_start "$transport-kill" "$map" "$runtime" 128m
+    w=$(lab_writes "$d2")
     lab_signal kill-a-$transport
-    path_is "$d1" failed - - 90
+    lab_path_is "$d1" failed - - 90
     lab_wait a-restarted-$transport 120 || lab_fail "rtgtd-a did not restart"
-    path_is "$d1" active ready 50 180
-    fio_end
+    lab_path_is "$d1" active ready 50 180
+    lab_fio_end
     if [[ $transport != srp ]]; then
-        (($(writes "$d2") > w)) || lab_fail "no writes through $d2 while rtgtd-a was down"
+        (($(lab_writes "$d2") > w)) || lab_fail "no writes through $d2 while rtgtd-a was down"
     fi
     sg_persist --in --read-keys "/dev/$d1" | grep -q 0xabc1 || lab_fail "the key is gone after rtgtd-a restarted"
     sg_persist --out --register --param-rk=0xabc1 --param-sark=0 "/dev/$d1" >/dev/null ||

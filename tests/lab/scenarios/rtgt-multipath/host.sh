@@ -100,7 +100,7 @@ host_setup() {
 # round TRANSPORT: (a) and (c) of the guest's round over TRANSPORT; rtgtd-one-TRANSPORT
 # serves at the start, rtgtd-a2-TRANSPORT and rtgtd-b-TRANSPORT at the end.
 round() {
-    local t=$1 pid
+    local t=$1
     # (a) Failover through the API while the guest writes: group 1 to standby, then back.
     lab_wait "failover-$t" 600 || return 1
     rtgtctl one alua set 1 standby || return 1
@@ -120,8 +120,7 @@ round() {
     rtgtctl b alua show | tee "$LAB_RESULTS/alua-b-$t.txt"
     lab_signal "gateways-up-$t"
     lab_wait "kill-a-$t" 600 || return 1
-    pid=$(awk -v n="rtgtd-a-$t" '$2 == n { p = $1 } END { print p }' "$LAB_WORK/daemons")
-    kill -KILL "$pid"
+    lab_kill_daemon "rtgtd-a-$t" || return 1
     lab_report "$t: rtgtd-a (group 1, active/optimized) killed with -9 under fio"
     sleep 15
     start_rtgtd "rtgtd-a2-$t" a "$LAB_HOST_IP" || return 1
