@@ -15,7 +15,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use ceph::TestCluster;
 use common::{free_port, skip_or_fail, Rtgtd, TEST_IQN};
-use rtgt_tools::iscsi::{LoginConfig, ScsiResult, Session};
+use rtgt_iscsi::pdu::tmf;
+use rtgt_tools::iscsi::{LoginConfig, ScsiResult, Session, SubmitOptions};
 
 const WWN: &str = "6001405aabbccdd0011223344556677c";
 
@@ -46,13 +47,18 @@ policy: {{backstore_roots: ['{dir}']}}
 }
 
 async fn connect(port: u16, isid: u8) -> Session {
+    connect_with(port, isid, |_| {}).await
+}
+
+async fn connect_with(port: u16, isid: u8, adjust: impl FnOnce(&mut LoginConfig)) -> Session {
     let addr = format!("127.0.0.1:{port}").parse().unwrap();
-    let login = LoginConfig {
+    let mut login = LoginConfig {
         initiator_name: format!("iqn.2025-01.io.rtgt:rbd-initiator{isid}"),
         isid: [0x80, 0, 0, 0, 0, isid],
         target_name: Some(TEST_IQN.into()),
         ..LoginConfig::default()
     };
+    adjust(&mut login);
     Session::connect(addr, login).await.expect("login")
 }
 
@@ -185,6 +191,55 @@ fn two_gateways_serve_one_rbd_image() {
         );
         let r = run(&a, &[0x5e, 1, 0, 0, 0, 0, 0, 0, 64, 0], None, 64, &mut ua_a).await;
         assert_eq!(u64::from_be_bytes(r.data[8..16].try_into().unwrap()), 0xb);
+
+        // PREEMPT AND ABORT through B ends the preempted nexus's commands on A before it
+        // completes: a write on A whose data the initiator holds back stays in A's task set
+        // until then.
+        let stalled = connect_with(p1, 3, |c| {
+            c.initial_r2t = true;
+            c.immediate_data = false;
+        })
+        .await;
+        let mut ua_s = Vec::new();
+        let (cdb, p) = prout(0, 0, 0, 0xc);
+        assert!(run(&stalled, &cdb, Some(&p), 0, &mut ua_s).await.is_good());
+        let stuck = stalled
+            .submit_with(
+                0,
+                &rw10(0x2a, 0, 8),
+                Some(Bytes::from(vec![5u8; 4096])),
+                0,
+                SubmitOptions {
+                    withhold_data: true,
+                    ..SubmitOptions::default()
+                },
+            )
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let (cdb, p) = prout(5, 1, 0xb, 0xc);
+        assert!(run(&b, &cdb, Some(&p), 0, &mut ua_b).await.is_good());
+        // Already gone from A's task set when B answered.
+        assert_eq!(
+            stalled.abort(0, &stuck).await.unwrap(),
+            tmf::TASK_DOES_NOT_EXIST,
+            "the preempted nexus's write was still in A's task set"
+        );
+        ua_s.clear();
+        let r = run(&stalled, &rw10(0x28, 0, 1), None, 512, &mut ua_s).await;
+        assert!(r.is_good(), "{r:?}");
+        assert!(
+            ua_s.contains(&(0x2a, 0x05)),
+            "REGISTRATIONS PREEMPTED: {ua_s:?}"
+        );
+        assert!(
+            ua_s.contains(&(0x2f, 0x00)),
+            "COMMANDS CLEARED BY ANOTHER INITIATOR: {ua_s:?}"
+        );
+        assert_eq!(
+            keys(&run(&a, &READ_KEYS, None, 256, &mut ua_a).await),
+            [0xb]
+        );
         // A gateway restarted later reads the same state.
         drop(_g2);
         let _g2 = Rtgtd::start("rbd-gw2b", &gateway(&c, 2, p2), p2);

@@ -28,6 +28,17 @@ pub trait SharedState: std::fmt::Debug + Send + Sync + 'static {
     async fn update(&self, update: &mut Update<'_>) -> io::Result<()>;
     /// Where the state is, for messages.
     fn location(&self) -> String;
+    /// For stores that announce changes: waits until another process announces one and
+    /// returns `true`. That process's [`SharedState::update`] then waits (up to the store's
+    /// timeout) until this one calls [`SharedState::acknowledge`], so what this process does
+    /// about the change first (abort the commands of a preempted I_T nexus) is done before
+    /// the other process's command completes. Stores that do not announce changes (they are
+    /// found by [`SharedState::maybe_changed`] alone) return `false` at once.
+    async fn next_change(&self) -> bool {
+        false
+    }
+    /// Acknowledges the changes [`SharedState::next_change`] reported.
+    fn acknowledge(&self) {}
 }
 
 /// What identifies one version of a state file: each write renames a new file into place.

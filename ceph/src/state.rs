@@ -7,9 +7,11 @@
 //! creation): two gateways updating at once cannot both succeed, and the loser starts over
 //! from what the winner wrote. Every gateway watches the object; the winner notifies it and
 //! the notification returns once every watcher has acknowledged, each having marked its copy
-//! stale first, so no gateway answers another command from the old state. A watch that
-//! breaks (the cluster out of reach, a gateway's session reset) marks the copy stale until
-//! the watch is back.
+//! stale first, so no gateway answers another command from the old state. A gateway whose
+//! engine listens ([`SharedState::next_change`]) acknowledges only once the engine has taken
+//! the change in and aborted what a PREEMPT AND ABORT asks of it; a notification from the
+//! gateway's own client is acknowledged at once. A watch that breaks (the cluster out of
+//! reach, a gateway's session reset) marks the copy stale until the watch is back.
 
 use std::ffi::{c_char, c_int, c_void, CString};
 use std::io;
@@ -37,24 +39,54 @@ struct Watch {
     stale: AtomicBool,
     /// The watch is gone (error callback): re-established before the next read.
     broken: AtomicBool,
+    /// This client's instance: its own notifications are acknowledged at once.
+    me: u64,
+    /// Someone waits in [`SharedState::next_change`]: other gateways' notifications are
+    /// acknowledged once it has dealt with them.
+    listening: AtomicBool,
+    /// Notifications (id, cookie) not acknowledged yet.
+    pending: Mutex<Vec<(u64, u64)>>,
+    changed: tokio::sync::Notify,
 }
 
-/// A change notification (librados's thread): mark the copy stale, then acknowledge.
+impl Watch {
+    fn ack(&self, notify_id: u64, cookie: u64) {
+        // SAFETY: the Watch's I/O context and object name; no reply payload.
+        unsafe {
+            (self.lib.rados.rados_notify_ack)(
+                self.io,
+                self.oid.as_ptr(),
+                notify_id,
+                cookie,
+                std::ptr::null(),
+                0,
+            )
+        };
+    }
+}
+
+/// A change notification (librados's thread): mark the copy stale, then acknowledge, or,
+/// with a listener, wake it and leave the acknowledgement to it.
 unsafe extern "C" fn notified(
     arg: *mut c_void,
     notify_id: u64,
     cookie: u64,
-    _notifier: u64,
+    notifier: u64,
     _data: *mut c_void,
     _len: usize,
 ) {
     // SAFETY: `arg` is the boxed Watch, alive until the watch is removed and flushed.
     let w = unsafe { &*arg.cast::<Watch>() };
     w.stale.store(true, Ordering::SeqCst);
-    // SAFETY: the Watch's I/O context and object name; no reply payload.
-    unsafe {
-        (w.lib.rados.rados_notify_ack)(w.io, w.oid.as_ptr(), notify_id, cookie, std::ptr::null(), 0)
-    };
+    if notifier == w.me || !w.listening.load(Ordering::SeqCst) {
+        w.ack(notify_id, cookie);
+        return;
+    }
+    w.pending
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .push((notify_id, cookie));
+    w.changed.notify_one();
 }
 
 /// The watch failed (disconnected, timed out): the copy can no longer be trusted.
@@ -114,6 +146,11 @@ impl RadosState {
             oid: cstring("object", object)?,
             stale: AtomicBool::new(true),
             broken: AtomicBool::new(true),
+            // SAFETY: a connected cluster handle.
+            me: unsafe { (cluster.lib.rados.rados_get_instance_id)(cluster.raw()) },
+            listening: AtomicBool::new(false),
+            pending: Mutex::new(Vec::new()),
+            changed: tokio::sync::Notify::new(),
         });
         let location = if namespace.is_empty() {
             format!("rados:{pool}/{object}")
@@ -398,5 +435,21 @@ impl SharedState for RadosState {
 
     fn location(&self) -> String {
         self.inner.location.clone()
+    }
+
+    async fn next_change(&self) -> bool {
+        let w = &self.inner.watch;
+        w.listening.store(true, Ordering::SeqCst);
+        w.changed.notified().await;
+        true
+    }
+
+    fn acknowledge(&self) {
+        let w = &self.inner.watch;
+        let pending =
+            std::mem::take(&mut *w.pending.lock().unwrap_or_else(PoisonError::into_inner));
+        for (id, cookie) in pending {
+            w.ack(id, cookie);
+        }
     }
 }

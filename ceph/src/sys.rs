@@ -51,6 +51,7 @@ rtgt_dynlib::functions! {
         rados_watch_flush: "", fn(rados_t) -> c_int;
         rados_notify2: "", fn(rados_ioctx_t, *const c_char, *const c_char, c_int, u64, *mut *mut c_char, *mut usize) -> c_int;
         rados_notify_ack: "", fn(rados_ioctx_t, *const c_char, u64, u64, *const c_char, c_int) -> c_int;
+        rados_get_instance_id: "", fn(rados_t) -> u64;
         rados_buffer_free: "", fn(*mut c_char) -> ();
     }
 }

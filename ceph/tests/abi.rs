@@ -71,6 +71,7 @@ abi! {
         = "int (*)(rados_ioctx_t, const char *, const char *, int, uint64_t, char **, size_t *)";
     rados.rados_notify_ack: fn(rados_ioctx_t, *const c_char, u64, u64, *const c_char, c_int) -> c_int
         = "int (*)(rados_ioctx_t, const char *, uint64_t, uint64_t, const char *, int)";
+    rados.rados_get_instance_id: fn(rados_t) -> u64 = "uint64_t (*)(rados_t)";
     rados.rados_buffer_free: fn(*mut c_char) -> () = "void (*)(char *)";
     rbd.rbd_open: fn(rados_ioctx_t, *const c_char, *mut rbd_image_t, *const c_char) -> c_int
         = "int (*)(rados_ioctx_t, const char *, rbd_image_t *, const char *)";

@@ -298,6 +298,51 @@ async fn state_is_shared_through_rados() {
     assert_eq!(a.read().await.unwrap(), b"41+");
 }
 
+/// A gateway that listens for changes holds the changing gateway's update until it has
+/// dealt with the change and acknowledged it; its own changes do not wake it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_listener_acknowledges_changes_after_dealing_with_them() {
+    let Some(c) = cluster() else { return };
+    let a = Arc::new(state(&c, 10, "rtgt.pr.listen").await);
+    let mut other = spec(&c, 10);
+    other.client_id = "gw2".into();
+    let b = Arc::new(
+        tokio::task::spawn_blocking(move || RadosState::open(&other, "rbd", "", "rtgt.pr.listen"))
+            .await
+            .unwrap()
+            .unwrap(),
+    );
+    let listener = {
+        let b = b.clone();
+        tokio::spawn(async move { b.next_change().await })
+    };
+    // Until B listens, its notifications are acknowledged at once.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // B's own change does not wake B.
+    b.update(&mut |_| Some(b"b".to_vec())).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!listener.is_finished(), "woken by its own change");
+    let update = {
+        let a = a.clone();
+        tokio::spawn(async move { a.update(&mut |_| Some(b"a".to_vec())).await })
+    };
+    assert!(listener.await.unwrap(), "no change announced");
+    assert!(b.maybe_changed().unwrap());
+    // A's update waits for B's acknowledgement.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        !update.is_finished(),
+        "the update returned before B acknowledged"
+    );
+    assert_eq!(b.read().await.unwrap(), b"a");
+    b.acknowledge();
+    tokio::time::timeout(Duration::from_secs(5), update)
+        .await
+        .expect("the update still waits after the acknowledgement")
+        .unwrap()
+        .unwrap();
+}
+
 /// The cluster blocklists the gateway's client (as when another client broke its lock after
 /// losing touch with it): the next command finds it out, the gateway connects again and the
 /// command goes through on the new connection.

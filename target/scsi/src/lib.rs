@@ -39,7 +39,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::os::fd::RawFd;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 
 use rtgt_backstore::{Backstore, BackstoreError, BufPool, IoBuf, IoErrorKind, SharedState};
 
@@ -335,6 +335,10 @@ struct DevState {
     sanitize: sbc::SanitizeState,
     copies: xcopy::HeldResults,
     alua: alua::Alua,
+    /// This process's nexuses whose registrations another gateway's PREEMPT AND ABORT
+    /// removed, for the shared state's listener to abort the commands of (kept only while
+    /// there is one).
+    preempted_elsewhere: Vec<u64>,
 }
 
 impl DevState {
@@ -390,6 +394,21 @@ impl DevState {
         }
     }
 
+    /// The nexuses, but `except`, whose registrations `targets` says were preempted.
+    fn preempted(&self, targets: &[pr::UaTarget], except: u64) -> Vec<u64> {
+        self.nexuses
+            .iter()
+            .filter(|(id, n)| {
+                **id != except
+                    && targets.iter().any(|t| {
+                        t.ua == UnitAttention::RegistrationsPreempted
+                            && t.reg.matches(&n.initiator_port, n.relative_port)
+                    })
+            })
+            .map(|(id, _)| *id)
+            .collect()
+    }
+
     /// Establishes unit attentions for the nexuses a registration covers.
     fn post_reg(&mut self, targets: &[pr::UaTarget], except: u64) {
         for t in targets {
@@ -420,9 +439,46 @@ pub struct Device {
     state: Mutex<DevState>,
     /// Held while a shared reservation state is read and taken in.
     pr_refresh: tokio::sync::Mutex<()>,
+    /// The task that takes in the changes other gateways announce ([`follow_shared_pr`]).
+    pr_listener: Mutex<Option<tokio::task::AbortHandle>>,
     range_lock: Arc<range_lock::RangeLock>,
     /// Ordering of the logical unit's task set ([`task`]).
     order: task::Order,
+}
+
+impl Drop for Device {
+    fn drop(&mut self) {
+        let listener = self
+            .pr_listener
+            .get_mut()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(task) = listener.take() {
+            task.abort();
+        }
+    }
+}
+
+/// Takes in each change of the shared reservation state that another gateway announces as
+/// it comes, and aborts the commands of the nexuses a PREEMPT AND ABORT there preempted,
+/// before acknowledging it: the other gateway's command completes after that.
+async fn follow_shared_pr(dev: Weak<Device>, store: Arc<dyn SharedState>) {
+    while store.next_change().await {
+        let Some(dev) = dev.upgrade() else {
+            return;
+        };
+        // A failure is logged, and the next command tries again.
+        let _ = dev.refresh_shared_pr().await;
+        let victims = std::mem::take(&mut dev.lock().preempted_elsewhere);
+        task::abort_preempted(&dev, None, &victims).await;
+        drop(dev);
+        store.acknowledge();
+    }
+    // The store does not announce changes: commands find them.
+    if let Some(dev) = dev.upgrade() {
+        *dev.pr_listener
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = None;
+    }
 }
 
 impl std::fmt::Debug for Device {
@@ -582,18 +638,29 @@ impl Device {
                 sanitize: sbc::SanitizeState::default(),
                 copies: xcopy::HeldResults::default(),
                 alua: alua::Alua::new(&config.alua),
+                preempted_elsewhere: Vec::new(),
             }),
             range_lock: Arc::new(range_lock::RangeLock::with_exclusive_align(
                 (rtgt_backstore::PAGE / u64::from(bs)).max(1),
             )),
             order: task::Order::default(),
             pr_refresh: tokio::sync::Mutex::new(()),
+            pr_listener: Mutex::new(None),
             backstore,
             pool,
             config,
         });
         if let Some(reg) = &dev.config.registry {
             reg.register(&dev);
+        }
+        if let (Some(store), Ok(rt)) = (
+            dev.config.pr_shared.clone(),
+            tokio::runtime::Handle::try_current(),
+        ) {
+            let task = rt.spawn(follow_shared_pr(Arc::downgrade(&dev), store));
+            *dev.pr_listener
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner) = Some(task.abort_handle());
         }
         Ok(dev)
     }
@@ -684,6 +751,7 @@ impl Device {
         self.release_spc2(move |h| *h == holder);
         let mut st = self.lock();
         st.nexuses.remove(&nexus.id);
+        st.preempted_elsewhere.retain(|&id| id != nexus.id);
         st.copies.forget_nexus(nexus.id);
     }
 
@@ -818,8 +886,20 @@ impl Device {
                 &std::io::Error::new(std::io::ErrorKind::InvalidData, e),
             )
         })?;
+        let listening = self
+            .pr_listener
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .is_some();
         let mut st = self.lock();
         let uas = pr::changed_elsewhere(&st.pr, &new);
+        if listening && new.aborts != st.pr.aborts {
+            for id in st.preempted(&uas, u64::MAX) {
+                if !st.preempted_elsewhere.contains(&id) {
+                    st.preempted_elsewhere.push(id);
+                }
+            }
+        }
         st.pr = new;
         st.post_reg(&uas, u64::MAX);
         Ok(())
@@ -919,9 +999,12 @@ impl Device {
     /// reset).
     pub fn abort_task_set(&self, nexus: Option<&Nexus>) {
         let id = nexus.map(|n| n.id);
-        self.lock()
-            .sanitize
-            .abort_waiters(|n, _| id.is_none_or(|id| id == n));
+        self.abort_waits(&|n| id.is_none_or(|id| id == n));
+    }
+
+    /// Ends the logical unit's own waits of the commands of the nexuses `nexuses` selects.
+    pub(crate) fn abort_waits(&self, nexuses: &dyn Fn(u64) -> bool) {
+        self.lock().sanitize.abort_waiters(|n, _| nexuses(n));
     }
 
     /// Executes one command for `nexus`.

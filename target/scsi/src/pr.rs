@@ -132,6 +132,9 @@ pub struct PrState {
     pub resv: Option<Reservation>,
     pub aptpl: bool,
     pub spc2: Option<Spc2Holder>,
+    /// PREEMPT AND ABORTs so far (wrapping): gateways sharing the state abort the commands
+    /// of the nexuses whose registrations a change removed when this moved. Never persisted.
+    pub aborts: u32,
 }
 
 /// Registrations the engine keeps at most (INSUFFICIENT REGISTRATION RESOURCES beyond).
@@ -691,6 +694,9 @@ pub fn pr_out(
                 fix_holder(st, &old);
             }
             st.generation = st.generation.wrapping_add(1);
+            if req.sa == sa::PREEMPT_AND_ABORT {
+                st.aborts = st.aborts.wrapping_add(1);
+            }
         }
         sa::REGISTER_AND_MOVE => {
             let ty = ty.unwrap_or(PrType::WriteExclusive);
@@ -809,6 +815,9 @@ pub fn encode(st: &PrState) -> String {
             hex(&r.transport_id)
         );
     }
+    if st.aborts != 0 {
+        let _ = writeln!(s, "aborts {}", st.aborts);
+    }
     if let Some(h) = &st.spc2 {
         let _ = writeln!(
             s,
@@ -844,6 +853,7 @@ pub fn decode(text: &str) -> Result<PrState, String> {
             [] => {}
             ["generation", g] => st.generation = g.parse().map_err(|_| bad())?,
             ["aptpl", a] => st.aptpl = *a == "1",
+            ["aborts", n] => st.aborts = n.parse().map_err(|_| bad())?,
             ["reg", key, port, all, init, tid] => {
                 let initiator =
                     String::from_utf8(unhex(init).ok_or_else(bad)?).map_err(|_| bad())?;
@@ -895,6 +905,7 @@ pub fn persist(path: &Path, st: &PrState) -> std::io::Result<()> {
     }
     let persistent = PrState {
         spc2: None,
+        aborts: 0,
         ..st.clone()
     };
     rtgt_backstore::write_atomically(path, encode(&persistent).as_bytes())
@@ -1104,14 +1115,22 @@ mod tests {
                 initiator_port: "iqn.d,i,0x23d000000001".into(),
                 rel_port: 2,
             }),
+            aborts: 3,
         };
         assert_eq!(decode(&encode(&st)), Ok(st.clone()));
-        // The SPC-2 reservation is not persisted across a power loss.
+        // Neither the SPC-2 reservation nor the abort count is persisted across a power loss.
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("st.pr");
         persist(&path, &st).unwrap();
         let back = decode(&std::fs::read_to_string(&path).unwrap()).unwrap();
-        assert_eq!(back, PrState { spc2: None, ..st });
+        assert_eq!(
+            back,
+            PrState {
+                spc2: None,
+                aborts: 0,
+                ..st
+            }
+        );
     }
 
     #[test]

@@ -257,6 +257,7 @@ pub async fn reserve(ctx: &mut Ctx<'_>) -> CmdResult {
         }
     })
     .await
+    .map(|_| Done::good())
 }
 
 /// RELEASE(6)/(10) (SPC-2 7.16): a release by a non-holder is a no-op.
@@ -272,6 +273,7 @@ pub async fn release(ctx: &mut Ctx<'_>) -> CmdResult {
         Ok(Vec::new())
     })
     .await
+    .map(|_| Done::good())
 }
 
 /// START STOP UNIT (SBC-4 5.27).
@@ -365,10 +367,19 @@ pub fn pr_in(ctx: &mut Ctx<'_>) -> CmdResult {
 pub async fn pr_out(ctx: &mut Ctx<'_>) -> CmdResult {
     let req = pr::PrOutReq::parse(&ctx.cdb, ctx.data_out())?;
     let capable = ctx.dev.config.pr_file.is_some() || ctx.dev.config.pr_shared.is_some();
-    change_reservations(ctx.dev, ctx.nexus, |st| {
+    let uas = change_reservations(ctx.dev, ctx.nexus, |st| {
         pr::pr_out(st, ctx.nexus, &req, capable)
     })
-    .await
+    .await?;
+    // The preempted nexuses' commands end before this one does (on other gateways, they
+    // did before the shared state's update returned).
+    if req.sa == pr::sa::PREEMPT_AND_ABORT {
+        let victims = ctx.dev.lock().preempted(&uas, ctx.nexus.id);
+        if let Some(dev) = ctx.dev.me.upgrade() {
+            crate::task::abort_preempted(&dev, Some(ctx.nexus.id), &victims).await;
+        }
+    }
+    Ok(Done::good())
 }
 
 /// Applies `change` to a copy of the reservation state, then commits it with the unit
@@ -380,7 +391,7 @@ pub(crate) async fn change_reservations(
     dev: &Device,
     nexus: &Nexus,
     mut change: impl FnMut(&mut pr::PrState) -> Result<Vec<pr::UaTarget>, Fail> + Send,
-) -> CmdResult {
+) -> Result<Vec<pr::UaTarget>, Fail> {
     if let Some(store) = &dev.config.pr_shared {
         type Applied = (pr::PrState, pr::PrState, Vec<pr::UaTarget>);
         let mut outcome: Option<Result<Applied, Fail>> = None;
@@ -416,7 +427,7 @@ pub(crate) async fn change_reservations(
         st.post_reg(&elsewhere, u64::MAX);
         st.pr = new;
         st.post_reg(&uas, nexus.id);
-        return Ok(Done::good());
+        return Ok(uas);
     }
     let mut st = dev.lock();
     let mut new = st.pr.clone();
@@ -436,7 +447,7 @@ pub(crate) async fn change_reservations(
         st.pr = new;
     }
     st.post_reg(&uas, nexus.id);
-    Ok(Done::good())
+    Ok(uas)
 }
 
 fn timeout_descriptor(c: &CmdDesc) -> [u8; 12] {

@@ -567,7 +567,7 @@ pub async fn manage<T: Tracked>(
                 return TmResponse::IncorrectLun;
             };
             let hit = scan_all(&|t| t.nexus() == nexus.id && t.device_is(&d));
-            abort_and_wait(set, nexus, &d, hit, Some(nexus)).await;
+            abort_and_wait(Some(&set.stats), nexus.id, &d, hit, &|n| n == nexus.id).await;
             TmResponse::Complete
         }
         Function::ClearTaskSet | Function::LogicalUnitReset => {
@@ -661,36 +661,56 @@ impl Task {
 /// (SAM-5 7.4, SPC-4 7.5.8 TAS), which the reset's own unit attention supersedes.
 async fn clear<T: Tracked>(set: &TaskSet<T>, nexus: &Nexus, dev: &Arc<Device>) {
     let hit = scan_all(&|t| t.device_is(dev));
-    abort_and_wait(set, nexus, dev, hit, None).await;
+    abort_and_wait(Some(&set.stats), nexus.id, dev, hit, &|_| true).await;
 }
 
-/// Aborts `hit` (tasks on `dev`), the logical unit's own waits of `only` (every nexus when
-/// `None`), and waits for every task to finish.
-async fn abort_and_wait<T: Tracked>(
-    set: &TaskSet<T>,
-    nexus: &Nexus,
+/// The abort part of PREEMPT AND ABORT (SPC-4 5.14.11.2.6): every task on `dev` of the I_T
+/// nexuses `victims`, whose registrations were preempted, ends as with CLEAR TASK SET, and
+/// this returns once they all have finished. `requester` is the nexus of the PERSISTENT
+/// RESERVE OUT (none of this process's when another gateway preempted).
+pub(crate) async fn abort_preempted(dev: &Arc<Device>, requester: Option<u64>, victims: &[u64]) {
+    if victims.is_empty() {
+        return;
+    }
+    let hit = scan_all(&|t| t.device_is(dev) && victims.contains(&t.nexus()));
+    tracing::info!(device = %dev.config.name, nexuses = ?victims, tasks = hit.len(),
+        "PREEMPT AND ABORT: aborting the preempted nexuses' tasks");
+    abort_and_wait(None, requester.unwrap_or(u64::MAX), dev, hit, &|n| {
+        victims.contains(&n)
+    })
+    .await;
+}
+
+/// Aborts `hit` (tasks on `dev`) on behalf of nexus `requester` (counted in `stats`, when
+/// given), ends the logical unit's own waits of the nexuses `waits` selects, and waits for
+/// every task to finish.
+async fn abort_and_wait(
+    stats: Option<&TaskStats>,
+    requester: u64,
     dev: &Arc<Device>,
     hit: Vec<Arc<dyn Tracked>>,
-    only: Option<&Nexus>,
+    waits: &(dyn Fn(u64) -> bool + Sync),
 ) {
     let tas = dev.tas();
     let mut cleared: Vec<u64> = Vec::new();
     for t in &hit {
         let task = t.task();
-        let other = task.nexus() != nexus.id;
+        let other = task.nexus() != requester;
         let first = if other && tas {
             task.abort_with(ABORTED_STATUS)
         } else {
             task.abort()
         };
         if first {
-            set.stats.aborted.fetch_add(1, Ordering::Relaxed);
+            if let Some(s) = stats {
+                s.aborted.fetch_add(1, Ordering::Relaxed);
+            }
             if other && !tas && !cleared.contains(&task.nexus()) {
                 cleared.push(task.nexus());
             }
         }
     }
-    dev.abort_task_set(only);
+    dev.abort_waits(waits);
     for t in &hit {
         t.task().finished().await;
     }

@@ -1393,6 +1393,78 @@ async fn prout(
     run(dev, n, &cdb, Some(&p), 0).await
 }
 
+/// A command of nexus `n` on `dev` in flight, as a fabric tracks it.
+fn in_flight(
+    dev: &Arc<Device>,
+    n: &Nexus,
+    tag: u64,
+) -> (Arc<task::TaskSet<task::Task>>, Arc<task::Task>) {
+    let set = task::TaskSet::new(n.id);
+    let t = Arc::new(task::Task::new(tag, 0, TaskAttr::Simple, Some(dev.clone())));
+    set.admit(&t).unwrap();
+    (set, t)
+}
+
+/// The unit attentions pending for `n`, taken with TEST UNIT READY.
+async fn pending_uas(dev: &Device, n: &Nexus) -> Vec<(u8, u8)> {
+    let mut out = Vec::new();
+    loop {
+        let r = run(dev, n, &[0; 6], None, 0).await;
+        if r.status == Status::Good {
+            return out;
+        }
+        let (k, a, q) = sense_of(&r);
+        assert_eq!(k, key::UNIT_ATTENTION);
+        out.push((a, q));
+    }
+}
+
+/// PREEMPT AND ABORT completes only after the preempted nexus's commands have ended (TAS=0:
+/// silently, with COMMANDS CLEARED BY ANOTHER INITIATOR); PREEMPT leaves them running, and
+/// other nexuses' commands are not touched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn preempt_and_abort_ends_the_preempted_commands_first() {
+    let dev = make(cfg());
+    let (n1, n2, n3) = (nx(1), nx(2), nx(3));
+    for (n, k) in [(&n1, 0xa), (&n2, 0xb), (&n3, 0xc)] {
+        ready(&dev, n).await;
+        good(&prout(&dev, n, 0, 0, 0, k, 0).await);
+    }
+    good(&prout(&dev, &n1, 1, 1, 0xa, 0, 0).await);
+    let (_s1, t1) = in_flight(&dev, &n1, 5);
+    let (_s3, t3) = in_flight(&dev, &n3, 6);
+    good(&prout(&dev, &n2, 4, 1, 0xb, 0xc, 0).await);
+    assert!(!t3.is_aborted(), "PREEMPT aborted a command");
+    let pa = {
+        let (dev, n2) = (dev.clone(), n2.clone());
+        tokio::spawn(async move { prout(&dev, &n2, 5, 1, 0xb, 0xa, 0).await })
+    };
+    let aborted = async {
+        while !t1.is_aborted() {
+            tokio::task::yield_now().await;
+        }
+    };
+    tokio::time::timeout(std::time::Duration::from_secs(10), aborted)
+        .await
+        .expect("PREEMPT AND ABORT left the preempted nexus's command running");
+    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    assert!(
+        !pa.is_finished(),
+        "completed before the aborted command ended"
+    );
+    t1.set_done();
+    good(&pa.await.unwrap());
+    assert!(!t3.is_aborted());
+    assert_eq!(keys(&prin(&dev, &n2, 0, 64).await), vec![0xb]);
+    let uas = pending_uas(&dev, &n1).await;
+    assert!(uas.contains(&asc::REGISTRATIONS_PREEMPTED), "{uas:?}");
+    assert!(uas.contains(&asc::COMMANDS_CLEARED), "{uas:?}");
+    assert_eq!(
+        pending_uas(&dev, &n3).await,
+        vec![asc::REGISTRATIONS_PREEMPTED]
+    );
+}
+
 async fn prin(dev: &Device, n: &Nexus, sa: u8, alloc: u16) -> Vec<u8> {
     let mut c = [0x5e, sa, 0, 0, 0, 0, 0, 0, 0, 0];
     c[7..9].copy_from_slice(&alloc.to_be_bytes());
