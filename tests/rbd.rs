@@ -2,7 +2,9 @@
 //! (`tests/ceph/cluster.sh`) as one LUN, each in its own ALUA group. Data written through
 //! one is read through the other, COMPARE AND WRITE is atomic on the image (a stale compare
 //! through the other gateway miscompares), WRITE SAME zeroes, persistent reservations hold
-//! across the gateways (and a restarted one), a resize with the cluster's
+//! across the gateways (and a gateway restarted after a rename of the image), PREEMPT AND
+//! ABORT through one ends the preempted nexus's commands on the other before it completes, a
+//! resize with the cluster's
 //! tools reaches initiators of both gateways as CAPACITY DATA HAS CHANGED, and while the
 //! cluster is out of reach commands end with NOT READY and service resumes after.
 
@@ -21,6 +23,10 @@ use rtgt_tools::iscsi::{LoginConfig, ScsiResult, Session, SubmitOptions};
 const WWN: &str = "6001405aabbccdd0011223344556677c";
 
 fn gateway(c: &TestCluster, group: u16, port: u16) -> String {
+    gateway_of(c, "lun", group, port)
+}
+
+fn gateway_of(c: &TestCluster, image: &str, group: u16, port: u16) -> String {
     let remote = 3 - group;
     format!(
         "\
@@ -29,7 +35,7 @@ backstores:
     type: rbd
     wwn: {WWN}
     serial: rbdlun0001
-    rbd: {{image: lun, ceph_conf: {conf}, op_timeout_secs: 3}}
+    rbd: {{image: {image}, ceph_conf: {conf}, op_timeout_secs: 3}}
 targets:
   - name: {TEST_IQN}
     portal_groups:
@@ -240,9 +246,11 @@ fn two_gateways_serve_one_rbd_image() {
             keys(&run(&a, &READ_KEYS, None, 256, &mut ua_a).await),
             [0xb]
         );
-        // A gateway restarted later reads the same state.
+        // A gateway restarted later reads the same state, kept by the image's id: the image
+        // renamed meanwhile, the restarted gateway opens it by its new name.
         drop(_g2);
-        let _g2 = Rtgtd::start("rbd-gw2b", &gateway(&c, 2, p2), p2);
+        c.rbd(&["rename", "rbd/lun", "rbd/renamed"]);
+        let _g2 = Rtgtd::start("rbd-gw2b", &gateway_of(&c, "renamed", 2, p2), p2);
         let b = connect(p2, 2).await;
         assert_eq!(
             keys(&run(&b, &READ_KEYS, None, 256, &mut ua_b).await),
@@ -256,7 +264,7 @@ fn two_gateways_serve_one_rbd_image() {
         assert!(keys(&run(&a, &READ_KEYS, None, 256, &mut ua_a).await).is_empty());
 
         // Resized by the cluster's tools: both gateways' initiators hear of it.
-        c.rbd(&["resize", "--size", "48M", "rbd/lun"]);
+        c.rbd(&["resize", "--size", "48M", "rbd/renamed"]);
         let (mut seen_a, mut seen_b) = (false, false);
         for _ in 0..100 {
             ua_a.clear();

@@ -240,6 +240,28 @@ impl RbdBackstore {
         &self.name
     }
 
+    /// The image's id: unlike its name, it stays the same through `rbd rename` (blocking).
+    pub fn id(&self) -> Result<String, CephError> {
+        let image = self.image.load_full();
+        let mut len = 64usize;
+        loop {
+            let mut buf = vec![0u8; len];
+            // SAFETY: open image; `buf` has `len` writable bytes.
+            let r = unsafe { (self.lib.rbd.rbd_get_id)(image.raw, buf.as_mut_ptr().cast(), len) };
+            if r == -libc::ERANGE && len < 4096 {
+                len *= 4;
+                continue;
+            }
+            if r < 0 {
+                return Err(CephError::call("rbd_get_id", r));
+            }
+            let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+            buf.truncate(end);
+            return String::from_utf8(buf)
+                .map_err(|_| CephError::call("rbd_get_id", -libc::EINVAL));
+        }
+    }
+
     fn size(&self) -> Result<u64, io::Error> {
         let image = self.image.load_full();
         let mut size = 0u64;

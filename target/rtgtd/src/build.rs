@@ -290,10 +290,11 @@ async fn open_backstore(
                 thin: b.thin,
             };
             // Connecting and opening wait on the cluster. Reservations live beside the image,
-            // shared by every gateway that exports it.
+            // shared by every gateway that exports it, named by the image's id (which a
+            // rename keeps).
             let (store, shared) = tokio::task::spawn_blocking(move || {
                 let store = RbdBackstore::open(&opts)?;
-                let object = format!("rtgt.pr.{}", opts.image);
+                let object = format!("rtgt.pr.{}", store.id()?);
                 let shared = RadosState::open(&opts.cluster, &opts.pool, &opts.namespace, &object)?;
                 Ok::<_, rtgt_ceph::CephError>((store, shared))
             })
