@@ -17,6 +17,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use ceph::TestCluster;
 use common::{free_port, skip_or_fail, Rtgtd, TEST_IQN};
+use rtgt_api::client::Client;
 use rtgt_iscsi::pdu::tmf;
 use rtgt_tools::iscsi::{LoginConfig, ScsiResult, Session, SubmitOptions};
 
@@ -86,6 +87,32 @@ fn rw10(op: u8, lba: u32, blocks: u16) -> Vec<u8> {
     c
 }
 
+/// Whether gateway `g` reports holding the image's exclusive lock (`rtgt_lun_write_lock_held`).
+fn lock_held(g: &Rtgtd) -> Option<bool> {
+    let m = Client::unix(g.dir.join("rtgtd.sock"))
+        .get_text("/metrics")
+        .ok()?;
+    let line = m
+        .lines()
+        .find(|l| l.starts_with("rtgt_lun_write_lock_held{backstore=\"d0\"}"))?;
+    Some(line.ends_with(" 1"))
+}
+
+/// Waits until gateway `g` reports `want` (the backstore polls librbd every 2 s).
+async fn lock_is(g: &Rtgtd, want: bool) {
+    for _ in 0..100 {
+        if lock_held(g) == Some(want) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!(
+        "gateway on port {}: lock held {:?}, not {want}",
+        g.port,
+        lock_held(g)
+    );
+}
+
 fn capacity(r: &ScsiResult) -> u64 {
     assert!(r.is_good(), "{r:?}");
     u64::from_be_bytes(r.data[0..8].try_into().unwrap()) + 1
@@ -124,6 +151,9 @@ fn two_gateways_serve_one_rbd_image() {
         assert!(r.is_good(), "{r:?}");
         assert_eq!(r.data, data);
         assert_eq!(&c.export("lun")[100 * 512..100 * 512 + 8192], &data[..]);
+        // The writer holds the image's exclusive lock, and says so.
+        lock_is(&_g1, true).await;
+        lock_is(&_g2, false).await;
 
         // COMPARE AND WRITE through B against what A wrote; then A's stale compare fails.
         let caw = |lba: u64| {
@@ -135,6 +165,8 @@ fn two_gateways_serve_one_rbd_image() {
         both.extend_from_slice(&[0x5a; 512]);
         let r = run(&b, &caw(100), Some(&both), 0, &mut ua_b).await;
         assert!(r.is_good(), "{r:?}");
+        lock_is(&_g2, true).await;
+        lock_is(&_g1, false).await;
         let r = run(&a, &caw(100), Some(&both), 0, &mut ua_a).await;
         assert_eq!(r.sense_key(), Some((0x0e, 0x1d, 0)), "{r:?}");
         // INFORMATION: the offset of the first differing byte (byte 0: 0x00 vs 0x5a).

@@ -120,6 +120,12 @@ pub trait Backstore: Send + Sync + 'static {
     fn is_direct(&self) -> bool {
         false
     }
+    /// For a medium that several processes export and whose writes go under one lock (an
+    /// RBD image's exclusive lock): whether this process holds it now. `None` for a backstore
+    /// without such a lock.
+    fn holds_write_lock(&self) -> Option<bool> {
+        None
+    }
     /// The longest [`Backstore::compare_and_write`] in bytes (0: none) the device does as
     /// its own operation, atomic against every writer of the device, other processes
     /// exporting it included (gateways over one Ceph image). Longer ones the SCSI layer

@@ -11,8 +11,9 @@
 
 use std::ffi::{c_char, c_int, c_void};
 use std::io;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use async_trait::async_trait;
@@ -25,6 +26,11 @@ use crate::CephError;
 
 /// What librbd's compare-and-write covers: one sector, aligned.
 const CAW_SECTOR: u64 = 512;
+/// How often the exclusive lock's holder is polled, for [`Backstore::holds_write_lock`].
+const LOCK_POLL: Duration = Duration::from_secs(2);
+const LOCK_UNKNOWN: u8 = 0;
+const LOCK_NOT_HELD: u8 = 1;
+const LOCK_HELD: u8 = 2;
 
 /// Which image, and how to present it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -135,6 +141,8 @@ pub struct RbdBackstore {
     write_cache: bool,
     thin: bool,
     capacity: watch::Sender<u64>,
+    /// Whether this gateway holds the image's exclusive lock, as last polled.
+    lock_owner: AtomicU8,
 }
 
 /// What an operation keeps alive until librbd completes it.
@@ -217,17 +225,33 @@ impl RbdBackstore {
             write_cache: opts.write_cache,
             thin: opts.thin,
             capacity,
+            lock_owner: AtomicU8::new(LOCK_UNKNOWN),
         });
         let weak = Arc::downgrade(&store);
         tokio::spawn(async move {
+            let mut poll = tokio::time::interval(LOCK_POLL);
             loop {
-                notify.notified().await;
+                let header = tokio::select! {
+                    () = notify.notified() => true,
+                    _ = poll.tick() => false,
+                };
                 let Some(store) = weak.upgrade() else { return };
                 let s = Arc::clone(&store);
-                // rbd_get_size may refresh the header from the cluster.
-                let size = tokio::task::spawn_blocking(move || s.size()).await;
-                if let Ok(Ok(bytes)) = size {
-                    store.update_capacity(bytes);
+                if header {
+                    // rbd_get_size may refresh the header from the cluster.
+                    let size = tokio::task::spawn_blocking(move || s.size()).await;
+                    if let Ok(Ok(bytes)) = size {
+                        store.update_capacity(bytes);
+                    }
+                } else {
+                    // Asks the OSD whether the lock is still this client's.
+                    let held = tokio::task::spawn_blocking(move || s.lock_owner()).await;
+                    let state = match held {
+                        Ok(Some(true)) => LOCK_HELD,
+                        Ok(Some(false)) => LOCK_NOT_HELD,
+                        _ => LOCK_UNKNOWN,
+                    };
+                    store.lock_owner.store(state, Ordering::Relaxed);
                 }
             }
         });
@@ -271,6 +295,15 @@ impl RbdBackstore {
             return Err(os(r as isize));
         }
         Ok(size)
+    }
+
+    /// Whether this client holds the image's exclusive lock (blocking: librbd asks the OSD).
+    fn lock_owner(&self) -> Option<bool> {
+        let image = self.image.load_full();
+        let mut owner: c_int = 0;
+        // SAFETY: open image; `owner` is written.
+        let r = unsafe { (self.lib.rbd.rbd_is_exclusive_lock_owner)(image.raw, &mut owner) };
+        (r >= 0).then_some(owner != 0)
     }
 
     fn update_capacity(&self, bytes: u64) {
@@ -460,6 +493,14 @@ impl Backstore for RbdBackstore {
             read_only: self.read_only,
             thin: self.thin,
             write_cache: self.write_cache,
+        }
+    }
+
+    fn holds_write_lock(&self) -> Option<bool> {
+        match self.lock_owner.load(Ordering::Relaxed) {
+            LOCK_HELD => Some(true),
+            LOCK_NOT_HELD => Some(false),
+            _ => None,
         }
     }
 

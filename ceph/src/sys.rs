@@ -63,6 +63,7 @@ rtgt_dynlib::functions! {
         rbd_close: "", fn(rbd_image_t) -> c_int;
         rbd_get_size: "", fn(rbd_image_t, *mut u64) -> c_int;
         rbd_get_id: "", fn(rbd_image_t, *mut c_char, usize) -> c_int;
+        rbd_is_exclusive_lock_owner: "", fn(rbd_image_t, *mut c_int) -> c_int;
         rbd_resize: "", fn(rbd_image_t, u64) -> c_int;
         rbd_update_watch: "", fn(rbd_image_t, *mut u64, rbd_update_callback_t, *mut c_void) -> c_int;
         rbd_update_unwatch: "", fn(rbd_image_t, u64) -> c_int;

@@ -78,6 +78,7 @@ abi! {
     rbd.rbd_close: fn(rbd_image_t) -> c_int = "int (*)(rbd_image_t)";
     rbd.rbd_get_size: fn(rbd_image_t, *mut u64) -> c_int = "int (*)(rbd_image_t, uint64_t *)";
     rbd.rbd_get_id: fn(rbd_image_t, *mut c_char, usize) -> c_int = "int (*)(rbd_image_t, char *, size_t)";
+    rbd.rbd_is_exclusive_lock_owner: fn(rbd_image_t, *mut c_int) -> c_int = "int (*)(rbd_image_t, int *)";
     rbd.rbd_resize: fn(rbd_image_t, u64) -> c_int = "int (*)(rbd_image_t, uint64_t)";
     rbd.rbd_update_watch: fn(rbd_image_t, *mut u64, UpdateCb, *mut c_void) -> c_int
         = "int (*)(rbd_image_t, uint64_t *, rbd_update_callback_t, void *)";

@@ -902,6 +902,15 @@ impl Control for DaemonControl {
                     .set(f64::from(u8::from(d.is_direct())));
                 m.gauge("rtgt_lun_write_cache", &[("backstore", name.clone())])
                     .set(f64::from(u8::from(d.write_cache())));
+                // Which gateway of an RBD image holds its exclusive lock.
+                if let Some(held) = objects
+                    .backstores
+                    .get(name)
+                    .and_then(|b| b.holds_write_lock())
+                {
+                    m.gauge("rtgt_lun_write_lock_held", &[("backstore", name.clone())])
+                        .set(f64::from(u8::from(held)));
+                }
                 for g in d.port_groups() {
                     let labels = [("backstore", name.clone()), ("group", g.id.to_string())];
                     m.gauge("rtgt_alua_access_state", &labels)

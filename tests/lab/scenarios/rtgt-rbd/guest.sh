@@ -8,7 +8,9 @@
 # reservations: a key registered and a reservation made through one gateway are reported
 # through the other, and a second initiator (its own iSCSI interface and name) on the second
 # gateway preempts the first with PREEMPT AND ABORT, after which the first initiator's writes
-# conflict through both gateways while its reads still work.
+# conflict through both gateways while its reads still work. Between the two, a failover and
+# a failback through the API of both gateways under fio: the image's exclusive lock (rtgtd's
+# metric) follows the writes to the active/optimized gateway and back.
 set -euo pipefail
 p1=$LAB_HOST_IP p2=$IP2
 map=/dev/mapper/3$WWN
@@ -42,6 +44,29 @@ umount /mnt/disk
 fsck.ext4 -fn "$map" >"$LAB_OUT/fsck.txt" 2>&1 || { cat "$LAB_OUT/fsck.txt"; lab_fail "fsck found errors"; }
 lab_files_verify "$map" "after the kill -9"
 multipath -ll "$map" | tee "$LAB_OUT/multipath-after-kill.txt"
+
+lab_step "failover through the API of both gateways and back, under fio; the lock follows"
+mount "$map" /mnt/disk
+lab_fio_start rbd-failover /mnt/disk/fio2.dat 75 0 32m
+lab_signal lock-a
+lab_wait lock-a-ok 60 || lab_fail "rtgtd-a does not hold the image's lock while it takes the writes"
+lab_signal failover
+lab_wait failed-over 120 || lab_fail "the gateways did not fail over"
+lab_path_is "$d1" - ghost 1
+lab_path_is "$d2" active ready 50
+lab_writes_grow "$d2" "after the failover"
+lab_signal lock-b
+lab_wait lock-b-ok 60 || lab_fail "the lock did not follow the writes to rtgtd-b"
+lab_signal failback
+lab_wait failed-back 120 || lab_fail "the gateways did not fail back"
+lab_path_is "$d1" active ready 50
+lab_path_is "$d2" active ready 10
+lab_writes_grow "$d1" "after the failback"
+lab_signal lock-back
+lab_wait lock-back-ok 60 || lab_fail "the lock did not come back to rtgtd-a"
+lab_fio_end
+umount /mnt/disk
+multipath -ll "$map" | tee "$LAB_OUT/multipath-after-failback.txt"
 
 # pr ARGS...: sg_persist, once more after a unit attention (a preempted nexus gets one).
 pr() { sg_persist "$@" || sg_persist "$@"; }

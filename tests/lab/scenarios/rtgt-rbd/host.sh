@@ -43,6 +43,45 @@ policy: {backstore_roots: ['$CEPH_DIR']}
 YAML
 }
 
+rtgtctl() { # INSTANCE ARGS...
+    local inst=$1
+    shift
+    "$BIN/rtgtctl" --socket "$LAB_WORK/$inst/rtgtd.sock" "$@"
+}
+
+# lock_held INSTANCE: 1 when that rtgtd holds the image's exclusive lock, 0 when not.
+lock_held() {
+    rtgtctl "$1" metrics | awk '/^rtgt_lun_write_lock_held\{backstore="lun"\}/ { print $2 }'
+}
+
+# lock_at HOLDER OTHER: wait (30 s) until HOLDER holds the lock and OTHER does not.
+lock_at() {
+    local i
+    for ((i = 0; i < 60; i++)); do
+        [[ $(lock_held "$1") == 1 && $(lock_held "$2") == 0 ]] && {
+            lab_report "exclusive lock held by $1, not by $2"
+            return 0
+        }
+        sleep 0.5
+    done
+    echo "lock: $1 $(lock_held "$1"), $2 $(lock_held "$2")"
+    return 1
+}
+
+# groups "ID STATE"...: set the groups' states in this order, through the API of both
+# gateways (each reports both groups: its own and the other's).
+groups() {
+    local inst change
+    for inst in a b; do
+        for change in "$@"; do
+            # shellcheck disable=SC2086  # "ID STATE"
+            rtgtctl "$inst" alua set $change || return 1
+        done
+    done
+    rtgtctl a alua show | tee -a "$LAB_RESULTS/alua.txt"
+    rtgtctl b alua show | tee -a "$LAB_RESULTS/alua.txt"
+}
+
 start_rtgtd() { # NAME INSTANCE IP
     mkdir -p "$LAB_WORK/$2"
     lab_start_daemon "$1" "$RTGTD" --config "$LAB_WORK/$2.yaml" --state-dir "$LAB_WORK/$2"
@@ -50,7 +89,7 @@ start_rtgtd() { # NAME INSTANCE IP
 }
 
 host_setup() {
-    [[ -x ${RTGTD:-} ]] || lab_skip "RTGTD does not name the rtgtd binary"
+    lab_rtgt_bin rtgtctl || return 1
     ip addr add "$IP2/24" dev "$LAB_TAP"
     "$CLUSTER" start "$CEPH_DIR" || return 1
     rbd -c "$CEPH_DIR/ceph.conf" create --size 256M rbd/lab || return 1
@@ -64,12 +103,32 @@ host_setup() {
 }
 
 host_run() {
+    # shellcheck source=/dev/null
+    source "$LAB_WORK/bin.env"
     lab_wait kill-a 600 || return 1
     lab_kill_daemon rtgtd-a || return 1
     lab_report "rtgtd-a (group 1, active/optimized) killed with -9 under fio"
     lab_wait restart-a 180 || return 1
     start_rtgtd rtgtd-a2 a "$LAB_HOST_IP" || return 1
     lab_signal a-restarted
+
+    # Failover and failback through the API of both gateways; the lock follows the writes.
+    lab_wait lock-a 600 || return 1
+    lock_at a b || return 1
+    lab_signal lock-a-ok
+    lab_wait failover 120 || return 1
+    # The active/optimized group goes first: never two of them.
+    groups "1 standby" "2 active_optimized" || return 1
+    lab_signal failed-over
+    lab_wait lock-b 120 || return 1
+    lock_at b a || return 1
+    lab_signal lock-b-ok
+    lab_wait failback 120 || return 1
+    groups "2 active_non_optimized" "1 active_optimized" || return 1
+    lab_signal failed-back
+    lab_wait lock-back 120 || return 1
+    lock_at a b || return 1
+    lab_signal lock-back-ok
 }
 
 host_check() {
