@@ -657,10 +657,14 @@ impl Device {
             dev.config.pr_shared.clone(),
             tokio::runtime::Handle::try_current(),
         ) {
-            let task = rt.spawn(follow_shared_pr(Arc::downgrade(&dev), store));
-            *dev.pr_listener
+            // Held while spawning: a listener that ends at once (the store announces
+            // nothing) clears the slot only after it is filled.
+            let mut slot = dev
+                .pr_listener
                 .lock()
-                .unwrap_or_else(PoisonError::into_inner) = Some(task.abort_handle());
+                .unwrap_or_else(PoisonError::into_inner);
+            let task = rt.spawn(follow_shared_pr(Arc::downgrade(&dev), store));
+            *slot = Some(task.abort_handle());
         }
         Ok(dev)
     }

@@ -1861,6 +1861,16 @@ async fn pr_state_shared_by_two_gateways() {
     let (n1, n2) = (nx_port(1, 1, 1), nx_port(2, 2, 2));
     ready(&a, &n1).await;
     ready(&b, &n2).await;
+    // A shared file announces no changes: no listener stays behind.
+    for d in [&a, &b] {
+        tokio::time::timeout(std::time::Duration::from_secs(5), async {
+            while d.pr_listener.lock().unwrap().is_some() {
+                tokio::task::yield_now().await;
+            }
+        })
+        .await
+        .expect("the listener of a shared file ends");
+    }
     // A registration through A (no APTPL) is in the file and reported through B.
     good(&prout(&a, &n1, 0, 0, 0, 0x1111, 0).await);
     assert!(path.exists());
