@@ -3,7 +3,9 @@
 //! one is read through the other, COMPARE AND WRITE is atomic on the image (a stale compare
 //! through the other gateway miscompares), WRITE SAME zeroes, persistent reservations hold
 //! across the gateways (and a gateway restarted after a rename of the image), PREEMPT AND
-//! ABORT through one ends the preempted nexus's commands on the other before it completes, a
+//! ABORT through one ends the preempted nexus's commands on the other before it completes,
+//! the target port group states are one for both (SET TARGET PORT GROUPS through one, a
+//! failback through the other's API), a
 //! resize with the cluster's
 //! tools reaches initiators of both gateways as CAPACITY DATA HAS CHANGED, and while the
 //! cluster is out of reach commands end with NOT READY and service resumes after.
@@ -27,8 +29,14 @@ fn gateway(c: &TestCluster, group: u16, port: u16) -> String {
     gateway_of(c, "lun", group, port)
 }
 
+/// Gateway `group` (1 or 2) of the image: both are configured alike, group 1
+/// active/optimized and group 2 active/non-optimized, both allowing SET TARGET PORT GROUPS,
+/// each with its own port and the other's as a remote port.
 fn gateway_of(c: &TestCluster, image: &str, group: u16, port: u16) -> String {
-    let remote = 3 - group;
+    let remote = |g: u16| match g == group {
+        true => String::new(),
+        false => format!(", remote_ports: [{g}]"),
+    };
     format!(
         "\
 backstores:
@@ -44,12 +52,14 @@ targets:
          luns: [{{lun: 0, backstore: d0}}], params: {{NopInInterval: 0}}}}
 alua:
   groups:
-    - {{id: {group}}}
-    - {{id: {remote}, state: active_non_optimized, remote_ports: [{remote}]}}
+    - {{id: 1, explicit: true{r1}}}
+    - {{id: 2, state: active_non_optimized, explicit: true{r2}}}
 policy: {{backstore_roots: ['{dir}']}}
 ",
         conf = c.conf().display(),
         dir = c.dir().display(),
+        r1 = remote(1),
+        r2 = remote(2),
     )
 }
 
@@ -111,6 +121,29 @@ async fn lock_is(g: &Rtgtd, want: bool) {
         g.port,
         lock_held(g)
     );
+}
+
+const RTPG: [u8; 12] = [0xa3, 0x0a, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0];
+
+/// REPORT TARGET PORT GROUPS: (group, state) of each group.
+async fn groups(s: &Session, uas: &mut Vec<(u8, u8)>) -> Vec<(u16, u8)> {
+    let r = run(s, &RTPG, None, 256, uas).await;
+    assert!(r.is_good(), "{r:?}");
+    let mut out = Vec::new();
+    let mut at = 4;
+    while at + 8 <= r.data.len() {
+        let d = &r.data[at..];
+        out.push((u16::from_be_bytes([d[2], d[3]]), d[0] & 0x0f));
+        at += 8 + 4 * usize::from(d[7]);
+    }
+    out
+}
+
+/// SET TARGET PORT GROUPS making `group` active/optimized, as Linux's ALUA handler sends it.
+fn stpg(group: u16) -> (Vec<u8>, Vec<u8>) {
+    let mut p = vec![0u8, 0, 0, 0, 0, 0, 0, 0];
+    p[6..8].copy_from_slice(&group.to_be_bytes());
+    (vec![0xa4, 0x0a, 0, 0, 0, 0, 0, 0, 0, 8, 0, 0], p)
 }
 
 fn capacity(r: &ScsiResult) -> u64 {
@@ -278,8 +311,31 @@ fn two_gateways_serve_one_rbd_image() {
             keys(&run(&a, &READ_KEYS, None, 256, &mut ua_a).await),
             [0xb]
         );
+        // One set of target port group states for both gateways, kept with the reservations:
+        // a SET TARGET PORT GROUPS through B makes B's group the only active/optimized one
+        // (the image's lock follows the writes, so one gateway at a time is asked to
+        // write); A's initiator hears of it.
+        const AO: u8 = 0;
+        const ANO: u8 = 1;
+        assert_eq!(groups(&b, &mut ua_b).await, [(1, AO), (2, ANO)]);
+        let (cdb, p) = stpg(2);
+        let r = run(&b, &cdb, Some(&p), 0, &mut ua_b).await;
+        assert!(r.is_good(), "{r:?}");
+        assert_eq!(groups(&b, &mut ua_b).await, [(1, ANO), (2, AO)]);
+        ua_a.clear();
+        assert_eq!(groups(&a, &mut ua_a).await, [(1, ANO), (2, AO)]);
+        assert!(
+            ua_a.contains(&(0x2a, 0x06)),
+            "ASYMMETRIC ACCESS STATE CHANGED: {ua_a:?}"
+        );
+        let r = run(&b, &rw10(0x2a, 200, 1), Some(&[6u8; 512]), 0, &mut ua_b).await;
+        assert!(r.is_good(), "{r:?}");
+        lock_is(&_g2, true).await;
+
         // A gateway restarted later reads the same state, kept by the image's id: the image
-        // renamed meanwhile, the restarted gateway opens it by its new name.
+        // renamed meanwhile, the restarted gateway opens it by its new name. Its
+        // configuration's group states only seed the shared ones: B's group stays
+        // active/optimized.
         drop(_g2);
         c.rbd(&["rename", "rbd/lun", "rbd/renamed"]);
         let _g2 = Rtgtd::start("rbd-gw2b", &gateway_of(&c, "renamed", 2, p2), p2);
@@ -287,6 +343,24 @@ fn two_gateways_serve_one_rbd_image() {
         assert_eq!(
             keys(&run(&b, &READ_KEYS, None, 256, &mut ua_b).await),
             [0xb]
+        );
+        assert_eq!(groups(&b, &mut ua_b).await, [(1, ANO), (2, AO)]);
+        // Failback through A's API alone (its configuration already says group 1
+        // active/optimized): both gateways report it, B's initiator hears of it.
+        let api_a = Client::unix(_g1.dir.join("rtgtd.sock"));
+        api_a
+            .send(
+                "PUT",
+                "/api/v1/alua/groups/1/state",
+                &serde_json::json!({"state": "active_optimized"}),
+            )
+            .expect("failback through A");
+        assert_eq!(groups(&a, &mut ua_a).await, [(1, AO), (2, ANO)]);
+        ua_b.clear();
+        assert_eq!(groups(&b, &mut ua_b).await, [(1, AO), (2, ANO)]);
+        assert!(
+            ua_b.contains(&(0x2a, 0x06)),
+            "ASYMMETRIC ACCESS STATE CHANGED: {ua_b:?}"
         );
         let (cdb, p) = prout(3, 0, 0xb, 0);
         assert!(

@@ -177,4 +177,14 @@ pub trait Control: Send + Sync + 'static {
     fn metrics(&self) -> String;
     /// The target port groups of every logical unit, with their states now.
     async fn alua(&self) -> Vec<AluaView>;
+    /// Puts target port group `group` in `state` now on `backstore`'s logical unit, or on
+    /// every one whose configuration gives the group `state`, also where the configuration
+    /// said so before (SET TARGET PORT GROUPS, or another gateway sharing the states, may
+    /// have moved it since). Called after the configuration says `state`.
+    async fn set_alua_state(
+        &self,
+        group: u16,
+        backstore: Option<&str>,
+        state: rtgt_scsi::AccessState,
+    ) -> Result<(), ControlError>;
 }

@@ -1482,6 +1482,8 @@ struct AluaStateChange {
 
 /// Sets the access state of a target port group (what a cluster manager does on failover):
 /// every initiator hears ASYMMETRIC ACCESS STATE CHANGED, and the configuration keeps it.
+/// The state is set even where the configuration said so already (SET TARGET PORT GROUPS
+/// may have moved it); where gateways share the states (an rbd image), on all of them.
 /// Changes are applied one at a time; one that would leave a LUN with no active group is
 /// refused with 409.
 #[utoipa::path(put, path = "/api/v1/alua/groups/{id}/state", tag = "alua",
@@ -1539,6 +1541,10 @@ async fn put_alua_state(
             }
             Ok(g.clone())
         })
+        .await?;
+    st.api
+        .control
+        .set_alua_state(id, ch.backstore.as_deref(), state)
         .await?;
     Ok(axum::Json(g))
 }
@@ -1904,6 +1910,28 @@ mod tests {
         }
         async fn alua(&self) -> Vec<AluaView> {
             Vec::new()
+        }
+        async fn set_alua_state(
+            &self,
+            group: u16,
+            _: Option<&str>,
+            _: rtgt_scsi::AccessState,
+        ) -> Result<(), ControlError> {
+            match self
+                .0
+                .lock()
+                .unwrap()
+                .alua
+                .groups
+                .iter()
+                .any(|g| g.id == group)
+            {
+                true => Ok(()),
+                false => Err(ControlError::Invalid {
+                    field: "alua".into(),
+                    message: format!("no target port group {group}"),
+                }),
+            }
         }
     }
 

@@ -126,6 +126,12 @@ pub trait Backstore: Send + Sync + 'static {
     fn holds_write_lock(&self) -> Option<bool> {
         None
     }
+    /// Whether the medium's write lock moves to whichever process writes (an RBD image's
+    /// cooperative exclusive lock): then the processes exporting it keep one target port
+    /// group active/optimized at a time, so that the lock stays with one of them.
+    fn write_lock_follows_writes(&self) -> bool {
+        false
+    }
     /// The longest [`Backstore::compare_and_write`] in bytes (0: none) the device does as
     /// its own operation, atomic against every writer of the device, other processes
     /// exporting it included (gateways over one Ceph image). Longer ones the SCSI layer

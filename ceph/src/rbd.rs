@@ -496,6 +496,10 @@ impl Backstore for RbdBackstore {
         }
     }
 
+    fn write_lock_follows_writes(&self) -> bool {
+        true
+    }
+
     fn holds_write_lock(&self) -> Option<bool> {
         match self.lock_owner.load(Ordering::Relaxed) {
             LOCK_HELD => Some(true),

@@ -13,7 +13,10 @@ use std::time::Duration;
 use rtgt_backstore::{BufPool, IoBuf, RamBackstore, SharedFile};
 use rtgt_iscsi::session::transport_id;
 use rtgt_scsi::sense::Sense;
-use rtgt_scsi::{Command, Device, DeviceConfig, DeviceRegistry, Nexus, Response, Status, TaskAttr};
+use rtgt_scsi::{
+    AccessState, AluaConfig, Command, Device, DeviceConfig, DeviceRegistry, Nexus, PortGroup,
+    Response, Status, TaskAttr,
+};
 
 /// Commands an input may carry; the rest of a longer input is ignored.
 const MAX_COMMANDS: usize = 8;
@@ -65,9 +68,16 @@ impl Lab {
         };
         let dev = {
             let wwn = 0x6001_4050_0000_0000_0000_0000_0000_0001;
+            // Shared with another process: the target port groups are configured (their
+            // states are shared too); otherwise learned.
+            let alua = match pr_file {
+                Some(_) => shared_groups(),
+                None => AluaConfig::default(),
+            };
             let config = DeviceConfig {
                 pr_shared: pr_file
                     .map(|p| Arc::new(SharedFile::new(p)) as Arc<dyn rtgt_backstore::SharedState>),
+                alua,
                 ..lu_config(wwn)
             };
             let backstore = Arc::new(RamBackstore::new(CAPACITY, BLOCK_SIZE));
@@ -249,11 +259,33 @@ pub fn scsi_params(data: &[u8]) {
     lab.finish();
 }
 
+/// The groups of a logical unit shared with another process: 1 (ports 1, 3) and 2 (ports 2,
+/// 4), as the nexuses are spread over them.
+fn shared_groups() -> AluaConfig {
+    let group = |id: u16, state| PortGroup {
+        id,
+        relative_ports: vec![id, id + 2],
+        state,
+        preferred: id == 1,
+        implicit: true,
+        explicit: true,
+    };
+    AluaConfig {
+        groups: vec![
+            group(1, AccessState::ActiveOptimized),
+            group(2, AccessState::ActiveNonOptimized),
+        ],
+        transition_secs: 0,
+    }
+}
+
 /// A reservation state file as another process sharing the logical unit left it: read when
 /// a logical unit opens (refused, or opened, never a panic), and taken in by a running one
 /// when it changes, before its next command — which answers with CHECK CONDITION when the
-/// file cannot be used. Then PERSISTENT RESERVE IN, a WRITE and a registration (which writes
-/// the file again) from every nexus, with [`scsi_cdb`]'s checks.
+/// file cannot be used. Then PERSISTENT RESERVE IN, a WRITE, a registration (which writes
+/// the file again), REPORT TARGET PORT GROUPS and a SET TARGET PORT GROUPS making the
+/// nexus's group active/optimized (the groups' states are in the file too) from every nexus,
+/// with [`scsi_cdb`]'s checks.
 ///
 /// Input: the file's contents.
 pub fn scsi_pr_state(data: &[u8]) {
@@ -284,6 +316,14 @@ pub fn scsi_pr_state(data: &[u8]) {
         let mut register = vec![0u8; 24];
         register[8..16].copy_from_slice(&(u64::from(n) + 1).to_be_bytes());
         lab.execute(n, vec![0x5f, 0x06, 0, 0, 0, 0, 0, 0, 24, 0], &register, 0);
+        lab.execute(
+            n,
+            vec![0xa3, 0x0a, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0],
+            &[],
+            0x100,
+        );
+        let stpg = [0, 0, 0, 0, 0, 0, 0, n % 2 + 1];
+        lab.execute(n, vec![0xa4, 0x0a, 0, 0, 0, 0, 0, 0, 0, 8, 0, 0], &stpg, 0);
     }
     lab.finish();
     let _ = std::fs::remove_file(&path);

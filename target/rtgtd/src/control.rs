@@ -848,6 +848,35 @@ impl Control for DaemonControl {
         out
     }
 
+    async fn set_alua_state(
+        &self,
+        group: u16,
+        backstore: Option<&str>,
+        state: rtgt_scsi::AccessState,
+    ) -> Result<(), ControlError> {
+        let config = self.config();
+        let Some(g) = config.alua.groups.iter().find(|g| g.id == group) else {
+            return Err(ControlError::Invalid {
+                field: "alua".into(),
+                message: format!("no target port group {group}"),
+            });
+        };
+        let objects = self.objects.lock().await;
+        for (name, dev) in &objects.devices {
+            // A backstore with a state of its own for the group keeps it.
+            let own = g.backstores.iter().find(|o| o.backstore == *name);
+            let configured = own.map_or(g.state, |o| o.state);
+            let named = backstore.is_none_or(|b| b == name);
+            if !named || configured != state || !dev.port_groups().iter().any(|p| p.id == group) {
+                continue;
+            }
+            dev.set_group_state(group, state).await.map_err(|message| {
+                ControlError::Internal(format!("backstore {name}: {message}"))
+            })?;
+        }
+        Ok(())
+    }
+
     fn metrics(&self) -> String {
         let m = &self.metrics;
         let sessions = self.sessions();

@@ -11,7 +11,6 @@
 use super::cdb::{be, field, put_be32};
 use super::sense::{asc, key, Sense};
 use super::table::{CmdDesc, Op};
-use super::ua::UnitAttention;
 use super::{CmdResult, Ctx, Done, Nexus};
 
 /// A target port asymmetric access state (SPC-4 5.16.2.4).
@@ -194,10 +193,67 @@ impl AluaConfig {
 
 /// Why a group's state last changed (STATUS CODE of its descriptor).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Changed {
+pub(crate) enum Changed {
     Not = 0,
     Explicitly = 1,
     Implicitly = 2,
+}
+
+impl Changed {
+    pub(crate) fn from_code(code: u8) -> Option<Changed> {
+        [Changed::Not, Changed::Explicitly, Changed::Implicitly]
+            .into_iter()
+            .find(|c| *c as u8 == code)
+    }
+}
+
+/// The access state of one group, as the processes exporting a logical unit share it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct GroupState {
+    pub(crate) id: u16,
+    pub(crate) state: AccessState,
+    pub(crate) changed: Changed,
+}
+
+/// Gives the groups of `groups` listed in `wanted` their new states, a change of kind `how`.
+/// With `one_optimized`, a group made active/optimized takes the place of the one that was
+/// (unless `wanted` names that one too), which becomes active/non-optimized if the new one
+/// was, and standby otherwise. Returns whether any state changed.
+pub(crate) fn set_states(
+    groups: &mut [GroupState],
+    wanted: &[(u16, AccessState)],
+    how: Changed,
+    one_optimized: bool,
+) -> bool {
+    let mut moved = false;
+    for &(id, state) in wanted {
+        let Some(before) = groups.iter().find(|g| g.id == id).map(|g| g.state) else {
+            continue;
+        };
+        if before == state {
+            continue;
+        }
+        if one_optimized && state == AccessState::ActiveOptimized {
+            let demoted = if before == AccessState::ActiveNonOptimized {
+                before
+            } else {
+                AccessState::Standby
+            };
+            for g in groups.iter_mut() {
+                let named = wanted.iter().any(|(w, _)| *w == g.id);
+                if g.id != id && g.state == AccessState::ActiveOptimized && !named {
+                    g.state = demoted;
+                    g.changed = Changed::Implicitly;
+                }
+            }
+        }
+        if let Some(g) = groups.iter_mut().find(|g| g.id == id) {
+            g.state = state;
+            g.changed = how;
+        }
+        moved = true;
+    }
+    moved
 }
 
 /// The live target port groups of a logical unit.
@@ -222,8 +278,56 @@ impl Alua {
         }
     }
 
-    fn learns(&self) -> bool {
+    pub(crate) fn learns(&self) -> bool {
         self.configured.is_empty()
+    }
+
+    /// Every group's state, learned ones included.
+    pub(crate) fn states(&self) -> Vec<GroupState> {
+        self.groups
+            .iter()
+            .map(|(g, changed)| GroupState {
+                id: g.id,
+                state: g.state,
+                changed: *changed,
+            })
+            .collect()
+    }
+
+    /// Takes in the states of configured groups (another process's changes); groups this
+    /// one does not have are left out, and learned groups are never shared. Returns whether
+    /// any state changed.
+    pub(crate) fn take_states(&mut self, states: &[GroupState]) -> bool {
+        if self.learns() {
+            return false;
+        }
+        let mut moved = false;
+        for s in states {
+            if let Some((g, changed)) = self.groups.iter_mut().find(|(g, _)| g.id == s.id) {
+                moved |= g.state != s.state;
+                g.state = s.state;
+                *changed = s.changed;
+            }
+        }
+        moved
+    }
+
+    /// [`set_states`] on the live groups.
+    pub(crate) fn set(
+        &mut self,
+        wanted: &[(u16, AccessState)],
+        how: Changed,
+        one_optimized: bool,
+    ) -> bool {
+        let mut states = self.states();
+        if !set_states(&mut states, wanted, how, one_optimized) {
+            return false;
+        }
+        for (s, (g, changed)) in states.iter().zip(self.groups.iter_mut()) {
+            g.state = s.state;
+            *changed = s.changed;
+        }
+        true
     }
 
     /// The TPGS field of standard INQUIRY data, as the groups are now.
@@ -262,12 +366,23 @@ impl Alua {
     /// (SET TARGET PORT GROUPS may have moved it) and takes the new port list; any other
     /// takes the configured state. With no groups configured they are learned again from
     /// `nexuses` (target port group, relative port). Returns whether the state of any port
-    /// changed, which every I_T nexus is to hear of.
+    /// changed, which every I_T nexus is to hear of, and the groups whose configured state
+    /// changed (none on the first configuration), for processes that share the states.
     pub(crate) fn reconfigure(
         &mut self,
         config: &AluaConfig,
         nexuses: impl Iterator<Item = (u16, u16)>,
-    ) -> bool {
+    ) -> (bool, Vec<(u16, AccessState)>) {
+        let ordered = config
+            .groups
+            .iter()
+            .filter(|g| {
+                self.configured
+                    .iter()
+                    .any(|c| c.id == g.id && c.state != g.state)
+            })
+            .map(|g| (g.id, g.state))
+            .collect();
         let old = self.port_states();
         let same = |a: &PortGroup, b: &PortGroup| {
             (a.state, a.preferred, a.implicit, a.explicit)
@@ -299,9 +414,11 @@ impl Alua {
             self.learn(group, port);
         }
         let new = self.port_states();
-        old.iter()
+        let moved = old
+            .iter()
             .chain(new.iter())
-            .any(|(p, _)| self.port_state(&old, *p) != self.port_state(&new, *p))
+            .any(|(p, _)| self.port_state(&old, *p) != self.port_state(&new, *p));
+        (moved, ordered)
     }
 
     /// Every relative port in a group, with the group's state.
@@ -377,8 +494,9 @@ pub(crate) fn report_target_port_groups(ctx: &mut Ctx<'_>) -> CmdResult {
 }
 
 /// SET TARGET PORT GROUPS (SPC-4 6.46): every descriptor is checked before any state
-/// changes; every other I_T nexus then gets ASYMMETRIC ACCESS STATE CHANGED.
-pub(crate) fn set_target_port_groups(ctx: &mut Ctx<'_>) -> CmdResult {
+/// changes; every other I_T nexus then gets ASYMMETRIC ACCESS STATE CHANGED (on every
+/// process that shares the states, see [`crate::Device::set_group_states`]).
+pub(crate) async fn set_target_port_groups(ctx: &mut Ctx<'_>) -> CmdResult {
     let len = ctx.cdb().be(field::ALLOC12) as usize;
     if len == 0 {
         return Ok(Done::good());
@@ -388,30 +506,25 @@ pub(crate) fn set_target_port_groups(ctx: &mut Ctx<'_>) -> CmdResult {
         return Err(Sense::param_list_length().into());
     }
     let mut wanted = Vec::with_capacity((len - 4) / 4);
-    let mut st = ctx.dev.lock();
-    for (i, d) in data[4..len].chunks_exact(4).enumerate() {
-        let at = 4 + 4 * i;
-        let state = AccessState::from_code(d[0] & 0x0f)
-            .filter(|s| *s != AccessState::Transitioning)
-            .ok_or_else(|| Sense::invalid_param(at, Some(3)))?;
-        let id = be(&d[2..4]) as u16;
-        match st.alua.groups.iter().find(|(g, _)| g.id == id) {
-            Some((g, _)) if g.explicit => wanted.push((id, state)),
-            _ => return Err(Sense::invalid_param(at + 2, None).into()),
-        }
-    }
-    let mut moved = false;
-    for (id, state) in wanted {
-        if let Some((g, changed)) = st.alua.groups.iter_mut().find(|(g, _)| g.id == id) {
-            if g.state != state {
-                g.state = state;
-                *changed = Changed::Explicitly;
-                moved = true;
+    {
+        let st = ctx.dev.lock();
+        for (i, d) in data[4..len].chunks_exact(4).enumerate() {
+            let at = 4 + 4 * i;
+            let state = AccessState::from_code(d[0] & 0x0f)
+                .filter(|s| *s != AccessState::Transitioning)
+                .ok_or_else(|| Sense::invalid_param(at, Some(3)))?;
+            let id = be(&d[2..4]) as u16;
+            match st.alua.groups.iter().find(|(g, _)| g.id == id) {
+                Some((g, _)) if g.explicit => wanted.push((id, state)),
+                _ => return Err(Sense::invalid_param(at + 2, None).into()),
             }
         }
     }
-    if moved {
-        st.post_all(UnitAttention::AsymmetricAccessChanged, Some(ctx.nexus.id));
+    if ctx
+        .dev
+        .set_group_states(&wanted, Changed::Explicitly, Some(ctx.nexus.id))
+        .await?
+    {
         tracing::info!(device = %ctx.dev.config.name, nexus = ctx.nexus.id,
             "target port group states set (SET TARGET PORT GROUPS)");
     }
@@ -469,6 +582,55 @@ mod tests {
         assert_eq!(&g2[8..12], &[0, 0, 0, 3]);
         let short = a.report(false);
         assert_eq!(&short[4..], &ext[8..]);
+    }
+
+    #[test]
+    fn one_group_at_a_time_is_active_optimized_when_asked() {
+        let states = |s: &[AccessState]| -> Vec<GroupState> {
+            s.iter()
+                .enumerate()
+                .map(|(i, &state)| GroupState {
+                    id: i as u16 + 1,
+                    state,
+                    changed: Changed::Not,
+                })
+                .collect()
+        };
+        let of = |g: &[GroupState]| g.iter().map(|g| g.state).collect::<Vec<_>>();
+        use AccessState::{ActiveNonOptimized as Ano, ActiveOptimized as Ao, Standby as Sb};
+        let mut g = states(&[Ao, Ano, Sb]);
+        // Without the rule, two groups may be active/optimized.
+        let mut free = g.clone();
+        assert!(set_states(
+            &mut free,
+            &[(2, Ao)],
+            Changed::Explicitly,
+            false
+        ));
+        assert_eq!(of(&free), [Ao, Ao, Sb]);
+        // With it, the new one takes the old one's place: the old one takes its former state.
+        assert!(set_states(&mut g, &[(2, Ao)], Changed::Explicitly, true));
+        assert_eq!(of(&g), [Ano, Ao, Sb]);
+        assert_eq!(g[0].changed, Changed::Implicitly);
+        assert_eq!(g[1].changed, Changed::Explicitly);
+        assert!(set_states(&mut g, &[(3, Ao)], Changed::Implicitly, true));
+        assert_eq!(of(&g), [Ano, Sb, Ao]);
+        // A group the list names itself keeps the state the list gives it.
+        assert!(set_states(
+            &mut g,
+            &[(1, Ao), (3, Ano)],
+            Changed::Explicitly,
+            true
+        ));
+        assert_eq!(of(&g), [Ao, Sb, Ano]);
+        // Nothing to change, or an unknown group: no change.
+        assert!(!set_states(
+            &mut g,
+            &[(1, Ao), (9, Sb)],
+            Changed::Explicitly,
+            true
+        ));
+        assert_eq!(of(&g), [Ao, Sb, Ano]);
     }
 
     #[test]

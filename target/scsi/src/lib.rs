@@ -25,6 +25,7 @@ mod pr;
 mod range_lock;
 mod sbc;
 pub mod sense;
+mod shared;
 mod spc;
 pub mod stats;
 mod table;
@@ -666,6 +667,7 @@ impl Device {
             let task = rt.spawn(follow_shared_pr(Arc::downgrade(&dev), store));
             *slot = Some(task.abort_handle());
         }
+        dev.share_group_states(Vec::new());
         Ok(dev)
     }
 
@@ -777,9 +779,9 @@ impl Device {
         tokio::spawn(async move {
             let r = store
                 .update(&mut |current| {
-                    let mut st = pr::decode_shared(current).ok()?;
-                    st.spc2.take_if(|h| held(h))?;
-                    Some(pr::encode(&st).into_bytes())
+                    let mut doc = shared::decode(current).ok()?;
+                    doc.pr.spc2.take_if(|h| held(h))?;
+                    Some(shared::encode(&doc))
                 })
                 .await;
             if let (Err(e), Some(dev)) = (r, me.upgrade()) {
@@ -884,12 +886,13 @@ impl Device {
             .read()
             .await
             .map_err(|e| self.pr_failed(store.as_ref(), &e))?;
-        let new = pr::decode_shared(&bytes).map_err(|e| {
+        let doc = shared::decode(&bytes).map_err(|e| {
             self.pr_failed(
                 store.as_ref(),
                 &std::io::Error::new(std::io::ErrorKind::InvalidData, e),
             )
         })?;
+        let new = doc.pr;
         let listening = self
             .pr_listener
             .lock()
@@ -906,7 +909,115 @@ impl Device {
         }
         st.pr = new;
         st.post_reg(&uas, u64::MAX);
+        self.take_group_states(&mut st, &doc.groups, None);
         Ok(())
+    }
+
+    /// Changes the state shared with the other processes (`change` may run more than once:
+    /// another process changed it first). Returns the state `change` was applied to, the
+    /// result, and what `change` returned.
+    pub(crate) async fn update_shared<T: Send>(
+        &self,
+        store: &dyn SharedState,
+        mut change: impl FnMut(&mut shared::SharedDoc) -> Result<T, Fail> + Send,
+    ) -> Result<(shared::SharedDoc, shared::SharedDoc, T), Fail> {
+        let mut outcome = None;
+        store
+            .update(&mut |current| {
+                let base = match shared::decode(current) {
+                    Ok(b) => b,
+                    Err(e) => {
+                        tracing::error!(device = %self.config.name, error = %e,
+                            "the shared state is corrupt");
+                        outcome = Some(Err(Sense::internal_failure().into()));
+                        return None;
+                    }
+                };
+                let mut new = base.clone();
+                match change(&mut new) {
+                    Ok(t) => {
+                        let bytes = (new != base).then(|| shared::encode(&new));
+                        outcome = Some(Ok((base, new, t)));
+                        bytes
+                    }
+                    Err(f) => {
+                        outcome = Some(Err(f));
+                        None
+                    }
+                }
+            })
+            .await
+            .map_err(|e| self.pr_failed(store, &e))?;
+        outcome.unwrap_or_else(|| Err(Sense::internal_failure().into()))
+    }
+
+    /// Takes in the group states of the shared state; every I_T nexus but `except` hears of
+    /// a change. Returns whether a state changed.
+    fn take_group_states(
+        &self,
+        st: &mut DevState,
+        states: &[alua::GroupState],
+        except: Option<u64>,
+    ) -> bool {
+        if !st.alua.take_states(states) {
+            return false;
+        }
+        st.post_all(UnitAttention::AsymmetricAccessChanged, except);
+        tracing::info!(device = %self.config.name, "target port group states changed");
+        true
+    }
+
+    /// The shared state, when the target port group states are kept in it: groups are
+    /// configured (learned ones are each process's own).
+    fn shared_groups(&self) -> Option<Arc<dyn SharedState>> {
+        let store = self.config.pr_shared.clone()?;
+        (!self.lock().alua.learns()).then_some(store)
+    }
+
+    /// Sets the states of the groups in `wanted` (a change of kind `how`), and in the shared
+    /// state when the groups are kept there (writing every group's state first if nobody
+    /// has yet). With a backstore whose write lock follows the writes, one group at a time
+    /// is active/optimized ([`alua::set_states`]). Every I_T nexus but `except` hears of a
+    /// change, on every process that shares the states. Returns whether a state changed.
+    pub(crate) async fn set_group_states(
+        &self,
+        wanted: &[(u16, AccessState)],
+        how: alua::Changed,
+        except: Option<u64>,
+    ) -> Result<bool, Fail> {
+        let one = self.backstore.write_lock_follows_writes();
+        let Some(store) = self.shared_groups() else {
+            let mut st = self.lock();
+            let moved = st.alua.set(wanted, how, one);
+            if moved {
+                st.post_all(UnitAttention::AsymmetricAccessChanged, except);
+            }
+            return Ok(moved);
+        };
+        let own = self.lock().alua.states();
+        let (_, new, ()) = self
+            .update_shared(store.as_ref(), |doc| {
+                if doc.groups.is_empty() {
+                    doc.groups = own.clone();
+                }
+                alua::set_states(&mut doc.groups, wanted, how, one);
+                Ok(())
+            })
+            .await?;
+        let mut st = self.lock();
+        Ok(self.take_group_states(&mut st, &new.groups, except))
+    }
+
+    /// Sets the state of target port group `group` now, as an implicit change (the API), on
+    /// every process that shares the states. Returns whether it changed, or why it could
+    /// not be set.
+    pub async fn set_group_state(&self, group: u16, state: AccessState) -> Result<bool, String> {
+        if !self.lock().alua.states().iter().any(|g| g.id == group) {
+            return Err(format!("no target port group {group}"));
+        }
+        self.set_group_states(&[(group, state)], alua::Changed::Implicitly, None)
+            .await
+            .map_err(|_| "the shared state of the target port groups is unavailable".into())
     }
 
     /// The sense for a shared reservation state that could not be read or changed.
@@ -940,10 +1051,10 @@ impl Device {
             .map(|(id, n)| (*id, n.port_group, n.relative_port))
             .collect();
         nexuses.sort_unstable();
-        if st
+        let (moved, ordered) = st
             .alua
-            .reconfigure(config, nexuses.into_iter().map(|(_, g, p)| (g, p)))
-        {
+            .reconfigure(config, nexuses.into_iter().map(|(_, g, p)| (g, p)));
+        if moved {
             st.post_all(UnitAttention::AsymmetricAccessChanged, None);
             tracing::info!(device = %self.config.name, "target port group states changed");
         }
@@ -951,7 +1062,34 @@ impl Device {
         if self.tpgs.swap(tpgs, Ordering::Relaxed) != tpgs {
             st.post_all(UnitAttention::InquiryDataChanged, None);
         }
+        drop(st);
+        self.share_group_states(ordered);
         Ok(())
+    }
+
+    /// Where the group states are shared with other processes, writes the configuration's
+    /// changes `ordered` there, and the states of every group if nobody has written them
+    /// yet: in the background, as a configuration has no command to fail.
+    fn share_group_states(&self, ordered: Vec<(u16, AccessState)>) {
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        if self.shared_groups().is_none() {
+            return;
+        }
+        let me = self.me.clone();
+        rt.spawn(async move {
+            let Some(dev) = me.upgrade() else {
+                return;
+            };
+            if let Err(Fail::Check(s)) = dev
+                .set_group_states(&ordered, alua::Changed::Implicitly, None)
+                .await
+            {
+                tracing::error!(device = %dev.config.name, sense = ?s,
+                    "the target port group states could not be shared");
+            }
+        });
     }
 
     /// The target port groups as they are now (learned ones included).
@@ -1170,7 +1308,7 @@ impl Device {
             Op::ReportSupportedOpcodes => spc::report_supported_opcodes(ctx),
             Op::ReportSupportedTmf => spc::report_supported_tmf(ctx),
             Op::ReportTargetPortGroups => alua::report_target_port_groups(ctx),
-            Op::SetTargetPortGroups => alua::set_target_port_groups(ctx),
+            Op::SetTargetPortGroups => alua::set_target_port_groups(ctx).await,
             Op::ReportLuns => Ok(lun_map::report_luns_single(ctx)),
             Op::ReadCapacity10 => sbc::read_capacity10(ctx),
             Op::ReadCapacity16 => sbc::read_capacity16(ctx),

@@ -911,15 +911,6 @@ pub fn persist(path: &Path, st: &PrState) -> std::io::Result<()> {
     rtgt_backstore::write_atomically(path, encode(&persistent).as_bytes())
 }
 
-/// The state kept with other processes ([`rtgt_backstore::SharedState`]): empty when none
-/// was ever written.
-pub fn decode_shared(bytes: &[u8]) -> Result<PrState, String> {
-    if bytes.is_empty() {
-        return Ok(PrState::default());
-    }
-    decode(std::str::from_utf8(bytes).map_err(|_| "not UTF-8".to_string())?)
-}
-
 /// The unit attentions another process's change from `old` to `new` owes this process's
 /// I_T nexuses: REGISTRATIONS PREEMPTED where a registration is gone, RESERVATIONS RELEASED
 /// to the remaining registrants where the reservation went or changed.

@@ -393,39 +393,13 @@ pub(crate) async fn change_reservations(
     mut change: impl FnMut(&mut pr::PrState) -> Result<Vec<pr::UaTarget>, Fail> + Send,
 ) -> Result<Vec<pr::UaTarget>, Fail> {
     if let Some(store) = &dev.config.pr_shared {
-        type Applied = (pr::PrState, pr::PrState, Vec<pr::UaTarget>);
-        let mut outcome: Option<Result<Applied, Fail>> = None;
-        store
-            .update(&mut |current| {
-                let base = match pr::decode_shared(current) {
-                    Ok(b) => b,
-                    Err(e) => {
-                        tracing::error!(device = %dev.config.name, error = %e,
-                            "the shared reservation state is corrupt");
-                        outcome = Some(Err(Sense::internal_failure().into()));
-                        return None;
-                    }
-                };
-                let mut new = base.clone();
-                match change(&mut new) {
-                    Ok(uas) => {
-                        let bytes = (new != base).then(|| pr::encode(&new).into_bytes());
-                        outcome = Some(Ok((base, new, uas)));
-                        bytes
-                    }
-                    Err(f) => {
-                        outcome = Some(Err(f));
-                        None
-                    }
-                }
-            })
-            .await
-            .map_err(|e| dev.pr_failed(store.as_ref(), &e))?;
-        let (base, new, uas) = outcome.unwrap_or_else(|| Err(Sense::internal_failure().into()))?;
+        let (base, new, uas) = dev
+            .update_shared(store.as_ref(), |doc| change(&mut doc.pr))
+            .await?;
         let mut st = dev.lock();
-        let elsewhere = pr::changed_elsewhere(&st.pr, &base);
+        let elsewhere = pr::changed_elsewhere(&st.pr, &base.pr);
         st.post_reg(&elsewhere, u64::MAX);
-        st.pr = new;
+        st.pr = new.pr;
         st.post_reg(&uas, nexus.id);
         return Ok(uas);
     }

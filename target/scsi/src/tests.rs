@@ -2957,6 +2957,107 @@ async fn set_target_port_groups_switches_the_owner_and_tells_the_other_nexuses()
     );
 }
 
+/// Two processes exporting one logical unit with a shared state share the target port
+/// group states too: a SET TARGET PORT GROUPS or an API change through one reaches the other
+/// process's I_T nexuses, a configuration's change is shared, and a process that starts later
+/// takes the shared states over its configuration's.
+#[tokio::test]
+async fn alua_states_shared_by_two_gateways() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("lun0.pr");
+    let backstore = ram();
+    let config = || DeviceConfig {
+        pr_shared: Some(Arc::new(rtgt_backstore::SharedFile::new(&path))),
+        ..alua_cfg()
+    };
+    let a = make_with(backstore.clone(), config());
+    let b = make_with(backstore.clone(), config());
+    let (n1, n2) = (nx_port(1, 1, 1), nx_port(2, 2, 2));
+    ready(&a, &n1).await;
+    let rtpg = |dev: &Arc<Device>, n: &Nexus| {
+        let (dev, n) = (dev.clone(), n.clone());
+        async move {
+            let mut r = run(&dev, &n, &RTPG_EXT, None, 256).await;
+            for _ in 0..4 {
+                if r.status == Status::Good {
+                    break;
+                }
+                r = run(&dev, &n, &RTPG_EXT, None, 256).await;
+            }
+            rtpg_groups(&data(&r))
+        }
+    };
+    // The configured states are written for the others (in the background).
+    let shared = |want: &str| {
+        let path = path.clone();
+        let want = want.to_string();
+        async move {
+            for _ in 0..500 {
+                if std::fs::read_to_string(&path).is_ok_and(|t| t.contains(&want)) {
+                    return;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            }
+            panic!("{want:?} not in {:?}", std::fs::read_to_string(&path));
+        }
+    };
+    shared("tpg 1 active_optimized 0\ntpg 2 standby 0\n").await;
+    assert_eq!(
+        rtpg(&b, &n2).await,
+        [(1, 0x0, true, 0, vec![1]), (2, 0x2, false, 0, vec![2])]
+    );
+    // B (standby) takes the logical unit: A's nexus hears of it and is standby.
+    let (cdb, p) = stpg(&[(0x2, 1), (0x0, 2)]);
+    good(&run(&b, &n2, &cdb, Some(&p), 0).await);
+    check(
+        &run(&a, &n1, &READ10, None, 512).await,
+        key::UNIT_ATTENTION,
+        asc::ASYMMETRIC_ACCESS_STATE_CHANGED,
+    );
+    check(
+        &run(&a, &n1, &READ10, None, 512).await,
+        key::NOT_READY,
+        asc::ALUA_STANDBY,
+    );
+    assert_eq!(
+        rtpg(&a, &n1).await,
+        [(1, 0x2, true, 1, vec![1]), (2, 0x0, false, 1, vec![2])]
+    );
+    // Through A's API: group 1 active/optimized now, although A's configuration says so
+    // already. B's nexus hears of it (an implicit change).
+    assert_eq!(
+        a.set_group_state(1, AccessState::ActiveOptimized).await,
+        Ok(true)
+    );
+    check(
+        &run(&b, &n2, &READ10, None, 512).await,
+        key::UNIT_ATTENTION,
+        asc::ASYMMETRIC_ACCESS_STATE_CHANGED,
+    );
+    assert_eq!(
+        rtpg(&b, &n2).await,
+        [(1, 0x0, true, 2, vec![1]), (2, 0x0, false, 1, vec![2])]
+    );
+    assert!(a.set_group_state(7, AccessState::Standby).await.is_err());
+    // B's configuration gives group 2 another state: shared, and A takes it in.
+    let mut alua = alua_cfg().alua;
+    alua.groups[1].state = AccessState::ActiveNonOptimized;
+    b.set_alua(&alua).unwrap();
+    shared("tpg 2 active_non_optimized 2\n").await;
+    assert_eq!(
+        rtpg(&a, &n1).await,
+        [(1, 0x0, true, 2, vec![1]), (2, 0x1, false, 2, vec![2])]
+    );
+    // A process started later (configured with group 2 standby) takes the shared states.
+    let c = make_with(backstore.clone(), config());
+    let n3 = nx_port(3, 2, 2);
+    assert_eq!(
+        rtpg(&c, &n3).await,
+        [(1, 0x0, true, 2, vec![1]), (2, 0x1, false, 2, vec![2])]
+    );
+    good(&run(&c, &n3, &READ10, None, 512).await);
+}
+
 #[tokio::test]
 async fn a_new_configuration_keeps_explicit_states_of_groups_it_does_not_change() {
     let dev = make(alua_cfg());

@@ -2,15 +2,18 @@
 # dm-multipath (ALUA) over two rtgtd gateways that export one Ceph RBD image as one LUN, over
 # iSCSI/TCP. ext4 with files on the map, then fio randwrite verify (QD16) on a file in it
 # while the gateway of the active/optimized group is killed with -9: the I/O moves to the other
-# gateway (which takes the image's exclusive lock over from the dead one), the killed gateway
-# is started again and the I/O moves back. No I/O error may reach fio, its verification must
+# gateway, which the guest's SET TARGET PORT GROUPS makes active/optimized for both gateways
+# (and which takes the image's exclusive lock over from the dead one); the killed gateway is
+# started again and comes back active/non-optimized, so the I/O stays, until a failback through
+# its own API moves it back. No I/O error may reach fio, its verification must
 # pass, fsck must find the file system clean and the files intact. Then persistent
 # reservations: a key registered and a reservation made through one gateway are reported
 # through the other, and a second initiator (its own iSCSI interface and name) on the second
 # gateway preempts the first with PREEMPT AND ABORT, after which the first initiator's writes
-# conflict through both gateways while its reads still work. Between the two, a failover and
-# a failback through the API of both gateways under fio: the image's exclusive lock (rtgtd's
-# metric) follows the writes to the active/optimized gateway and back.
+# conflict through both gateways while its reads still work. Between the two, a failover
+# through the API of rtgtd-b and a failback through that of rtgtd-a under fio (the gateways
+# share the groups' states): the image's exclusive lock (rtgtd's metric) follows the writes
+# to the active/optimized gateway and back.
 set -euo pipefail
 p1=$LAB_HOST_IP p2=$IP2
 map=/dev/mapper/3$WWN
@@ -31,21 +34,31 @@ lab_mpath_ready "$map" "$d1" "$d2" "$LAB_OUT/multipath-start.txt"
 lab_step "ext4 on the map, files, fio verify in it while rtgtd-a is killed with -9 and restarted"
 lab_files_create "$map" 192M
 mount "$map" /mnt/disk
-lab_fio_start rbd-kill /mnt/disk/fio.dat 90 0 48m
+lab_fio_start rbd-kill /mnt/disk/fio.dat 150 0 48m
 lab_signal kill-a
 lab_path_is "$d1" failed - - 90
+# scsi_dh_alua activates the path through rtgtd-b with SET TARGET PORT GROUPS: group 2 is
+# active/optimized for both gateways from now on.
+lab_path_is "$d2" active ready 50 90
 lab_writes_grow "$d2" "while rtgtd-a is down"
 lab_signal restart-a
 lab_wait a-restarted 120 || lab_fail "rtgtd-a did not restart"
-lab_path_is "$d1" active ready 50 180
-lab_writes_grow "$d1" "after rtgtd-a returned"
+# rtgtd-a returns active/non-optimized (the shared state, not its configuration): the writes,
+# and the image's lock, stay with rtgtd-b.
+lab_path_is "$d1" active ready 10 180
+lab_writes_grow "$d2" "after rtgtd-a returned"
+lab_signal failback-a
+lab_wait failed-back-a 120 || lab_fail "no failback through rtgtd-a's API"
+lab_path_is "$d1" active ready 50 60
+lab_path_is "$d2" active ready 10 60
+lab_writes_grow "$d1" "after the failback"
 lab_fio_end
 umount /mnt/disk
 fsck.ext4 -fn "$map" >"$LAB_OUT/fsck.txt" 2>&1 || { cat "$LAB_OUT/fsck.txt"; lab_fail "fsck found errors"; }
 lab_files_verify "$map" "after the kill -9"
 multipath -ll "$map" | tee "$LAB_OUT/multipath-after-kill.txt"
 
-lab_step "failover through the API of both gateways and back, under fio; the lock follows"
+lab_step "failover through one gateway's API, failback through the other's, under fio; the lock follows"
 mount "$map" /mnt/disk
 lab_fio_start rbd-failover /mnt/disk/fio2.dat 75 0 32m
 lab_signal lock-a

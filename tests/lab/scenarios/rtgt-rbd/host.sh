@@ -2,7 +2,9 @@
 # Host side of rtgt-rbd: a one-node Ceph cluster (tests/ceph/cluster.sh) with one RBD image,
 # exported by two rtgtd as one LUN with one identity: rtgtd-a on the first address in ALUA
 # group 1 (active/optimized), rtgtd-b on the second in group 2 (active/non-optimized), each
-# listing the other's port as a remote port. Reservations live in the cluster. When the guest
+# listing the other's port as a remote port; both groups allow SET TARGET PORT GROUPS.
+# Reservations and the groups' states live in the cluster, so a change through one gateway's
+# API (or a host's SET TARGET PORT GROUPS) reaches both. When the guest
 # asks, rtgtd-a is killed with -9 and, once the guest's I/O runs through rtgtd-b, started again.
 
 RTGT_IQN=iqn.2025-01.io.rtgt.lab:rbd
@@ -35,8 +37,8 @@ targets:
         acls: [{initiator: $GUEST_IQN}, {initiator: $GUEST2_IQN}]
 alua:
   groups:
-    - {id: $group, state: $state}
-    - {id: $other, state: $ostate, remote_ports: [$other]}
+    - {id: $group, state: $state, explicit: true}
+    - {id: $other, state: $ostate, explicit: true, remote_ports: [$other]}
 rdma: {enabled: false}
 api: {listen: []}
 policy: {backstore_roots: ['$CEPH_DIR']}
@@ -68,19 +70,31 @@ lock_at() {
     return 1
 }
 
-# groups "ID STATE"...: set the groups' states in this order, through the API of both
-# gateways (each reports both groups: its own and the other's).
+# groups INSTANCE "ID STATE"...: set the groups' states in this order through the API of one
+# gateway; the other takes them in from the state they share in the cluster. Both must then
+# report the same states (each reports both groups: its own and the other's).
 groups() {
-    local inst change
-    for inst in a b; do
-        for change in "$@"; do
-            # shellcheck disable=SC2086  # "ID STATE"
-            rtgtctl "$inst" alua set $change || return 1
-        done
+    local inst=$1 change i
+    shift
+    for change in "$@"; do
+        # shellcheck disable=SC2086  # "ID STATE"
+        rtgtctl "$inst" alua set $change || return 1
     done
-    rtgtctl a alua show | tee -a "$LAB_RESULTS/alua.txt"
-    rtgtctl b alua show | tee -a "$LAB_RESULTS/alua.txt"
+    for ((i = 0; i < 20; i++)); do
+        [[ $(states a) == "$(states b)" ]] && break
+        sleep 0.5
+    done
+    states a | tee -a "$LAB_RESULTS/alua.txt"
+    states b | tee -a "$LAB_RESULTS/alua.txt"
+    [[ $(states a) == "$(states b)" ]] || {
+        echo "the gateways report different states after a change through $inst"
+        return 1
+    }
+    lab_report "states set through rtgtd-$inst alone, taken in by both: $*"
 }
+
+# states INSTANCE: the groups' states that gateway reports, in group order.
+states() { rtgtctl "$1" alua show | sort; }
 
 start_rtgtd() { # NAME INSTANCE IP
     mkdir -p "$LAB_WORK/$2"
@@ -110,21 +124,30 @@ host_run() {
     lab_report "rtgtd-a (group 1, active/optimized) killed with -9 under fio"
     lab_wait restart-a 180 || return 1
     start_rtgtd rtgtd-a2 a "$LAB_HOST_IP" || return 1
+    # The guest's SET TARGET PORT GROUPS through rtgtd-b made group 2 active/optimized in the
+    # state the gateways share: rtgtd-a takes that over its configuration.
+    lab_report "rtgtd-a restarted; its groups: $(states a | tr -s ' \n' ' ')"
     lab_signal a-restarted
+    lab_wait failback-a 180 || return 1
+    # The writes stayed on rtgtd-b, so did the image's lock.
+    lock_at b a || return 1
+    groups a "1 active_optimized" || return 1
+    lab_signal failed-back-a
 
-    # Failover and failback through the API of both gateways; the lock follows the writes.
+    # Failover through rtgtd-b's API and failback through rtgtd-a's: the lock follows the
+    # writes.
     lab_wait lock-a 600 || return 1
     lock_at a b || return 1
     lab_signal lock-a-ok
     lab_wait failover 120 || return 1
     # The active/optimized group goes first: never two of them.
-    groups "1 standby" "2 active_optimized" || return 1
+    groups b "1 standby" "2 active_optimized" || return 1
     lab_signal failed-over
     lab_wait lock-b 120 || return 1
     lock_at b a || return 1
     lab_signal lock-b-ok
     lab_wait failback 120 || return 1
-    groups "2 active_non_optimized" "1 active_optimized" || return 1
+    groups a "2 active_non_optimized" "1 active_optimized" || return 1
     lab_signal failed-back
     lab_wait lock-back 120 || return 1
     lock_at a b || return 1
