@@ -1,0 +1,66 @@
+//! NVMe over Fabrics (`rtgt-nvme`): NVMe/TCP PDUs, submission entries, SGLs, fabrics commands
+//! and the Connect data.
+
+use rtgt_nvme::fabrics::{ConnectData, FabricsCmd, CONNECT_DATA_LEN};
+use rtgt_nvme::sqe::{Sgl, Sqe};
+use rtgt_nvme::tcp::{self, CommonHeader, Digests, Header, CH_LEN};
+
+/// The data a command capsule or data PDU may carry here.
+const MAX_DATA: usize = 128 << 10;
+
+/// A byte stream of NVMe/TCP PDUs as a controller reads it: the common header, the length it
+/// announces checked by [`tcp::pdu_len`] before anything more is read, then the whole PDU
+/// through [`tcp::parse`]. Nothing panics; a PDU that parses is emitted again and parses to
+/// the same header and data; a command's SGL and fabrics command survive a round trip, and
+/// a Connect's data parses or names a field.
+///
+/// Input: one byte whose two low bits are the connection's digests (header, data), then the
+/// stream.
+pub fn nvme_tcp_pdu(data: &[u8]) {
+    let Some((&d, mut stream)) = data.split_first() else {
+        return;
+    };
+    let digests = Digests {
+        header: d & 1 != 0,
+        data: d & 2 != 0,
+    };
+    while let Some(ch) = CommonHeader::parse(stream) {
+        let Ok(len) = tcp::pdu_len(&ch, MAX_DATA) else {
+            return;
+        };
+        assert!(len >= CH_LEN);
+        let Some(pdu) = stream.get(..len) else {
+            return;
+        };
+        stream = &stream[len..];
+        let Ok((header, payload)) = tcp::parse(pdu, digests) else {
+            continue;
+        };
+        let again = header.to_pdu(digests, payload, 0);
+        let (h2, p2) = tcp::parse(&again, digests).expect("an emitted PDU parses");
+        assert_eq!((&h2, p2), (&header, payload));
+        if let Header::Cmd(sqe) = &header {
+            command(sqe, payload);
+        }
+    }
+}
+
+fn command(sqe: &Sqe, payload: &[u8]) {
+    assert_eq!(Sqe::parse(&sqe.to_bytes()).as_ref(), Some(sqe));
+    let sgl = sqe.sgl();
+    assert_eq!(Sgl::parse(&sgl.to_bytes()), sgl);
+    let Some(cmd) = FabricsCmd::parse(sqe) else {
+        return;
+    };
+    assert_eq!(
+        FabricsCmd::parse(&cmd.to_sqe(sqe.cid, sqe.dptr)),
+        Some(cmd),
+        "{cmd:?}"
+    );
+    if let FabricsCmd::Connect { .. } = cmd {
+        match ConnectData::parse(payload) {
+            Ok(c) => assert_eq!(ConnectData::parse(&c.to_bytes()), Ok(c)),
+            Err(bad) => assert!(usize::from(bad.0) <= CONNECT_DATA_LEN),
+        }
+    }
+}
