@@ -247,6 +247,7 @@ smoke_tests!(
     iscsi_login,
     iscsi_text,
     iser_header,
+    nvme_structures,
     nvme_tcp_pdu,
     scsi_cdb,
     scsi_params,

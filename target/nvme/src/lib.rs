@@ -1,12 +1,17 @@
 //! NVMe over Fabrics codecs: the 64-byte submission queue entry and the 16-byte completion
-//! queue entry ([`sqe`]), SGL descriptors, the fabrics commands and the Connect data
-//! ([`fabrics`]), and the NVMe/TCP PDUs ([`tcp`]).
+//! queue entry with status codes ([`sqe`]), SGL descriptors, the fabrics commands and the
+//! Connect data ([`fabrics`]), the admin command set's fields and data structures
+//! (Identify, log pages, the discovery log: [`admin`]), the NVM command set's ([`nvm`]), the
+//! NVMe/TCP PDUs ([`tcp`]) and the NVMe/RDMA connection private data ([`rdma`]).
 //!
 //! Every structure has a plain representation with `parse` and `emit`. Parsers take untrusted
 //! bytes, never panic and check every length before reading; `emit` panics only when handed a
 //! buffer shorter than the structure. Multi-byte fields are little-endian, as NVMe's are.
 
+pub mod admin;
 pub mod fabrics;
+pub mod nvm;
+pub mod rdma;
 pub mod sqe;
 pub mod tcp;
 

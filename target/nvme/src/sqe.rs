@@ -211,6 +211,51 @@ pub mod sct {
     pub const PATH: u8 = 0x3;
 }
 
+/// Status codes, by type.
+pub mod sc {
+    /// Generic command status.
+    pub const INVALID_OPCODE: u8 = 0x01;
+    pub const INVALID_FIELD: u8 = 0x02;
+    pub const COMMAND_ID_CONFLICT: u8 = 0x03;
+    pub const DATA_TRANSFER_ERROR: u8 = 0x04;
+    pub const INTERNAL_ERROR: u8 = 0x06;
+    pub const ABORT_REQUESTED: u8 = 0x07;
+    pub const ABORTED_SQ_DELETION: u8 = 0x08;
+    pub const INVALID_NAMESPACE: u8 = 0x0b;
+    pub const COMMAND_SEQUENCE_ERROR: u8 = 0x0c;
+    pub const SGL_INVALID_DATA_LENGTH: u8 = 0x0f;
+    pub const SGL_INVALID_TYPE: u8 = 0x11;
+    pub const SGL_INVALID_OFFSET: u8 = 0x16;
+    pub const HOST_ID_INCONSISTENT: u8 = 0x18;
+    pub const KEEP_ALIVE_EXPIRED: u8 = 0x19;
+    pub const KEEP_ALIVE_INVALID: u8 = 0x1a;
+    pub const ABORTED_PREEMPT: u8 = 0x1b;
+    pub const NAMESPACE_WRITE_PROTECTED: u8 = 0x20;
+    pub const TRANSIENT_TRANSPORT_ERROR: u8 = 0x22;
+    pub const LBA_OUT_OF_RANGE: u8 = 0x80;
+    pub const CAPACITY_EXCEEDED: u8 = 0x81;
+    pub const NAMESPACE_NOT_READY: u8 = 0x82;
+    pub const RESERVATION_CONFLICT: u8 = 0x83;
+    /// Command specific status.
+    pub const INVALID_QUEUE_IDENTIFIER: u8 = 0x01;
+    pub const INVALID_QUEUE_SIZE: u8 = 0x02;
+    pub const ABORT_LIMIT_EXCEEDED: u8 = 0x03;
+    pub const ASYNC_EVENT_LIMIT_EXCEEDED: u8 = 0x05;
+    pub const INVALID_LOG_PAGE: u8 = 0x09;
+    pub const FEATURE_NOT_SAVEABLE: u8 = 0x0d;
+    pub const FEATURE_NOT_CHANGEABLE: u8 = 0x0e;
+    /// Media and data integrity errors.
+    pub const WRITE_FAULT: u8 = 0x80;
+    pub const UNRECOVERED_READ_ERROR: u8 = 0x81;
+    pub const COMPARE_FAILURE: u8 = 0x85;
+    pub const ACCESS_DENIED: u8 = 0x86;
+    /// Path related status.
+    pub const INTERNAL_PATH_ERROR: u8 = 0x00;
+    pub const ANA_PERSISTENT_LOSS: u8 = 0x01;
+    pub const ANA_INACCESSIBLE: u8 = 0x02;
+    pub const ANA_TRANSITION: u8 = 0x03;
+}
+
 /// A completion's status field (without the phase tag).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Status {
