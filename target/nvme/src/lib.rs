@@ -2,17 +2,21 @@
 //! queue entry with status codes ([`sqe`]), SGL descriptors, the fabrics commands and the
 //! Connect data ([`fabrics`]), the admin command set's fields and data structures
 //! (Identify, log pages, the discovery log: [`admin`]), the NVM command set's ([`nvm`]), the
-//! NVMe/TCP PDUs ([`tcp`]) and the NVMe/RDMA connection private data ([`rdma`]).
+//! NVMe/TCP PDUs ([`tcp`]) and the NVMe/RDMA connection private data ([`rdma`]). On them, the
+//! target: subsystems, namespaces over backstores, ports and Connect ([`subsys`]), and the
+//! controllers that execute admin and NVM commands ([`ctrl`]).
 //!
 //! Every structure has a plain representation with `parse` and `emit`. Parsers take untrusted
 //! bytes, never panic and check every length before reading; `emit` panics only when handed a
 //! buffer shorter than the structure. Multi-byte fields are little-endian, as NVMe's are.
 
 pub mod admin;
+pub mod ctrl;
 pub mod fabrics;
 pub mod nvm;
 pub mod rdma;
 pub mod sqe;
+pub mod subsys;
 pub mod tcp;
 
 pub(crate) fn le16(b: &[u8], at: usize) -> u16 {
@@ -38,3 +42,6 @@ pub(crate) fn put32(b: &mut [u8], at: usize, v: u32) {
 pub(crate) fn put64(b: &mut [u8], at: usize, v: u64) {
     b[at..at + 8].copy_from_slice(&v.to_le_bytes());
 }
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,802 @@
+//! A controller: what one host's association with a subsystem holds (its properties, features,
+//! keep alive timer and asynchronous events), and the execution of its commands, admin and
+//! NVM, against the subsystem's namespaces. Transports hand [`Controller::execute`] a
+//! submission entry with the data it brought and send the [`Reply`]; they know nothing of the
+//! commands but which way their data goes ([`Controller::data_out_len`]).
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::{Duration, Instant};
+
+use rtgt_backstore::{BackstoreError, IoBuf, IoErrorKind};
+use tokio::sync::Notify;
+
+use crate::admin::{self, cns, feature, log, nidt, IdController, IdNamespace, IDENTIFY_LEN};
+use crate::fabrics::FabricsCmd;
+use crate::nvm::{self, Rw};
+use crate::sqe::{sc, sct, Sqe, Status};
+use crate::subsys::{Namespace, Subsystem, Targets, DISCOVERY_NQN};
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Property offsets.
+pub mod property {
+    pub const CAP: u32 = 0x00;
+    pub const VS: u32 = 0x08;
+    pub const CC: u32 = 0x14;
+    pub const CSTS: u32 = 0x1c;
+}
+
+/// NVMe version reported (VS and Identify Controller): 1.4.
+pub const VERSION: u32 = 0x0001_0400;
+/// Keep alive granularity (KAS), in 100 ms units.
+const KAS: u16 = 10;
+/// Outstanding Asynchronous Event Requests a controller takes (AERL + 1).
+const AER_LIMIT: usize = 4;
+/// Events kept for hosts with no request outstanding.
+const EVENT_LIMIT: usize = 16;
+
+/// What kind of controller.
+#[derive(Debug)]
+pub enum Kind {
+    Io(Arc<Subsystem>),
+    Discovery,
+}
+
+/// A command's outcome: status, DW0 of the completion, and data for the host.
+#[derive(Debug)]
+pub struct Reply {
+    pub status: Status,
+    pub dw0: u32,
+    /// DW1 (the high half of an 8-byte property).
+    pub dw1: u32,
+    pub data: Option<Vec<u8>>,
+    /// Data read from a namespace, in a pool buffer (a read's).
+    pub buf: Option<IoBuf>,
+}
+
+impl Reply {
+    fn ok() -> Reply {
+        Reply::status(Status::SUCCESS)
+    }
+
+    fn status(status: Status) -> Reply {
+        Reply {
+            status,
+            dw0: 0,
+            dw1: 0,
+            data: None,
+            buf: None,
+        }
+    }
+
+    fn dw0(dw0: u32) -> Reply {
+        Reply { dw0, ..Reply::ok() }
+    }
+
+    fn data(data: Vec<u8>) -> Reply {
+        Reply {
+            data: Some(data),
+            ..Reply::ok()
+        }
+    }
+
+    fn error(sc: u8) -> Reply {
+        Reply::status(Status::error(sct::GENERIC, sc))
+    }
+}
+
+#[derive(Debug, Default)]
+struct State {
+    cc: u32,
+    csts: u32,
+    /// Asynchronous event configuration (Set Features 0Bh).
+    aec: u32,
+    /// Namespaces changed since the host last read the log (Changed Namespace List).
+    changed_ns: Vec<u32>,
+    /// Events (completion DW0) waiting for a request.
+    events: VecDeque<u32>,
+    /// An event of this type was reported and its log not read yet: masked.
+    masked: bool,
+}
+
+/// One host's controller.
+#[derive(Debug)]
+pub struct Controller {
+    pub cntlid: u16,
+    pub kind: Kind,
+    pub host_nqn: String,
+    pub host_id: [u8; 16],
+    targets: Weak<Targets>,
+    io_queues: AtomicU16,
+    kato_ms: AtomicU32,
+    /// Milliseconds since `epoch` at the last command (keep alive).
+    seen: AtomicU64,
+    epoch: Instant,
+    state: Mutex<State>,
+    aers: AtomicU32,
+    event: Notify,
+    closed: AtomicBool,
+    close: Notify,
+}
+
+impl Controller {
+    pub(crate) fn new(
+        cntlid: u16,
+        kind: Kind,
+        host_nqn: String,
+        host_id: [u8; 16],
+        kato_ms: u32,
+        targets: Weak<Targets>,
+    ) -> Arc<Controller> {
+        let ctrl = Arc::new(Controller {
+            cntlid,
+            kind,
+            host_nqn,
+            host_id,
+            targets,
+            io_queues: AtomicU16::new(0),
+            kato_ms: AtomicU32::new(kato_ms),
+            seen: AtomicU64::new(0),
+            epoch: Instant::now(),
+            state: Mutex::new(State::default()),
+            aers: AtomicU32::new(0),
+            event: Notify::new(),
+            closed: AtomicBool::new(false),
+            close: Notify::new(),
+        });
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(keep_alive(Arc::downgrade(&ctrl)));
+        }
+        ctrl
+    }
+
+    pub fn subsys_nqn(&self) -> &str {
+        match &self.kind {
+            Kind::Io(s) => &s.nqn,
+            Kind::Discovery => DISCOVERY_NQN,
+        }
+    }
+
+    /// I/O queues allocated (Set Features Number of Queues).
+    pub fn io_queues(&self) -> u16 {
+        self.io_queues.load(Ordering::Relaxed)
+    }
+
+    /// Ends the association: every queue's connection closes.
+    pub fn close(&self) {
+        if !self.closed.swap(true, Ordering::SeqCst) {
+            tracing::info!(cntlid = self.cntlid, host = %self.host_nqn,
+                subsystem = %self.subsys_nqn(), "controller closed");
+        }
+        self.close.notify_waiters();
+        self.event.notify_waiters();
+    }
+
+    pub fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::SeqCst)
+    }
+
+    /// Resolves once the controller is closed (keep alive expired, the admin queue gone).
+    pub async fn closed(&self) {
+        let wait = self.close.notified();
+        if self.is_closed() {
+            return;
+        }
+        wait.await;
+    }
+
+    fn touch(&self) {
+        let ms = self.epoch.elapsed().as_millis() as u64;
+        self.seen.store(ms, Ordering::Relaxed);
+    }
+
+    /// Bytes of data the command brings from the host (its SGL's length when its data goes
+    /// to the controller, else 0).
+    pub fn data_out_len(sqe: &Sqe) -> usize {
+        let to_controller = match FabricsCmd::parse(sqe) {
+            Some(_) => sqe.fctype() & 1 != 0,
+            None => sqe.opcode & 1 != 0,
+        };
+        if !to_controller {
+            return 0;
+        }
+        sqe.sgl().data_len().unwrap_or(0) as usize
+    }
+
+    /// Posts an asynchronous event (completion DW0: type, information, log page), unless one
+    /// of its kind is reported and not yet cleared by reading the log.
+    pub fn post_event(&self, ty: u8, info: u8, lid: u8) {
+        let mut st = lock(&self.state);
+        if st.masked || st.events.len() >= EVENT_LIMIT {
+            return;
+        }
+        st.masked = true;
+        st.events
+            .push_back(u32::from(ty) | u32::from(info) << 8 | u32::from(lid) << 16);
+        drop(st);
+        self.event.notify_one();
+    }
+
+    /// Tells the host that namespace `nsid` changed (added, removed, resized), if it asked to
+    /// hear of it (Asynchronous Event Configuration bit 8).
+    pub fn namespace_changed(&self, nsid: u32) {
+        let mut st = lock(&self.state);
+        if !st.changed_ns.contains(&nsid) && st.changed_ns.len() < 1024 {
+            st.changed_ns.push(nsid);
+        }
+        let wanted = st.aec & 1 << 8 != 0;
+        drop(st);
+        if wanted {
+            self.post_event(
+                admin::event::NOTICE,
+                admin::event::NAMESPACE_CHANGED,
+                log::CHANGED_NAMESPACES,
+            );
+        }
+    }
+
+    /// Executes a command of queue `qid`; `data` is what the host sent with it.
+    pub async fn execute(&self, qid: u16, sqe: &Sqe, data: Option<IoBuf>) -> Reply {
+        if self.is_closed() {
+            return Reply::status(Status {
+                dnr: false,
+                ..Status::error(sct::PATH, sc::INTERNAL_PATH_ERROR)
+            });
+        }
+        if qid == 0 {
+            self.touch();
+        }
+        if sqe.psdt() == 0 {
+            // PRPs: not on a fabric.
+            return Reply::error(sc::INVALID_FIELD);
+        }
+        if let Some(cmd) = FabricsCmd::parse(sqe) {
+            return self.fabrics(qid, cmd);
+        }
+        if !self.ready() {
+            return Reply::error(sc::COMMAND_SEQUENCE_ERROR);
+        }
+        if qid == 0 {
+            self.admin(sqe, data).await
+        } else {
+            match &self.kind {
+                Kind::Io(s) => self.io(s, sqe, data).await,
+                Kind::Discovery => Reply::error(sc::INVALID_OPCODE),
+            }
+        }
+    }
+
+    fn ready(&self) -> bool {
+        lock(&self.state).csts & 1 != 0
+    }
+
+    fn fabrics(&self, qid: u16, cmd: FabricsCmd) -> Reply {
+        match cmd {
+            FabricsCmd::PropertyGet { eight, offset } if qid == 0 => {
+                match self.property(offset, eight) {
+                    Some(v) => Reply {
+                        dw1: (v >> 32) as u32,
+                        ..Reply::dw0(v as u32)
+                    },
+                    None => Reply::error(sc::INVALID_FIELD),
+                }
+            }
+            FabricsCmd::PropertySet {
+                eight: false,
+                offset: property::CC,
+                value,
+            } if qid == 0 => {
+                let cc = value as u32;
+                let mut st = lock(&self.state);
+                st.cc = cc;
+                // EN -> RDY; a shutdown notification completes at once.
+                st.csts = u32::from(cc & 1 != 0);
+                if cc >> 14 & 3 != 0 {
+                    st.csts |= 2 << 2;
+                }
+                Reply::ok()
+            }
+            FabricsCmd::PropertySet { .. } => Reply::error(sc::INVALID_FIELD),
+            FabricsCmd::Disconnect { .. } => Reply::ok(),
+            // Connect is the transport's, once per queue; authentication is not offered.
+            _ => Reply::error(sc::COMMAND_SEQUENCE_ERROR),
+        }
+    }
+
+    fn property(&self, offset: u32, eight: bool) -> Option<u64> {
+        let limits = self.targets.upgrade().map(|t| t.limits).unwrap_or_default();
+        let st = lock(&self.state);
+        match (offset, eight) {
+            // MQES (zero based), CQR, TO (500 ms units), CSS: NVM.
+            (property::CAP, true) => {
+                Some(u64::from(limits.queue_size - 1) | 1 << 16 | 15 << 24 | 1 << 37)
+            }
+            (property::VS, false) => Some(u64::from(VERSION)),
+            (property::CC, false) => Some(u64::from(st.cc)),
+            (property::CSTS, false) => Some(u64::from(st.csts)),
+            _ => None,
+        }
+    }
+
+    async fn admin(&self, sqe: &Sqe, data: Option<IoBuf>) -> Reply {
+        let _ = data;
+        let [c10, c11, c12, c13, ..] = sqe.cdw;
+        match sqe.opcode {
+            admin::opcode::IDENTIFY => self.identify(sqe),
+            admin::opcode::GET_LOG_PAGE => {
+                self.get_log_page(admin::GetLogPage::from_cdw(c10, c11, c12, c13))
+            }
+            admin::opcode::SET_FEATURES => self.set_features(sqe).await,
+            admin::opcode::GET_FEATURES => self.get_features(sqe),
+            admin::opcode::KEEP_ALIVE => Reply::ok(),
+            admin::opcode::ASYNC_EVENT_REQUEST => self.async_event().await,
+            // Commands run to their end here: nothing is aborted (DW0 bit 0 set).
+            admin::opcode::ABORT => Reply::dw0(1),
+            _ => Reply::error(sc::INVALID_OPCODE),
+        }
+    }
+
+    fn identify(&self, sqe: &Sqe) -> Reply {
+        let id = admin::Identify::from_cdw(sqe.cdw[0], sqe.cdw[1]);
+        let subsystem = match &self.kind {
+            Kind::Io(s) => Some(s),
+            Kind::Discovery => None,
+        };
+        match (id.cns, subsystem) {
+            (cns::CONTROLLER, _) => Reply::data(self.id_controller().to_bytes()),
+            (cns::NAMESPACE, Some(s)) => match s.namespace(sqe.nsid) {
+                Some(ns) => Reply::data(id_namespace(&ns).to_bytes()),
+                // An inactive namespace ID: zeroes.
+                None if sqe.nsid != 0 && sqe.nsid != u32::MAX => Reply::data(vec![0; IDENTIFY_LEN]),
+                None => Reply::error(sc::INVALID_NAMESPACE),
+            },
+            (cns::ACTIVE_NAMESPACES, Some(s)) => {
+                let mut b = vec![0u8; IDENTIFY_LEN];
+                for (i, nsid) in s
+                    .nsids()
+                    .into_iter()
+                    .filter(|&n| n > sqe.nsid)
+                    .take(IDENTIFY_LEN / 4)
+                    .enumerate()
+                {
+                    b[4 * i..4 * i + 4].copy_from_slice(&nsid.to_le_bytes());
+                }
+                Reply::data(b)
+            }
+            (cns::NAMESPACE_DESCRIPTORS, Some(s)) => match s.namespace(sqe.nsid) {
+                Some(ns) => {
+                    let mut ids: Vec<(u8, &[u8])> = vec![(nidt::NGUID, &ns.nguid)];
+                    if ns.eui64 != [0; 8] {
+                        ids.push((nidt::EUI64, &ns.eui64));
+                    }
+                    ids.push((nidt::UUID, &ns.uuid));
+                    ids.push((nidt::CSI, &[0]));
+                    Reply::data(admin::ns_descriptors(&ids))
+                }
+                None => Reply::error(sc::INVALID_NAMESPACE),
+            },
+            // The NVM command set's controller data: nothing beyond the defaults.
+            (cns::CS_CONTROLLER, Some(_)) if id.csi == 0 => Reply::data(vec![0; IDENTIFY_LEN]),
+            _ => Reply::error(sc::INVALID_FIELD),
+        }
+    }
+
+    fn id_controller(&self) -> IdController {
+        let limits = self.targets.upgrade().map(|t| t.limits).unwrap_or_default();
+        let (serial, model, nn) = match &self.kind {
+            Kind::Io(s) => (
+                s.serial.clone(),
+                s.model.clone(),
+                s.nsids().last().copied().unwrap_or(0).max(1024),
+            ),
+            Kind::Discovery => (String::new(), "rtgt discovery".into(), 0),
+        };
+        let io = matches!(self.kind, Kind::Io(_));
+        IdController {
+            serial,
+            model,
+            firmware: env!("CARGO_PKG_VERSION").into(),
+            // Several ports and controllers may reach a namespace.
+            cmic: if io { 0x03 } else { 0 },
+            mdts: limits.mdts,
+            cntlid: self.cntlid,
+            ver: VERSION,
+            // Namespace attribute notices; discovery log changes.
+            oaes: if io { 1 << 8 } else { 1 << 31 },
+            // 128-bit host identifiers.
+            ctratt: 1,
+            cntrltype: if io { 1 } else { 2 },
+            acl: 3,
+            aerl: AER_LIMIT as u8 - 1,
+            // Extended data for Get Log Page (offsets).
+            lpa: 0x04,
+            kas: KAS,
+            maxcmd: limits.queue_size,
+            nn,
+            // Compare, Dataset Management, Write Zeroes.
+            oncs: if io { 0x0d } else { 0 },
+            vwc: u8::from(io),
+            // SGLs (byte aligned), keyed data blocks, offsets for in-capsule data.
+            sgls: 0x0010_0005,
+            subnqn: self.subsys_nqn().into(),
+            ioccsz: (64 + limits.in_capsule) / 16,
+            iorcsz: 1,
+            msdbd: 1,
+            ..IdController::default()
+        }
+    }
+
+    fn get_log_page(&self, g: admin::GetLogPage) -> Reply {
+        let page = match (g.lid, &self.kind) {
+            (log::ERROR, _) => vec![0u8; 64],
+            (log::SMART, Kind::Io(_)) => {
+                let mut b = vec![0u8; 512];
+                // Temperature 293 K, available spare 100 %, threshold 10 %.
+                b[1..3].copy_from_slice(&293u16.to_le_bytes());
+                b[3] = 100;
+                b[4] = 10;
+                b
+            }
+            (log::CHANGED_NAMESPACES, Kind::Io(_)) => {
+                let mut st = lock(&self.state);
+                let mut b = vec![0u8; 4096];
+                if st.changed_ns.len() >= 1024 {
+                    b[..4].copy_from_slice(&u32::MAX.to_le_bytes());
+                } else {
+                    for (i, n) in st.changed_ns.iter().enumerate() {
+                        b[4 * i..4 * i + 4].copy_from_slice(&n.to_le_bytes());
+                    }
+                }
+                if !g.rae {
+                    st.changed_ns.clear();
+                    st.masked = false;
+                }
+                b
+            }
+            (log::DISCOVERY, Kind::Discovery) => {
+                if !g.rae {
+                    lock(&self.state).masked = false;
+                }
+                match self.targets.upgrade() {
+                    Some(t) => t.discovery_log(&self.host_nqn),
+                    None => admin::discovery_log(0, &[]),
+                }
+            }
+            _ => return Reply::status(Status::error(sct::COMMAND_SPECIFIC, sc::INVALID_LOG_PAGE)),
+        };
+        let Ok(offset) = usize::try_from(g.offset) else {
+            return Reply::error(sc::INVALID_FIELD);
+        };
+        if offset > page.len() || offset % 4 != 0 {
+            return Reply::error(sc::INVALID_FIELD);
+        }
+        // Beyond the page, zeroes (up to 1 MiB: the host's buffer is the transport's).
+        let want = usize::try_from(g.len).unwrap_or(usize::MAX).min(1 << 20);
+        let mut out = page[offset..].to_vec();
+        out.resize(want, 0);
+        Reply::data(out)
+    }
+
+    async fn set_features(&self, sqe: &Sqe) -> Reply {
+        let [c10, c11, ..] = sqe.cdw;
+        if c10 & 1 << 31 != 0 {
+            return Reply::status(Status::error(
+                sct::COMMAND_SPECIFIC,
+                sc::FEATURE_NOT_SAVEABLE,
+            ));
+        }
+        match c10 as u8 {
+            feature::NUMBER_OF_QUEUES => {
+                if !matches!(self.kind, Kind::Io(_)) {
+                    return Reply::error(sc::INVALID_FIELD);
+                }
+                if c11 & 0xffff == 0xffff || c11 >> 16 == 0xffff {
+                    return Reply::error(sc::INVALID_FIELD);
+                }
+                let max = self.targets.upgrade().map(|t| t.limits).unwrap_or_default();
+                let wanted = (c11 & 0xffff).max(c11 >> 16) as u16 + 1;
+                let n = wanted.min(max.io_queues);
+                self.io_queues.store(n, Ordering::Relaxed);
+                Reply::dw0(u32::from(n - 1) | u32::from(n - 1) << 16)
+            }
+            feature::KEEP_ALIVE_TIMER => {
+                self.kato_ms.store(c11, Ordering::Relaxed);
+                self.touch();
+                Reply::ok()
+            }
+            feature::ASYNC_EVENT_CONFIG => {
+                lock(&self.state).aec = c11;
+                Reply::ok()
+            }
+            feature::VOLATILE_WRITE_CACHE => match &self.kind {
+                Kind::Io(s) => {
+                    for nsid in s.nsids() {
+                        if let Some(ns) = s.namespace(nsid) {
+                            if ns.backstore.set_write_cache(c11 & 1 != 0).await.is_err() {
+                                return Reply::error(sc::INTERNAL_ERROR);
+                            }
+                        }
+                    }
+                    Reply::ok()
+                }
+                Kind::Discovery => Reply::error(sc::INVALID_FIELD),
+            },
+            _ => Reply::status(Status::error(
+                sct::COMMAND_SPECIFIC,
+                sc::FEATURE_NOT_CHANGEABLE,
+            )),
+        }
+    }
+
+    fn get_features(&self, sqe: &Sqe) -> Reply {
+        let c10 = sqe.cdw[0];
+        match c10 as u8 {
+            feature::NUMBER_OF_QUEUES => {
+                let n = u32::from(self.io_queues().max(1) - 1);
+                Reply::dw0(n | n << 16)
+            }
+            feature::KEEP_ALIVE_TIMER => Reply::dw0(self.kato_ms.load(Ordering::Relaxed)),
+            feature::ASYNC_EVENT_CONFIG => Reply::dw0(lock(&self.state).aec),
+            feature::VOLATILE_WRITE_CACHE => {
+                let on = match &self.kind {
+                    Kind::Io(s) => s
+                        .nsids()
+                        .first()
+                        .and_then(|&n| s.namespace(n))
+                        .is_none_or(|ns| ns.backstore.info().write_cache),
+                    Kind::Discovery => false,
+                };
+                Reply::dw0(u32::from(on))
+            }
+            feature::ARBITRATION | feature::POWER_MANAGEMENT | feature::ERROR_RECOVERY => {
+                Reply::dw0(0)
+            }
+            feature::HOST_ID => Reply::data(self.host_id.to_vec()),
+            _ => Reply::error(sc::INVALID_FIELD),
+        }
+    }
+
+    /// An Asynchronous Event Request: completes with the next event (or never, until the
+    /// controller closes).
+    async fn async_event(&self) -> Reply {
+        if self.aers.fetch_add(1, Ordering::SeqCst) as usize >= AER_LIMIT {
+            self.aers.fetch_sub(1, Ordering::SeqCst);
+            return Reply::status(Status::error(
+                sct::COMMAND_SPECIFIC,
+                sc::ASYNC_EVENT_LIMIT_EXCEEDED,
+            ));
+        }
+        let reply = loop {
+            let wait = self.event.notified();
+            if let Some(ev) = lock(&self.state).events.pop_front() {
+                break Reply::dw0(ev);
+            }
+            if self.is_closed() {
+                break Reply::status(Status::error(sct::GENERIC, sc::ABORTED_SQ_DELETION));
+            }
+            wait.await;
+        };
+        self.aers.fetch_sub(1, Ordering::SeqCst);
+        reply
+    }
+
+    async fn io(&self, s: &Subsystem, sqe: &Sqe, data: Option<IoBuf>) -> Reply {
+        let Some(ns) = s.namespace(sqe.nsid) else {
+            return Reply::error(sc::INVALID_NAMESPACE);
+        };
+        let info = ns.backstore.info();
+        let bs = u64::from(info.block_size);
+        let in_range = |rw: &Rw| {
+            rw.slba
+                .checked_add(u64::from(rw.blocks))
+                .is_some_and(|end| end <= info.num_blocks)
+        };
+        let max = 4096u64 << self.targets.upgrade().map_or(8, |t| t.limits.mdts);
+        match sqe.opcode {
+            nvm::opcode::FLUSH => done(ns.backstore.flush().await.map(|_| ()), false),
+            nvm::opcode::READ | nvm::opcode::WRITE | nvm::opcode::COMPARE => {
+                let rw = Rw::parse(sqe);
+                let len = u64::from(rw.blocks) * bs;
+                if !in_range(&rw) {
+                    return Reply::error(sc::LBA_OUT_OF_RANGE);
+                }
+                if len > max {
+                    return Reply::error(sc::INVALID_FIELD);
+                }
+                if sqe.sgl().data_len().map(u64::from) != Some(len) {
+                    return Reply::error(sc::SGL_INVALID_DATA_LENGTH);
+                }
+                let offset = rw.slba * bs;
+                let write = sqe.opcode == nvm::opcode::WRITE;
+                if write && info.read_only {
+                    return Reply::error(sc::NAMESPACE_WRITE_PROTECTED);
+                }
+                if sqe.opcode == nvm::opcode::READ {
+                    let buf = self.pool_get(len as usize).await;
+                    let (r, buf) = ns.backstore.read(offset, buf).await;
+                    return match r {
+                        Ok(()) => Reply {
+                            buf: Some(buf),
+                            ..Reply::ok()
+                        },
+                        Err(e) => failed(&e, false),
+                    };
+                }
+                let Some(data) = data.filter(|d| d.len() as u64 == len) else {
+                    return Reply::error(sc::DATA_TRANSFER_ERROR);
+                };
+                if write {
+                    let (r, _) = ns.backstore.write(offset, data, rw.fua).await;
+                    return done(r, true);
+                }
+                let buf = self.pool_get(len as usize).await;
+                let (r, buf) = ns.backstore.read(offset, buf).await;
+                match r {
+                    Ok(()) if buf.as_slice() == data.as_slice() => Reply::ok(),
+                    Ok(()) => Reply::status(Status::error(sct::MEDIA, sc::COMPARE_FAILURE)),
+                    Err(e) => failed(&e, false),
+                }
+            }
+            nvm::opcode::WRITE_ZEROES => {
+                let rw = Rw::parse(sqe);
+                if !in_range(&rw) {
+                    return Reply::error(sc::LBA_OUT_OF_RANGE);
+                }
+                if info.read_only {
+                    return Reply::error(sc::NAMESPACE_WRITE_PROTECTED);
+                }
+                self.write_zeroes(
+                    &ns,
+                    rw.slba * bs,
+                    u64::from(rw.blocks) * bs,
+                    rw.deac && info.thin,
+                )
+                .await
+            }
+            nvm::opcode::DATASET_MANAGEMENT => {
+                let (count, attr) = nvm::dsm_fields(sqe);
+                let ranges = data
+                    .as_ref()
+                    .map(|d| nvm::dsm_ranges(d.as_slice(), count))
+                    .unwrap_or_default();
+                if ranges.len() != count {
+                    return Reply::error(sc::DATA_TRANSFER_ERROR);
+                }
+                if attr & nvm::DSM_DEALLOCATE == 0 || !info.thin {
+                    // Hints only, or nothing to deallocate with: done.
+                    return Reply::ok();
+                }
+                for r in &ranges {
+                    let rw = Rw {
+                        slba: r.slba,
+                        blocks: r.blocks,
+                        fua: false,
+                        lr: false,
+                        deac: true,
+                    };
+                    if !in_range(&rw) {
+                        return Reply::error(sc::LBA_OUT_OF_RANGE);
+                    }
+                }
+                for r in ranges.iter().filter(|r| r.blocks > 0) {
+                    if let Err(e) = ns
+                        .backstore
+                        .unmap(r.slba * bs, u64::from(r.blocks) * bs)
+                        .await
+                    {
+                        if e.kind() != IoErrorKind::Unsupported {
+                            return failed(&e, true);
+                        }
+                    }
+                }
+                Reply::ok()
+            }
+            _ => Reply::error(sc::INVALID_OPCODE),
+        }
+    }
+
+    async fn pool_get(&self, len: usize) -> IoBuf {
+        match self.targets.upgrade() {
+            Some(t) => t.pool.get(len).await,
+            None => IoBuf::zeroed(len),
+        }
+    }
+
+    async fn write_zeroes(&self, ns: &Namespace, offset: u64, len: u64, deallocate: bool) -> Reply {
+        if deallocate {
+            match ns.backstore.unmap(offset, len).await {
+                Ok(()) => return Reply::ok(),
+                Err(e) if e.kind() != IoErrorKind::Unsupported => return failed(&e, true),
+                Err(_) => {}
+            }
+        }
+        const CHUNK: u64 = 1 << 20;
+        let mut at = 0;
+        while at < len {
+            let n = (len - at).min(CHUNK) as usize;
+            let mut buf = self.pool_get(n).await;
+            buf.as_mut_slice().fill(0);
+            let (r, _) = ns.backstore.write(offset + at, buf, false).await;
+            if let Err(e) = r {
+                return failed(&e, true);
+            }
+            at += n as u64;
+        }
+        Reply::ok()
+    }
+}
+
+fn done(r: Result<(), BackstoreError>, modifies: bool) -> Reply {
+    match r {
+        Ok(()) => Reply::ok(),
+        Err(e) => failed(&e, modifies),
+    }
+}
+
+/// The status of a failed backstore operation.
+fn failed(e: &BackstoreError, modifies: bool) -> Reply {
+    tracing::warn!(error = %e, "namespace I/O failed");
+    let status = match e.kind() {
+        IoErrorKind::Medium if modifies => Status::error(sct::MEDIA, sc::WRITE_FAULT),
+        IoErrorKind::Medium => Status::error(sct::MEDIA, sc::UNRECOVERED_READ_ERROR),
+        IoErrorKind::NoSpace => Status::error(sct::GENERIC, sc::CAPACITY_EXCEEDED),
+        IoErrorKind::ReadOnly => Status::error(sct::GENERIC, sc::NAMESPACE_WRITE_PROTECTED),
+        IoErrorKind::Unsupported => Status::error(sct::GENERIC, sc::INVALID_OPCODE),
+        IoErrorKind::OutOfRange => Status::error(sct::GENERIC, sc::LBA_OUT_OF_RANGE),
+        // Retryable, through another path.
+        IoErrorKind::NotReady => Status {
+            dnr: false,
+            ..Status::error(sct::GENERIC, sc::NAMESPACE_NOT_READY)
+        },
+        _ => Status::error(sct::GENERIC, sc::INTERNAL_ERROR),
+    };
+    Reply::status(status)
+}
+
+/// Identify Namespace of `ns`.
+fn id_namespace(ns: &Namespace) -> IdNamespace {
+    let info = ns.backstore.info();
+    IdNamespace {
+        nsze: info.num_blocks,
+        ncap: info.num_blocks,
+        nuse: info.num_blocks,
+        nsfeat: u8::from(info.thin),
+        // Shareable by several controllers.
+        nmic: 1,
+        // Deallocated blocks read zeroes; Write Zeroes may deallocate.
+        dlfeat: if info.thin { 0x09 } else { 0 },
+        nsattr: u8::from(info.read_only),
+        nguid: ns.nguid,
+        eui64: ns.eui64,
+        lbads: info.block_size.trailing_zeros() as u8,
+        ..IdNamespace::default()
+    }
+}
+
+/// Ends the controller when the host sends no admin command for its keep alive timeout
+/// (rounded up to the granularity; 0: never).
+async fn keep_alive(ctrl: Weak<Controller>) {
+    loop {
+        let Some(c) = ctrl.upgrade() else {
+            return;
+        };
+        if c.is_closed() {
+            return;
+        }
+        let kato = u64::from(c.kato_ms.load(Ordering::Relaxed));
+        let now = c.epoch.elapsed().as_millis() as u64;
+        let grain = u64::from(KAS) * 100;
+        if kato != 0 && now.saturating_sub(c.seen.load(Ordering::Relaxed)) > kato + grain {
+            tracing::warn!(cntlid = c.cntlid, host = %c.host_nqn, kato_ms = kato,
+                "keep alive timeout expired");
+            c.close();
+            return;
+        }
+        drop(c);
+        tokio::time::sleep(Duration::from_millis(grain / 2)).await;
+    }
+}

@@ -1,0 +1,333 @@
+//! What an NVMe over Fabrics target serves: subsystems (an NQN, its namespaces over
+//! backstores and the hosts it admits), the ports hosts reach them through (for the
+//! discovery log), and the controllers hosts create with Connect ([`Targets::connect`]).
+//!
+//! Controllers are dynamic: an admin queue's Connect (controller ID 0xffff) creates one with
+//! the next free ID, and an I/O queue's Connect names it, from the same host, for the same
+//! subsystem. The well-known discovery subsystem answers every host with the subsystems that
+//! host may use, on every port.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, MutexGuard, RwLock, Weak};
+
+use rtgt_backstore::{Backstore, BufPool};
+
+use crate::admin::{trtype, DiscoveryEntry};
+use crate::ctrl::{Controller, Kind};
+use crate::fabrics::{status as fstatus, ConnectData};
+use crate::sqe::{sct, Status};
+
+/// The discovery subsystem's NQN.
+pub const DISCOVERY_NQN: &str = "nqn.2014-08.org.nvmexpress.discovery";
+/// The controller ID an admin queue's Connect asks with: any (dynamic model).
+pub const CNTLID_DYNAMIC: u16 = 0xffff;
+/// The largest controller ID.
+pub const CNTLID_MAX: u16 = 0xffef;
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A namespace: a backstore with the identifiers hosts know it by.
+pub struct Namespace {
+    pub nsid: u32,
+    pub backstore: Arc<dyn Backstore>,
+    pub nguid: [u8; 16],
+    pub eui64: [u8; 8],
+    pub uuid: [u8; 16],
+}
+
+impl std::fmt::Debug for Namespace {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Namespace")
+            .field("nsid", &self.nsid)
+            .finish_non_exhaustive()
+    }
+}
+
+/// An NVM subsystem.
+#[derive(Debug)]
+pub struct Subsystem {
+    pub nqn: String,
+    /// Serial number of its controllers (Identify Controller, at most 20 characters).
+    pub serial: String,
+    pub model: String,
+    /// The host NQNs it admits; `None`: any host.
+    pub hosts: Option<Vec<String>>,
+    namespaces: RwLock<BTreeMap<u32, Arc<Namespace>>>,
+}
+
+impl Subsystem {
+    pub fn new(nqn: &str, serial: &str, hosts: Option<Vec<String>>) -> Subsystem {
+        Subsystem {
+            nqn: nqn.into(),
+            serial: serial.into(),
+            model: "rtgt".into(),
+            hosts,
+            namespaces: RwLock::new(BTreeMap::new()),
+        }
+    }
+
+    /// Adds (or replaces) a namespace.
+    pub fn add_namespace(&self, ns: Namespace) {
+        self.namespaces
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(ns.nsid, Arc::new(ns));
+    }
+
+    pub fn namespace(&self, nsid: u32) -> Option<Arc<Namespace>> {
+        self.namespaces
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&nsid)
+            .cloned()
+    }
+
+    /// The namespace IDs, in order.
+    pub fn nsids(&self) -> Vec<u32> {
+        self.namespaces
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .keys()
+            .copied()
+            .collect()
+    }
+
+    pub fn admits(&self, host_nqn: &str) -> bool {
+        self.hosts
+            .as_ref()
+            .is_none_or(|h| h.iter().any(|n| n == host_nqn))
+    }
+}
+
+/// A port hosts reach the subsystems through, as the discovery log lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Port {
+    pub id: u16,
+    /// [`trtype::TCP`] or [`trtype::RDMA`].
+    pub trtype: u8,
+    pub adrfam: u8,
+    pub traddr: String,
+    pub trsvcid: String,
+}
+
+/// Limits every controller has.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// I/O queues a controller may have.
+    pub io_queues: u16,
+    /// Entries of each queue (its most commands outstanding).
+    pub queue_size: u16,
+    /// Largest transfer of one command, as a power of two of 4 KiB (MDTS).
+    pub mdts: u8,
+    /// In-capsule data a command may carry, in bytes.
+    pub in_capsule: u32,
+}
+
+impl Default for Limits {
+    fn default() -> Limits {
+        Limits {
+            io_queues: 16,
+            queue_size: 128,
+            mdts: 8,
+            in_capsule: 8192,
+        }
+    }
+}
+
+/// Why a Connect is refused: its status and, for invalid parameters, where (completion
+/// DW0: the offset of the parameter, bit 16 set when it is in the command rather than the
+/// data).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConnectRefused {
+    pub status: Status,
+    pub dw0: u32,
+}
+
+impl ConnectRefused {
+    fn invalid(in_command: bool, offset: u16) -> ConnectRefused {
+        ConnectRefused {
+            status: Status::error(sct::COMMAND_SPECIFIC, fstatus::CONNECT_INVALID_PARAMETERS),
+            dw0: u32::from(offset) | u32::from(in_command) << 16,
+        }
+    }
+
+    fn host() -> ConnectRefused {
+        ConnectRefused {
+            status: Status::error(sct::COMMAND_SPECIFIC, fstatus::CONNECT_INVALID_HOST),
+            dw0: 0,
+        }
+    }
+}
+
+/// The subsystems, ports and live controllers of one target.
+#[derive(Debug)]
+pub struct Targets {
+    me: Weak<Targets>,
+    subsystems: RwLock<BTreeMap<String, Arc<Subsystem>>>,
+    ports: RwLock<Vec<Port>>,
+    controllers: Mutex<BTreeMap<u16, Weak<Controller>>>,
+    pub limits: Limits,
+    pub pool: Arc<BufPool>,
+    /// Discovery log generation: changes with the subsystems and ports.
+    genctr: std::sync::atomic::AtomicU64,
+}
+
+impl Targets {
+    pub fn new(pool: Arc<BufPool>, limits: Limits) -> Arc<Targets> {
+        Arc::new_cyclic(|me| Targets {
+            me: me.clone(),
+            subsystems: RwLock::new(BTreeMap::new()),
+            ports: RwLock::new(Vec::new()),
+            controllers: Mutex::new(BTreeMap::new()),
+            limits,
+            pool,
+            genctr: std::sync::atomic::AtomicU64::new(0),
+        })
+    }
+
+    fn changed(&self) {
+        self.genctr
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    pub fn add_subsystem(&self, s: Subsystem) -> Arc<Subsystem> {
+        let s = Arc::new(s);
+        self.subsystems
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(s.nqn.clone(), s.clone());
+        self.changed();
+        s
+    }
+
+    pub fn subsystem(&self, nqn: &str) -> Option<Arc<Subsystem>> {
+        self.subsystems
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(nqn)
+            .cloned()
+    }
+
+    pub fn add_port(&self, p: Port) {
+        self.ports
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(p);
+        self.changed();
+    }
+
+    /// The live controllers.
+    pub fn controllers(&self) -> Vec<Arc<Controller>> {
+        lock(&self.controllers)
+            .values()
+            .filter_map(Weak::upgrade)
+            .collect()
+    }
+
+    /// The discovery log for `host_nqn`: every subsystem it may use, on every port.
+    pub fn discovery_log(&self, host_nqn: &str) -> Vec<u8> {
+        let ports = self.ports.read().unwrap_or_else(|e| e.into_inner());
+        let subsystems = self.subsystems.read().unwrap_or_else(|e| e.into_inner());
+        let mut entries = Vec::new();
+        for s in subsystems.values().filter(|s| s.admits(host_nqn)) {
+            for p in ports.iter() {
+                entries.push(DiscoveryEntry {
+                    trtype: p.trtype,
+                    adrfam: p.adrfam,
+                    subtype: trtype::SUBTYPE_NVME,
+                    treq: trtype::TREQ_NOT_REQUIRED,
+                    portid: p.id,
+                    cntlid: CNTLID_DYNAMIC,
+                    asqsz: 32,
+                    eflags: 0,
+                    trsvcid: p.trsvcid.clone(),
+                    subnqn: s.nqn.clone(),
+                    traddr: p.traddr.clone(),
+                    // RDMA: reliable connected, no provider named, RDMA/CM.
+                    tsas: if p.trtype == trtype::RDMA {
+                        [1, 1, 1]
+                    } else {
+                        [0; 3]
+                    },
+                });
+            }
+        }
+        crate::admin::discovery_log(
+            self.genctr.load(std::sync::atomic::Ordering::Relaxed),
+            &entries,
+        )
+    }
+
+    /// A queue's Connect: for the admin queue (`qid` 0) a new controller; for an I/O queue
+    /// the controller `data.cntlid` names, which must be this host's on this subsystem.
+    /// `sqsize` is zero based; `kato` in milliseconds (admin queue).
+    pub fn connect(
+        &self,
+        qid: u16,
+        sqsize: u16,
+        kato: u32,
+        data: &ConnectData,
+    ) -> Result<Arc<Controller>, ConnectRefused> {
+        // Offsets of Connect's fields: SQSIZE in the command, the names in the data.
+        const SQSIZE: u16 = 44;
+        const QID: u16 = 42;
+        const CNTLID: u16 = 16;
+        const SUBNQN: u16 = 256;
+        if sqsize == 0 || sqsize >= self.limits.queue_size {
+            return Err(ConnectRefused::invalid(true, SQSIZE));
+        }
+        let discovery = data.subsys_nqn == DISCOVERY_NQN;
+        let subsystem = if discovery {
+            None
+        } else {
+            let s = self
+                .subsystem(&data.subsys_nqn)
+                .ok_or(ConnectRefused::invalid(false, SUBNQN))?;
+            if !s.admits(&data.host_nqn) {
+                return Err(ConnectRefused::host());
+            }
+            Some(s)
+        };
+        if qid != 0 {
+            let ctrl = lock(&self.controllers)
+                .get(&data.cntlid)
+                .and_then(Weak::upgrade)
+                .filter(|c| !c.is_closed())
+                .ok_or(ConnectRefused::invalid(false, CNTLID))?;
+            if ctrl.host_nqn != data.host_nqn || ctrl.subsys_nqn() != data.subsys_nqn {
+                return Err(ConnectRefused::invalid(false, CNTLID));
+            }
+            if discovery || qid > ctrl.io_queues() {
+                return Err(ConnectRefused::invalid(true, QID));
+            }
+            return Ok(ctrl);
+        }
+        if data.cntlid != CNTLID_DYNAMIC {
+            return Err(ConnectRefused::invalid(false, CNTLID));
+        }
+        let mut ctrls = lock(&self.controllers);
+        ctrls.retain(|_, c| c.strong_count() > 0);
+        let cntlid = (1..=CNTLID_MAX)
+            .find(|id| !ctrls.contains_key(id))
+            .ok_or(ConnectRefused {
+                status: Status::error(sct::COMMAND_SPECIFIC, fstatus::CONTROLLER_BUSY),
+                dw0: 0,
+            })?;
+        let kind = match subsystem {
+            Some(s) => Kind::Io(s),
+            None => Kind::Discovery,
+        };
+        let ctrl = Controller::new(
+            cntlid,
+            kind,
+            data.host_nqn.clone(),
+            data.host_id,
+            kato,
+            self.me.clone(),
+        );
+        ctrls.insert(cntlid, Arc::downgrade(&ctrl));
+        Ok(ctrl)
+    }
+}
