@@ -18,6 +18,7 @@ pub mod rdma;
 pub mod sqe;
 pub mod subsys;
 pub mod tcp;
+pub mod tcp_queue;
 
 pub(crate) fn le16(b: &[u8], at: usize) -> u16 {
     u16::from_le_bytes([b[at], b[at + 1]])

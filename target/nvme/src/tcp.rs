@@ -141,13 +141,14 @@ pub enum Header {
 }
 
 /// Why a PDU cannot be taken.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PduError {
     /// A termination request is owed: fatal error status, and the byte offset of the field
     /// in error (for an invalid header).
     Fatal { fes: u16, fei: u32 },
-    /// The data digest did not match: the command fails, the connection stays.
-    DataDigest,
+    /// The data digest did not match: the command (whose PDU this header starts) fails, the
+    /// connection stays.
+    DataDigest(Box<Header>),
 }
 
 fn invalid(at: usize) -> PduError {
@@ -209,6 +210,23 @@ impl Header {
     /// The whole PDU: this header, `data`, digests as `digests` says, the data at offset
     /// `align` (bytes, a multiple of 4; 0: right after the header and its digest).
     pub fn to_pdu(&self, digests: Digests, data: &[u8], align: usize) -> Vec<u8> {
+        let (mut b, trailer) = self.encode(digests, data, align);
+        b.extend_from_slice(data);
+        if let Some(t) = trailer {
+            b.extend_from_slice(&t);
+        }
+        b
+    }
+
+    /// The PDU in the pieces a sender writes one after the other, so that the data is never
+    /// copied: everything before the data (common header, header, header digest, padding),
+    /// then `data` itself, then the data digest if there is one.
+    pub fn encode(
+        &self,
+        digests: Digests,
+        data: &[u8],
+        align: usize,
+    ) -> (Vec<u8>, Option<[u8; 4]>) {
         let ty = self.ty();
         let hlen = Self::hlen(ty).expect("a known type");
         let digested = Self::digested(ty);
@@ -236,7 +254,8 @@ impl Header {
         } else {
             start + data.len() + dd
         };
-        let mut b = vec![0u8; plen];
+        let head = if start == 0 { plen } else { start };
+        let mut b = vec![0u8; head];
         let mut fl = 0;
         if hd != 0 {
             fl |= flags::HDGST;
@@ -257,13 +276,8 @@ impl Header {
             let c = crc32c::crc32c(&b[..hlen]);
             put32(&mut b, hlen, c);
         }
-        if start != 0 {
-            b[start..start + data.len()].copy_from_slice(data);
-            if dd != 0 {
-                put32(&mut b, start + data.len(), crc32c::crc32c(data));
-            }
-        }
-        b
+        let trailer = (start != 0 && dd != 0).then(|| crc32c::crc32c(data).to_le_bytes());
+        (b, trailer)
     }
 
     fn emit_specific(&self, b: &mut [u8], fl: &mut u8) {
@@ -408,11 +422,17 @@ pub fn parse(b: &[u8], digests: Digests) -> Result<(Header, &[u8]), PduError> {
         }
         let data = &b[start..b.len() - dd];
         if dd != 0 && le32(b, b.len() - dd) != crc32c::crc32c(data) {
-            return Err(PduError::DataDigest);
+            let header = specific(b, &ch, data)?;
+            return Err(PduError::DataDigest(Box::new(header)));
         }
         data
     };
-    let header = match ch.ty {
+    Ok((specific(b, &ch, data)?, data))
+}
+
+/// The PDU-specific header of `b` (checked up to its data).
+fn specific(b: &[u8], ch: &CommonHeader, data: &[u8]) -> Result<Header, PduError> {
+    Ok(match ch.ty {
         pdu_type::IC_REQ | pdu_type::IC_RESP => {
             let d = b[11];
             if d & !0x3 != 0 {
@@ -475,8 +495,7 @@ pub fn parse(b: &[u8], digests: Digests) -> Result<(Header, &[u8]), PduError> {
             length: le32(b, 16),
         },
         _ => return Err(invalid(0)),
-    };
-    Ok((header, data))
+    })
 }
 
 #[cfg(test)]
@@ -571,7 +590,10 @@ mod tests {
         // A corrupt header digest is fatal; a corrupt data digest fails the command only.
         let mut b = Header::Cmd(sqe.clone()).to_pdu(both(), &data, 0);
         b[100] ^= 1;
-        assert_eq!(parse(&b, both()), Err(PduError::DataDigest));
+        assert_eq!(
+            parse(&b, both()),
+            Err(PduError::DataDigest(Box::new(Header::Cmd(sqe.clone()))))
+        );
         b[100] ^= 1;
         b[9] ^= 1;
         assert_eq!(

@@ -1,0 +1,648 @@
+//! NVMe/TCP: one TCP connection is one queue of one controller ([`serve`]).
+//!
+//! The connection starts with ICReq/ICResp (digests as the host asks), then its first command
+//! must be Connect, which creates the controller (admin queue) or joins it (I/O queue). Each
+//! command then runs as a task of its own while the reader goes on: data a command brings
+//! comes in its capsule, or the reader asks for it with one R2T and gathers the H2CData PDUs
+//! into the command's pool buffer before the command runs; data for the host leaves as one
+//! C2HData PDU, then the response capsule. A writer task sends what the commands produce, in
+//! the order they produce it, the data straight from the command's buffer.
+//!
+//! Bounds: a command beyond the queue's entries (Connect's SQSIZE + 1, each freed before the
+//! host can see its response) ends the connection, the writer's channel holds a few messages
+//! per entry, and a PDU is never larger than the in-capsule size or MAXH2CDATA allow. A header that breaks the protocol
+//! ends the connection with a C2HTermReq naming the field; closing the admin queue (or a
+//! keep alive timeout) closes the controller and so every queue of it.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU16, Ordering};
+use std::sync::Arc;
+
+use rtgt_backstore::IoBuf;
+use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::tcp::OwnedReadHalf;
+use tokio::net::TcpStream;
+use tokio::sync::{mpsc, Semaphore};
+
+use crate::ctrl::{Controller, Reply};
+use crate::fabrics::{ConnectData, FabricsCmd, CONNECT_DATA_LEN};
+use crate::sqe::{sc, sct, Cqe, Sgl, Sqe, Status};
+use crate::subsys::Targets;
+use crate::tcp::{self, fes, CommonHeader, Digests, Header, PduError, CH_LEN};
+
+/// Most data in one H2CData PDU (MAXH2CDATA).
+pub const MAX_H2C_DATA: u32 = 128 << 10;
+
+/// What the writer sends: a header with its data and data digest.
+struct Out {
+    head: Vec<u8>,
+    data: Payload,
+    trailer: Option<[u8; 4]>,
+    /// Ends the connection once sent.
+    last: bool,
+}
+
+enum Payload {
+    None,
+    Vec(Vec<u8>, usize),
+    Buf(IoBuf, usize),
+}
+
+impl Payload {
+    fn bytes(&self) -> &[u8] {
+        match self {
+            Payload::None => &[],
+            Payload::Vec(v, n) => &v[..*n],
+            Payload::Buf(b, n) => &b.as_slice()[..*n],
+        }
+    }
+}
+
+/// A command waiting for its data (R2T sent).
+struct Gathering {
+    sqe: Sqe,
+    buf: IoBuf,
+    received: usize,
+    permit: tokio::sync::OwnedSemaphorePermit,
+}
+
+/// The state one queue's commands share.
+struct Queue {
+    targets: Arc<Targets>,
+    ctrl: Arc<Controller>,
+    qid: u16,
+    digests: Digests,
+    tx: mpsc::Sender<Out>,
+    sq_head: AtomicU16,
+    size: u16,
+}
+
+impl Queue {
+    /// Sends a command's data for the host (if any) and its response.
+    async fn respond(&self, sqe: &Sqe, reply: Reply) {
+        let host_len = sqe.sgl().data_len().unwrap_or(0) as usize;
+        let payload = match (reply.buf, reply.data) {
+            (Some(b), _) => {
+                let n = b.len().min(host_len);
+                Payload::Buf(b, n)
+            }
+            (None, Some(v)) => {
+                let n = v.len().min(host_len);
+                Payload::Vec(v, n)
+            }
+            (None, None) => Payload::None,
+        };
+        let len = payload.bytes().len();
+        if len > 0 && reply.status.is_success() {
+            let h = Header::Data {
+                c2h: true,
+                cccid: sqe.cid,
+                ttag: 0,
+                offset: 0,
+                length: len as u32,
+                last: true,
+                success: false,
+            };
+            let (head, trailer) = h.encode(self.digests, payload.bytes(), 0);
+            let _ = self
+                .tx
+                .send(Out {
+                    head,
+                    data: payload,
+                    trailer,
+                    last: false,
+                })
+                .await;
+        }
+        self.complete(sqe.cid, reply.status, reply.dw0, reply.dw1)
+            .await;
+    }
+
+    async fn complete(&self, cid: u16, status: Status, dw0: u32, dw1: u32) {
+        let head = self.sq_head.load(Ordering::Relaxed);
+        let cqe = Cqe {
+            dw0,
+            dw1,
+            sq_head: head,
+            sq_id: self.qid,
+            cid,
+            status,
+            phase: false,
+        };
+        let (head, _) = Header::Resp(cqe).encode(self.digests, &[], 0);
+        let _ = self
+            .tx
+            .send(Out {
+                head,
+                data: Payload::None,
+                trailer: None,
+                last: false,
+            })
+            .await;
+    }
+
+    fn fetched(&self) {
+        let next = (self.sq_head.load(Ordering::Relaxed) + 1) % self.size.max(1);
+        self.sq_head.store(next, Ordering::Relaxed);
+    }
+}
+
+/// Why the connection ends.
+#[derive(Debug)]
+enum End {
+    /// The peer closed it, or it failed.
+    Closed,
+    /// A termination request is owed: status, field, the offending header.
+    Fatal(u16, u32, Vec<u8>),
+}
+
+impl From<std::io::Error> for End {
+    fn from(_: std::io::Error) -> End {
+        End::Closed
+    }
+}
+
+/// Reads one PDU: its common header, then (checked) the rest.
+async fn read_pdu(rd: &mut BufReader<OwnedReadHalf>, max_data: usize) -> Result<Vec<u8>, End> {
+    let mut ch = [0u8; CH_LEN];
+    rd.read_exact(&mut ch).await?;
+    let c = CommonHeader::parse(&ch).ok_or(End::Closed)?;
+    let len = match tcp::pdu_len(&c, max_data) {
+        Ok(n) => n,
+        Err(PduError::Fatal { fes, fei }) => return Err(End::Fatal(fes, fei, ch.to_vec())),
+        Err(PduError::DataDigest(_)) => return Err(End::Closed),
+    };
+    let mut b = vec![0u8; len];
+    b[..CH_LEN].copy_from_slice(&ch);
+    rd.read_exact(&mut b[CH_LEN..]).await?;
+    Ok(b)
+}
+
+/// Serves one NVMe/TCP connection until it ends.
+pub async fn serve(targets: Arc<Targets>, stream: TcpStream) {
+    let peer = stream.peer_addr().ok();
+    let _ = stream.set_nodelay(true);
+    let (rd, mut wr) = stream.into_split();
+    let mut rd = BufReader::with_capacity(64 << 10, rd);
+    let limits = targets.limits;
+    let max_data = (limits.in_capsule as usize).max(MAX_H2C_DATA as usize);
+
+    // Connection initialization.
+    let ic = match read_pdu(&mut rd, 0).await {
+        Ok(b) => b,
+        Err(End::Fatal(fes, fei, h)) => {
+            let _ = terminate(&mut wr, fes, fei, &h).await;
+            return;
+        }
+        Err(End::Closed) => return,
+    };
+    let digests = match tcp::parse(&ic, Digests::default()) {
+        Ok((
+            Header::IcReq {
+                pfv: 0,
+                hpda,
+                digests,
+                ..
+            },
+            _,
+        )) if hpda <= 31 => digests,
+        Ok((Header::IcReq { pfv: 0, .. }, _)) => {
+            let _ = terminate(&mut wr, fes::UNSUPPORTED_PARAMETER, 10, &ic[..CH_LEN]).await;
+            return;
+        }
+        Ok((Header::IcReq { .. }, _)) => {
+            let _ = terminate(&mut wr, fes::UNSUPPORTED_PARAMETER, 8, &ic[..CH_LEN]).await;
+            return;
+        }
+        Ok(_) => {
+            let _ = terminate(&mut wr, fes::PDU_SEQUENCE_ERROR, 0, &ic[..CH_LEN]).await;
+            return;
+        }
+        Err(PduError::Fatal { fes, fei }) => {
+            let _ = terminate(&mut wr, fes, fei, &ic[..CH_LEN]).await;
+            return;
+        }
+        Err(PduError::DataDigest(_)) => return,
+    };
+    let resp = Header::IcResp {
+        pfv: 0,
+        cpda: 0,
+        digests,
+        maxh2cdata: MAX_H2C_DATA,
+    }
+    .to_pdu(digests, &[], 0);
+    if wr.write_all(&resp).await.is_err() {
+        return;
+    }
+
+    // The first command: Connect.
+    let Some(((queue, rx), permits)) = connect(&targets, &mut rd, &mut wr, digests, max_data).await
+    else {
+        return;
+    };
+    let queue = Arc::new(queue);
+    let tx_ctrl = queue.ctrl.clone();
+    tracing::info!(peer = ?peer, cntlid = tx_ctrl.cntlid, qid = queue.qid,
+        host = %tx_ctrl.host_nqn, "NVMe/TCP queue connected");
+    let writer = tokio::spawn(write_loop(wr, rx));
+    let end = read_loop(&queue, &mut rd, permits, max_data).await;
+    if let End::Fatal(fes, fei, h) = end {
+        let t = Header::TermReq {
+            c2h: true,
+            fes,
+            fei,
+        };
+        let h = &h[..h.len().min(128)];
+        let (head, _) = t.encode(digests, h, 0);
+        let _ = queue
+            .tx
+            .send(Out {
+                head,
+                data: Payload::Vec(h.to_vec(), h.len()),
+                trailer: None,
+                last: true,
+            })
+            .await;
+    }
+    if queue.qid == 0 {
+        tx_ctrl.close();
+    }
+    drop(queue);
+    let _ = writer.await;
+    tracing::info!(peer = ?peer, cntlid = tx_ctrl.cntlid, "NVMe/TCP queue closed");
+}
+
+/// Sends a termination request on a connection with no writer yet, and ends it.
+async fn terminate(
+    wr: &mut tokio::net::tcp::OwnedWriteHalf,
+    fes: u16,
+    fei: u32,
+    offending: &[u8],
+) -> std::io::Result<()> {
+    let t = Header::TermReq {
+        c2h: true,
+        fes,
+        fei,
+    }
+    .to_pdu(
+        Digests::default(),
+        &offending[..offending.len().min(128)],
+        0,
+    );
+    wr.write_all(&t).await?;
+    wr.shutdown().await
+}
+
+type Connected = ((Queue, mpsc::Receiver<Out>), Arc<Semaphore>);
+
+/// Takes the first capsule, which must be a Connect with its data in the capsule; answers
+/// it. Returns the queue, or `None` when the connection is to end.
+async fn connect(
+    targets: &Arc<Targets>,
+    rd: &mut BufReader<OwnedReadHalf>,
+    wr: &mut tokio::net::tcp::OwnedWriteHalf,
+    digests: Digests,
+    max_data: usize,
+) -> Option<Connected> {
+    loop {
+        let b = match read_pdu(rd, max_data).await {
+            Ok(b) => b,
+            Err(End::Fatal(fes, fei, h)) => {
+                let _ = terminate(wr, fes, fei, &h).await;
+                return None;
+            }
+            Err(End::Closed) => return None,
+        };
+        let (sqe, data) = match tcp::parse(&b, digests) {
+            Ok((Header::Cmd(sqe), data)) => (sqe, data),
+            Ok((Header::TermReq { .. }, _)) => return None,
+            Ok(_) => {
+                let _ = terminate(wr, fes::PDU_SEQUENCE_ERROR, 0, &b[..CH_LEN]).await;
+                return None;
+            }
+            Err(PduError::Fatal { fes, fei }) => {
+                let _ = terminate(wr, fes, fei, &b[..b.len().min(128)]).await;
+                return None;
+            }
+            Err(PduError::DataDigest(h)) => {
+                if let Header::Cmd(sqe) = *h {
+                    let r = error_response(digests, sqe.cid, 0, sc::DATA_TRANSFER_ERROR, 0);
+                    wr.write_all(&r).await.ok()?;
+                }
+                continue;
+            }
+        };
+        let reply = |status: Status, dw0: u32| {
+            Header::Resp(Cqe {
+                dw0,
+                cid: sqe.cid,
+                status,
+                ..Cqe::default()
+            })
+            .to_pdu(digests, &[], 0)
+        };
+        let Some(FabricsCmd::Connect {
+            qid, sqsize, kato, ..
+        }) = FabricsCmd::parse(&sqe)
+        else {
+            let r = reply(Status::error(sct::GENERIC, sc::COMMAND_SEQUENCE_ERROR), 0);
+            wr.write_all(&r).await.ok()?;
+            continue;
+        };
+        if data.len() != CONNECT_DATA_LEN
+            || !matches!(sqe.sgl(), Sgl::DataBlock { offset: true, len, .. } if len as usize == CONNECT_DATA_LEN)
+        {
+            let r = reply(Status::error(sct::GENERIC, sc::SGL_INVALID_DATA_LENGTH), 0);
+            wr.write_all(&r).await.ok()?;
+            continue;
+        }
+        let cd = match ConnectData::parse(data) {
+            Ok(cd) => cd,
+            Err(bad) => {
+                let r = reply(
+                    Status::error(
+                        sct::COMMAND_SPECIFIC,
+                        crate::fabrics::status::CONNECT_INVALID_PARAMETERS,
+                    ),
+                    u32::from(bad.0),
+                );
+                wr.write_all(&r).await.ok()?;
+                continue;
+            }
+        };
+        match targets.connect(qid, sqsize, kato, &cd) {
+            Ok(ctrl) => {
+                let size = sqsize + 1;
+                let (tx, rx) = mpsc::channel(usize::from(size) * 2 + 2);
+                let r = reply(Status::SUCCESS, u32::from(ctrl.cntlid));
+                wr.write_all(&r).await.ok()?;
+                let q = Queue {
+                    targets: targets.clone(),
+                    ctrl,
+                    qid,
+                    digests,
+                    tx,
+                    sq_head: AtomicU16::new(1 % size),
+                    size,
+                };
+                return Some(((q, rx), Arc::new(Semaphore::new(usize::from(size)))));
+            }
+            Err(refused) => {
+                tracing::warn!(host = %cd.host_nqn, subsystem = %cd.subsys_nqn, qid,
+                    status = ?refused.status, "NVMe/TCP connect refused");
+                let r = reply(refused.status, refused.dw0);
+                wr.write_all(&r).await.ok()?;
+            }
+        }
+    }
+}
+
+fn error_response(digests: Digests, cid: u16, qid: u16, code: u8, dw0: u32) -> Vec<u8> {
+    Header::Resp(Cqe {
+        dw0,
+        sq_id: qid,
+        cid,
+        status: Status::error(sct::GENERIC, code),
+        ..Cqe::default()
+    })
+    .to_pdu(digests, &[], 0)
+}
+
+async fn write_loop(mut wr: tokio::net::tcp::OwnedWriteHalf, mut rx: mpsc::Receiver<Out>) {
+    let mut buf: Vec<u8> = Vec::with_capacity(64 << 10);
+    while let Some(first) = rx.recv().await {
+        let mut next = Some(first);
+        let mut last = false;
+        // Whatever is queued goes out together; large data is written from its buffer.
+        while let Some(o) = next.take() {
+            buf.extend_from_slice(&o.head);
+            let data = o.data.bytes();
+            if data.len() > 16 << 10 {
+                if wr.write_all(&buf).await.is_err() || wr.write_all(data).await.is_err() {
+                    return;
+                }
+                buf.clear();
+            } else {
+                buf.extend_from_slice(data);
+            }
+            if let Some(t) = o.trailer {
+                buf.extend_from_slice(&t);
+            }
+            last |= o.last;
+            if last {
+                break;
+            }
+            next = rx.try_recv().ok();
+        }
+        if wr.write_all(&buf).await.is_err() {
+            return;
+        }
+        buf.clear();
+        if last {
+            let _ = wr.shutdown().await;
+            return;
+        }
+    }
+}
+
+async fn read_loop(
+    queue: &Arc<Queue>,
+    rd: &mut BufReader<OwnedReadHalf>,
+    permits: Arc<Semaphore>,
+    max_data: usize,
+) -> End {
+    let mut gathering: HashMap<u16, Gathering> = HashMap::new();
+    let mut next_ttag: u16 = 0;
+    let in_capsule = queue.targets.limits.in_capsule as usize;
+    loop {
+        let b = tokio::select! {
+            b = read_pdu(rd, max_data) => match b {
+                Ok(b) => b,
+                Err(e) => return e,
+            },
+            _ = queue.ctrl.closed() => return End::Closed,
+        };
+        let (header, data) = match tcp::parse(&b, queue.digests) {
+            Ok(x) => x,
+            Err(PduError::Fatal { fes, fei }) => {
+                return End::Fatal(fes, fei, b[..b.len().min(128)].to_vec())
+            }
+            Err(PduError::DataDigest(h)) => {
+                match *h {
+                    Header::Cmd(sqe) => {
+                        queue.fetched();
+                        queue
+                            .complete(
+                                sqe.cid,
+                                Status::error(sct::GENERIC, sc::DATA_TRANSFER_ERROR),
+                                0,
+                                0,
+                            )
+                            .await;
+                    }
+                    Header::Data { ttag, .. } => {
+                        if let Some(g) = gathering.remove(&ttag) {
+                            queue
+                                .complete(
+                                    g.sqe.cid,
+                                    Status::error(sct::GENERIC, sc::DATA_TRANSFER_ERROR),
+                                    0,
+                                    0,
+                                )
+                                .await;
+                        }
+                    }
+                    _ => {}
+                }
+                continue;
+            }
+        };
+        match header {
+            Header::Cmd(sqe) => {
+                // An entry is freed before the host can see its response, so a host that
+                // keeps to the queue's size always finds one.
+                let Ok(permit) = permits.clone().try_acquire_owned() else {
+                    return End::Fatal(fes::PDU_SEQUENCE_ERROR, 0, b[..CH_LEN].to_vec());
+                };
+                queue.fetched();
+                let out_len = Controller::data_out_len(&sqe);
+                if out_len == 0 {
+                    spawn(queue, sqe, None, permit);
+                    continue;
+                }
+                match sqe.sgl() {
+                    Sgl::DataBlock {
+                        offset: true,
+                        addr,
+                        len,
+                    } => {
+                        if addr != 0 || len as usize != data.len() || data.len() > in_capsule {
+                            queue
+                                .complete(
+                                    sqe.cid,
+                                    Status::error(sct::GENERIC, sc::SGL_INVALID_DATA_LENGTH),
+                                    0,
+                                    0,
+                                )
+                                .await;
+                            continue;
+                        }
+                        let mut buf = queue.targets.pool.get(data.len()).await;
+                        buf.as_mut_slice().copy_from_slice(data);
+                        spawn(queue, sqe, Some(buf), permit);
+                    }
+                    Sgl::Transport { len } => {
+                        let max = 4096usize << queue.targets.limits.mdts;
+                        if !data.is_empty() || len as usize > max {
+                            queue
+                                .complete(
+                                    sqe.cid,
+                                    Status::error(sct::GENERIC, sc::INVALID_FIELD),
+                                    0,
+                                    0,
+                                )
+                                .await;
+                            continue;
+                        }
+                        let buf = queue.targets.pool.get(len as usize).await;
+                        while gathering.contains_key(&next_ttag) {
+                            next_ttag = next_ttag.wrapping_add(1);
+                        }
+                        let ttag = next_ttag;
+                        next_ttag = next_ttag.wrapping_add(1);
+                        let r2t = Header::R2t {
+                            cccid: sqe.cid,
+                            ttag,
+                            offset: 0,
+                            length: len,
+                        };
+                        let (head, _) = r2t.encode(queue.digests, &[], 0);
+                        gathering.insert(
+                            ttag,
+                            Gathering {
+                                sqe,
+                                buf,
+                                received: 0,
+                                permit,
+                            },
+                        );
+                        let _ = queue
+                            .tx
+                            .send(Out {
+                                head,
+                                data: Payload::None,
+                                trailer: None,
+                                last: false,
+                            })
+                            .await;
+                    }
+                    _ => {
+                        queue
+                            .complete(
+                                sqe.cid,
+                                Status::error(sct::GENERIC, sc::SGL_INVALID_TYPE),
+                                0,
+                                0,
+                            )
+                            .await;
+                    }
+                }
+            }
+            Header::Data {
+                c2h: false,
+                cccid,
+                ttag,
+                offset,
+                length,
+                last,
+                ..
+            } => {
+                let Some(g) = gathering.get_mut(&ttag) else {
+                    return End::Fatal(fes::INVALID_PDU_HEADER, 10, b[..24].to_vec());
+                };
+                let (offset, length) = (offset as usize, length as usize);
+                if g.sqe.cid != cccid {
+                    return End::Fatal(fes::INVALID_PDU_HEADER, 8, b[..24].to_vec());
+                }
+                if offset != g.received || offset + length > g.buf.len() {
+                    return End::Fatal(fes::DATA_OUT_OF_RANGE, 12, b[..24].to_vec());
+                }
+                if length > MAX_H2C_DATA as usize {
+                    return End::Fatal(fes::DATA_LIMIT_EXCEEDED, 16, b[..24].to_vec());
+                }
+                g.buf.as_mut_slice()[offset..offset + length].copy_from_slice(data);
+                g.received += length;
+                if g.received == g.buf.len() {
+                    let g = gathering.remove(&ttag).expect("present");
+                    spawn(queue, g.sqe, Some(g.buf), g.permit);
+                } else if last {
+                    return End::Fatal(fes::INVALID_PDU_HEADER, 1, b[..24].to_vec());
+                }
+            }
+            Header::TermReq {
+                c2h: false,
+                fes,
+                fei,
+            } => {
+                tracing::warn!(fes, fei, "the host terminated the NVMe/TCP connection");
+                return End::Closed;
+            }
+            _ => return End::Fatal(fes::PDU_SEQUENCE_ERROR, 0, b[..CH_LEN].to_vec()),
+        }
+    }
+}
+
+/// Runs a command in a task of its own and answers it; the entry is free once answered.
+fn spawn(
+    queue: &Arc<Queue>,
+    sqe: Sqe,
+    data: Option<IoBuf>,
+    permit: tokio::sync::OwnedSemaphorePermit,
+) {
+    let q = queue.clone();
+    tokio::spawn(async move {
+        let reply = q.ctrl.execute(q.qid, &sqe, data).await;
+        q.respond(&sqe, reply).await;
+        drop(permit);
+    });
+}

@@ -1,0 +1,467 @@
+//! An NVMe/TCP host: one [`Queue`] per TCP connection (admin or I/O), as Linux's nvme-tcp
+//! sets them up — ICReq, Connect with its data in the capsule, then commands. Writes send their
+//! data in the capsule when it fits, else in H2CData PDUs after the controller's R2T; reads
+//! take C2HData PDUs. Used by the loopback tests and the benchmark.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU16, Ordering};
+use std::sync::{Arc, Mutex};
+
+use rtgt_nvme::admin::{self, IdController, IdNamespace};
+use rtgt_nvme::ctrl::property;
+use rtgt_nvme::fabrics::{ConnectData, FabricsCmd};
+use rtgt_nvme::nvm::{self, Rw};
+use rtgt_nvme::sqe::{Cqe, Sgl, Sqe, Status, PSDT_SGL};
+use rtgt_nvme::subsys::CNTLID_DYNAMIC;
+use rtgt_nvme::tcp::{self, CommonHeader, Digests, Header, CH_LEN};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::TcpStream;
+use tokio::sync::{oneshot, Mutex as AsyncMutex};
+
+/// Why a command or the connection failed.
+#[derive(Debug, thiserror::Error)]
+pub enum NvmeError {
+    #[error("I/O: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("protocol: {0}")]
+    Protocol(String),
+    #[error("the controller terminated the connection: status {fes:#x}, field {fei}")]
+    Terminated { fes: u16, fei: u32 },
+    #[error("command failed: {0:?}")]
+    Status(Status),
+}
+
+/// What a completed command returned.
+#[derive(Debug, Clone, Default)]
+pub struct Completion {
+    pub cqe: Cqe,
+    pub data: Vec<u8>,
+}
+
+/// A command in flight: its data to send (if the controller asks), what it received.
+struct InFlight {
+    out: Option<Vec<u8>>,
+    data: Vec<u8>,
+    done: oneshot::Sender<Result<Completion, NvmeError>>,
+}
+
+/// The commands in flight; `None` once the connection is gone.
+type Flights = Arc<Mutex<Option<HashMap<u16, InFlight>>>>;
+
+/// One NVMe/TCP queue.
+pub struct Queue {
+    wr: Arc<AsyncMutex<OwnedWriteHalf>>,
+    flights: Flights,
+    next_cid: AtomicU16,
+    digests: Digests,
+    /// In-capsule data this queue sends (0: none).
+    in_capsule: usize,
+    pub qid: u16,
+    pub cntlid: u16,
+    reader: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Queue {
+    fn drop(&mut self) {
+        self.reader.abort();
+    }
+}
+
+fn protocol(m: impl Into<String>) -> NvmeError {
+    NvmeError::Protocol(m.into())
+}
+
+async fn read_pdu(rd: &mut OwnedReadHalf) -> Result<Vec<u8>, NvmeError> {
+    let mut ch = [0u8; CH_LEN];
+    rd.read_exact(&mut ch).await?;
+    let c = CommonHeader::parse(&ch).ok_or_else(|| protocol("short header"))?;
+    let len = tcp::pdu_len(&c, 16 << 20).map_err(|e| protocol(format!("{e:?}")))?;
+    let mut b = vec![0u8; len];
+    b[..CH_LEN].copy_from_slice(&ch);
+    rd.read_exact(&mut b[CH_LEN..]).await?;
+    Ok(b)
+}
+
+/// Connection parameters.
+#[derive(Debug, Clone)]
+pub struct HostConfig {
+    pub host_nqn: String,
+    pub host_id: [u8; 16],
+    pub digests: Digests,
+    /// Keep alive timeout asked for on the admin queue, in milliseconds.
+    pub kato: u32,
+}
+
+impl Default for HostConfig {
+    fn default() -> HostConfig {
+        HostConfig {
+            host_nqn: "nqn.2014-08.org.nvmexpress:uuid:7b1c0d4e-2a6f-4c3b-9e8d-5f6a7b8c9d0e".into(),
+            host_id: [0x7b; 16],
+            digests: Digests::default(),
+            kato: 0,
+        }
+    }
+}
+
+impl Queue {
+    /// Opens queue `qid` of subsystem `subnqn` at `addr`: admin (`qid` 0, a new controller)
+    /// or I/O (of controller `cntlid`), `size` entries.
+    pub async fn connect(
+        addr: SocketAddr,
+        cfg: &HostConfig,
+        subnqn: &str,
+        qid: u16,
+        cntlid: u16,
+        size: u16,
+    ) -> Result<Queue, NvmeError> {
+        let stream = TcpStream::connect(addr).await?;
+        stream.set_nodelay(true)?;
+        let (mut rd, mut wr) = stream.into_split();
+        let icreq = Header::IcReq {
+            pfv: 0,
+            hpda: 0,
+            digests: cfg.digests,
+            maxr2t: 0,
+        }
+        .to_pdu(cfg.digests, &[], 0);
+        wr.write_all(&icreq).await?;
+        let b = read_pdu(&mut rd).await?;
+        let (digests, maxh2c) = match tcp::parse(&b, Digests::default()) {
+            Ok((
+                Header::IcResp {
+                    digests,
+                    maxh2cdata,
+                    ..
+                },
+                _,
+            )) => (digests, maxh2cdata.max(4096) as usize),
+            Ok((Header::TermReq { fes, fei, .. }, _)) => {
+                return Err(NvmeError::Terminated { fes, fei })
+            }
+            other => return Err(protocol(format!("expected ICResp: {other:?}"))),
+        };
+        let flights: Flights = Arc::new(Mutex::new(Some(HashMap::new())));
+        let wr = Arc::new(AsyncMutex::new(wr));
+        let reader = tokio::spawn(read_loop(rd, wr.clone(), flights.clone(), digests, maxh2c));
+        let mut q = Queue {
+            wr,
+            flights,
+            next_cid: AtomicU16::new(1),
+            digests,
+            // Linux's admin queues carry 8 KiB in capsules; I/O queues what IOCCSZ says.
+            in_capsule: 8192,
+            qid,
+            cntlid: 0,
+            reader,
+        };
+        let data = ConnectData {
+            host_id: cfg.host_id,
+            cntlid: if qid == 0 { CNTLID_DYNAMIC } else { cntlid },
+            subsys_nqn: subnqn.into(),
+            host_nqn: cfg.host_nqn.clone(),
+        };
+        let cmd = FabricsCmd::Connect {
+            recfmt: 0,
+            qid,
+            sqsize: size - 1,
+            cattr: 0,
+            kato: if qid == 0 { cfg.kato } else { 0 },
+        };
+        let c = q
+            .submit(cmd.to_sqe(0, [0; 16]), Some(data.to_bytes().to_vec()), 0)
+            .await?;
+        q.cntlid = c.cqe.dw0 as u16;
+        Ok(q)
+    }
+
+    /// Sends a command (its `dptr` is filled in here) with `out` to write, expecting up to
+    /// `in_len` bytes back; waits for its completion.
+    pub async fn submit(
+        &self,
+        mut sqe: Sqe,
+        out: Option<Vec<u8>>,
+        in_len: u32,
+    ) -> Result<Completion, NvmeError> {
+        let cid = self.next_cid.fetch_add(1, Ordering::Relaxed);
+        sqe.cid = cid;
+        sqe.flags |= PSDT_SGL;
+        let (tx, rx) = oneshot::channel();
+        let in_capsule = out.as_ref().filter(|d| d.len() <= self.in_capsule).cloned();
+        sqe.dptr = match (&out, &in_capsule) {
+            (Some(d), Some(_)) => Sgl::DataBlock {
+                addr: 0,
+                len: d.len() as u32,
+                offset: true,
+            },
+            (Some(d), None) => Sgl::Transport {
+                len: d.len() as u32,
+            },
+            (None, _) => Sgl::Transport { len: in_len },
+        }
+        .to_bytes();
+        self.flights
+            .lock()
+            .unwrap()
+            .as_mut()
+            .ok_or_else(|| protocol("connection closed"))?
+            .insert(
+                cid,
+                InFlight {
+                    out: if in_capsule.is_some() { None } else { out },
+                    data: Vec::new(),
+                    done: tx,
+                },
+            );
+        let pdu = Header::Cmd(sqe).to_pdu(self.digests, in_capsule.as_deref().unwrap_or(&[]), 0);
+        self.wr.lock().await.write_all(&pdu).await?;
+        let c = rx.await.map_err(|_| protocol("connection closed"))??;
+        if !c.cqe.status.is_success() {
+            return Err(NvmeError::Status(c.cqe.status));
+        }
+        Ok(c)
+    }
+
+    /// Sends raw bytes (tests of malformed PDUs).
+    pub async fn send_raw(&self, b: &[u8]) -> Result<(), NvmeError> {
+        self.wr.lock().await.write_all(b).await?;
+        Ok(())
+    }
+
+    pub async fn property_get(&self, offset: u32, eight: bool) -> Result<u64, NvmeError> {
+        let c = self
+            .submit(
+                FabricsCmd::PropertyGet { eight, offset }.to_sqe(0, [0; 16]),
+                None,
+                0,
+            )
+            .await?;
+        Ok(u64::from(c.cqe.dw0) | u64::from(c.cqe.dw1) << 32)
+    }
+
+    pub async fn property_set(&self, offset: u32, value: u64) -> Result<(), NvmeError> {
+        self.submit(
+            FabricsCmd::PropertySet {
+                eight: false,
+                offset,
+                value,
+            }
+            .to_sqe(0, [0; 16]),
+            None,
+            0,
+        )
+        .await
+        .map(|_| ())
+    }
+
+    /// An admin or I/O command with dwords 10 to 15.
+    pub fn command(opcode: u8, nsid: u32, cdw: [u32; 6]) -> Sqe {
+        Sqe {
+            opcode,
+            flags: PSDT_SGL,
+            cid: 0,
+            nsid,
+            cdw2: 0,
+            cdw3: 0,
+            mptr: 0,
+            dptr: [0; 16],
+            cdw,
+        }
+    }
+
+    pub async fn identify_controller(&self) -> Result<IdController, NvmeError> {
+        let c = self
+            .submit(
+                Self::command(admin::opcode::IDENTIFY, 0, [1, 0, 0, 0, 0, 0]),
+                None,
+                4096,
+            )
+            .await?;
+        IdController::parse(&c.data).ok_or_else(|| protocol("short Identify data"))
+    }
+
+    pub async fn identify_namespace(&self, nsid: u32) -> Result<IdNamespace, NvmeError> {
+        let c = self
+            .submit(
+                Self::command(admin::opcode::IDENTIFY, nsid, [0; 6]),
+                None,
+                4096,
+            )
+            .await?;
+        IdNamespace::parse(&c.data).ok_or_else(|| protocol("short Identify data"))
+    }
+
+    /// Enables the controller (CC.EN) and asks for `io_queues` I/O queues; returns how many
+    /// it allocated.
+    pub async fn enable(&self, io_queues: u16) -> Result<u16, NvmeError> {
+        self.property_set(property::CC, 0x0046_0001).await?;
+        if self.property_get(property::CSTS, false).await? & 1 == 0 {
+            return Err(protocol("CSTS.RDY stays 0"));
+        }
+        if io_queues == 0 {
+            return Ok(0);
+        }
+        let n = u32::from(io_queues - 1);
+        let c = self
+            .submit(
+                Self::command(admin::opcode::SET_FEATURES, 0, [7, n | n << 16, 0, 0, 0, 0]),
+                None,
+                0,
+            )
+            .await?;
+        Ok((c.cqe.dw0 & 0xffff) as u16 + 1)
+    }
+
+    pub async fn read(
+        &self,
+        nsid: u32,
+        slba: u64,
+        blocks: u32,
+        bs: u32,
+    ) -> Result<Vec<u8>, NvmeError> {
+        let [a, b, c] = rw(slba, blocks, false);
+        let r = self
+            .submit(
+                Self::command(nvm::opcode::READ, nsid, [a, b, c, 0, 0, 0]),
+                None,
+                blocks * bs,
+            )
+            .await?;
+        Ok(r.data)
+    }
+
+    pub async fn write(
+        &self,
+        nsid: u32,
+        slba: u64,
+        data: Vec<u8>,
+        bs: u32,
+        fua: bool,
+    ) -> Result<(), NvmeError> {
+        let blocks = (data.len() / bs as usize) as u32;
+        let [a, b, c] = rw(slba, blocks, fua);
+        self.submit(
+            Self::command(nvm::opcode::WRITE, nsid, [a, b, c, 0, 0, 0]),
+            Some(data),
+            0,
+        )
+        .await
+        .map(|_| ())
+    }
+}
+
+fn rw(slba: u64, blocks: u32, fua: bool) -> [u32; 3] {
+    Rw {
+        slba,
+        blocks,
+        fua,
+        lr: false,
+        deac: false,
+    }
+    .cdw()
+}
+
+async fn read_loop(
+    mut rd: OwnedReadHalf,
+    wr: Arc<AsyncMutex<OwnedWriteHalf>>,
+    flights: Flights,
+    digests: Digests,
+    maxh2c: usize,
+) {
+    let fail_all = |flights: &Flights, e: &dyn Fn() -> NvmeError| {
+        for (_, f) in flights.lock().unwrap().take().into_iter().flatten() {
+            let _ = f.done.send(Err(e()));
+        }
+    };
+    loop {
+        let b = match read_pdu(&mut rd).await {
+            Ok(b) => b,
+            Err(_) => {
+                fail_all(&flights, &|| protocol("connection closed"));
+                return;
+            }
+        };
+        match tcp::parse(&b, digests) {
+            Ok((Header::Resp(cqe), _)) => {
+                let f = flights
+                    .lock()
+                    .unwrap()
+                    .as_mut()
+                    .and_then(|m| m.remove(&cqe.cid));
+                if let Some(f) = f {
+                    let _ = f.done.send(Ok(Completion { cqe, data: f.data }));
+                }
+            }
+            Ok((
+                Header::Data {
+                    c2h: true,
+                    cccid,
+                    offset,
+                    ..
+                },
+                data,
+            )) => {
+                if let Some(f) = flights
+                    .lock()
+                    .unwrap()
+                    .as_mut()
+                    .and_then(|m| m.get_mut(&cccid))
+                {
+                    let end = offset as usize + data.len();
+                    if f.data.len() < end {
+                        f.data.resize(end, 0);
+                    }
+                    f.data[offset as usize..end].copy_from_slice(data);
+                }
+            }
+            Ok((
+                Header::R2t {
+                    cccid,
+                    ttag,
+                    offset,
+                    length,
+                },
+                _,
+            )) => {
+                let out = flights
+                    .lock()
+                    .unwrap()
+                    .as_mut()
+                    .and_then(|m| m.get_mut(&cccid))
+                    .and_then(|f| f.out.clone());
+                let Some(out) = out else { continue };
+                let (offset, length) = (offset as usize, length as usize);
+                let mut at = offset;
+                let mut w = wr.lock().await;
+                while at < offset + length {
+                    let n = (offset + length - at).min(maxh2c);
+                    let h = Header::Data {
+                        c2h: false,
+                        cccid,
+                        ttag,
+                        offset: at as u32,
+                        length: n as u32,
+                        last: at + n == offset + length,
+                        success: false,
+                    };
+                    if w.write_all(&h.to_pdu(digests, &out[at..at + n], 0))
+                        .await
+                        .is_err()
+                    {
+                        break;
+                    }
+                    at += n;
+                }
+            }
+            Ok((Header::TermReq { fes, fei, .. }, _)) => {
+                fail_all(&flights, &|| NvmeError::Terminated { fes, fei });
+                return;
+            }
+            Ok(_) | Err(_) => {
+                fail_all(&flights, &|| protocol("unexpected PDU"));
+                return;
+            }
+        }
+    }
+}

@@ -1,0 +1,187 @@
+//! The NVMe/TCP target against the in-repo host over TCP loopback: Connect of admin and I/O
+//! queues, Identify, reads and writes with data in the capsule and through R2T (with and
+//! without digests), concurrent commands, refused hosts and controllers, a malformed PDU
+//! answered with a termination request, and keep alive expiry closing every queue.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use rtgt_backstore::{BufPool, RamBackstore};
+use rtgt_nvme::admin::trtype;
+use rtgt_nvme::fabrics::status as fstatus;
+use rtgt_nvme::sqe::{sc, sct};
+use rtgt_nvme::subsys::{Limits, Namespace, Port, Subsystem, Targets};
+use rtgt_nvme::tcp::{fes, Digests};
+use rtgt_tools::nvme::{HostConfig, NvmeError, Queue};
+
+const SUB: &str = "nqn.2025-01.io.rtgt:loop";
+const BS: u32 = 512;
+
+async fn target() -> (SocketAddr, Arc<Targets>) {
+    let t = Targets::new(BufPool::new(32 << 20), Limits::default());
+    let host = HostConfig::default().host_nqn;
+    let s = t.add_subsystem(Subsystem::new(SUB, "rtgtloop01", Some(vec![host])));
+    s.add_namespace(Namespace {
+        nsid: 1,
+        backstore: Arc::new(RamBackstore::new(16 << 20, BS)),
+        nguid: [0x60; 16],
+        eui64: [0; 8],
+        uuid: [0x22; 16],
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    t.add_port(Port {
+        id: 1,
+        trtype: trtype::TCP,
+        adrfam: trtype::ADRFAM_IPV4,
+        traddr: "127.0.0.1".into(),
+        trsvcid: addr.port().to_string(),
+    });
+    let served = t.clone();
+    tokio::spawn(async move {
+        while let Ok((s, _)) = listener.accept().await {
+            tokio::spawn(rtgt_nvme::tcp_queue::serve(served.clone(), s));
+        }
+    });
+    (addr, t)
+}
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
+}
+
+#[tokio::test]
+async fn nvme_tcp_admin_and_io_queues_move_data() {
+    let (addr, _t) = target().await;
+    for digests in [
+        Digests::default(),
+        Digests {
+            header: true,
+            data: true,
+        },
+    ] {
+        let cfg = HostConfig {
+            digests,
+            ..HostConfig::default()
+        };
+        let admin = Queue::connect(addr, &cfg, SUB, 0, 0, 32).await.unwrap();
+        assert_eq!(admin.enable(4).await.unwrap(), 4);
+        let id = admin.identify_controller().await.unwrap();
+        assert_eq!((id.subnqn.as_str(), id.cntlid), (SUB, admin.cntlid));
+        assert_eq!((id.ioccsz, id.mdts), (516, 8));
+        let ns = admin.identify_namespace(1).await.unwrap();
+        assert_eq!((ns.nsze, ns.lbads), (32768, 9));
+
+        let io = Arc::new(
+            Queue::connect(addr, &cfg, SUB, 1, admin.cntlid, 128)
+                .await
+                .unwrap(),
+        );
+        // In the capsule (4 KiB), through one R2T (64 KiB), through several H2CData PDUs
+        // (1 MiB, the largest transfer).
+        for (lba, len) in [(0u64, 4096usize), (100, 65536), (1000, 1 << 20)] {
+            let data = pattern(len, lba as u8);
+            io.write(1, lba, data.clone(), BS, lba == 100)
+                .await
+                .unwrap();
+            assert_eq!(io.read(1, lba, (len / 512) as u32, BS).await.unwrap(), data);
+        }
+        // 64 commands at once on a queue of 128 entries.
+        let mut tasks = Vec::new();
+        for i in 0..64u64 {
+            let io = io.clone();
+            tasks.push(tokio::spawn(async move {
+                let data = pattern(8192, i as u8);
+                io.write(1, 4096 + i * 16, data.clone(), BS, false)
+                    .await
+                    .unwrap();
+                assert_eq!(io.read(1, 4096 + i * 16, 16, BS).await.unwrap(), data);
+            }));
+        }
+        for t in tasks {
+            t.await.unwrap();
+        }
+        // Errors come back as statuses.
+        let e = io.read(1, 32768, 1, BS).await.unwrap_err();
+        assert!(
+            matches!(e, NvmeError::Status(s) if (s.sct, s.sc) == (sct::GENERIC, sc::LBA_OUT_OF_RANGE)),
+            "{e:?}"
+        );
+        let e = io.read(2, 0, 1, BS).await.unwrap_err();
+        assert!(
+            matches!(e, NvmeError::Status(s) if s.sc == sc::INVALID_NAMESPACE),
+            "{e:?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn nvme_tcp_refuses_hosts_controllers_and_bad_pdus() {
+    let (addr, _t) = target().await;
+    let stranger = HostConfig {
+        host_nqn: "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-0000-0000-000000000bad".into(),
+        ..HostConfig::default()
+    };
+    let e = Queue::connect(addr, &stranger, SUB, 0, 0, 32)
+        .await
+        .err()
+        .expect("refused");
+    assert!(
+        matches!(e, NvmeError::Status(s) if (s.sct, s.sc) == (sct::COMMAND_SPECIFIC, fstatus::CONNECT_INVALID_HOST)),
+        "{e:?}"
+    );
+    let cfg = HostConfig::default();
+    let e = Queue::connect(addr, &cfg, SUB, 1, 77, 32)
+        .await
+        .err()
+        .expect("no controller 77");
+    assert!(
+        matches!(e, NvmeError::Status(s) if s.sc == fstatus::CONNECT_INVALID_PARAMETERS),
+        "{e:?}"
+    );
+    // A capsule whose header length is wrong: the controller terminates the connection,
+    // naming HLEN (byte 2).
+    let admin = Queue::connect(addr, &cfg, SUB, 0, 0, 32).await.unwrap();
+    admin.enable(1).await.unwrap();
+    let mut bad = vec![0x04u8, 0, 24, 0, 72, 0, 0, 0];
+    bad.resize(72, 0);
+    admin.send_raw(&bad).await.unwrap();
+    let e = admin.identify_controller().await.unwrap_err();
+    assert!(
+        matches!(e, NvmeError::Terminated { fes: f, fei: 2 } if f == fes::INVALID_PDU_HEADER),
+        "{e:?}"
+    );
+}
+
+#[tokio::test]
+async fn nvme_tcp_keep_alive_expiry_closes_every_queue() {
+    let (addr, t) = target().await;
+    let cfg = HostConfig {
+        kato: 100,
+        ..HostConfig::default()
+    };
+    let admin = Queue::connect(addr, &cfg, SUB, 0, 0, 32).await.unwrap();
+    admin.enable(1).await.unwrap();
+    let io = Queue::connect(addr, &cfg, SUB, 1, admin.cntlid, 32)
+        .await
+        .unwrap();
+    io.write(1, 0, pattern(512, 1), BS, false).await.unwrap();
+    // No keep alive comes: the controller goes, and its queues with it.
+    let gone = tokio::time::timeout(Duration::from_secs(30), async {
+        loop {
+            if io.read(1, 0, 1, BS).await.is_err() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await;
+    assert!(
+        gone.is_ok(),
+        "the I/O queue outlived the keep alive timeout"
+    );
+    assert!(t.controllers().iter().all(|c| c.is_closed()));
+}
