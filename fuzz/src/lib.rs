@@ -20,7 +20,7 @@ pub use cm_state::transport_cm_state;
 pub use config::{api_http_reply, api_lio_import, config_yaml};
 pub use iscsi::{iscsi_bhs, iscsi_login, iscsi_text};
 pub use iser::iser_header;
-pub use nvme::{nvme_structures, nvme_tcp_pdu};
+pub use nvme::{nvme_structures, nvme_tcp_pdu, nvme_tcp_queue};
 pub use responder::transport_responder;
 pub use scsi::{scsi_cdb, scsi_params, scsi_pr_state};
 pub use srp::{srp_iu, srp_login};
@@ -40,6 +40,7 @@ pub const TARGETS: &[(&str, Body)] = &[
     ("iser_header", iser_header),
     ("nvme_structures", nvme_structures),
     ("nvme_tcp_pdu", nvme_tcp_pdu),
+    ("nvme_tcp_queue", nvme_tcp_queue),
     ("scsi_cdb", scsi_cdb),
     ("scsi_params", scsi_params),
     ("scsi_pr_state", scsi_pr_state),

@@ -113,3 +113,75 @@ pub fn nvme_structures(data: &[u8]) {
         assert!(g.len >= 4 && g.len.is_multiple_of(4));
     }
 }
+
+/// A host's byte stream into an NVMe/TCP queue of a target with one RAM namespace (any host
+/// admitted): whatever comes — ICReq, Connect, capsules, H2CData, garbage — the queue answers
+/// or terminates, and ends when the stream does; it never panics or hangs.
+///
+/// Input: the stream. Controller 1 exists for I/O queues to join (the seeds' host, four I/O
+/// queues).
+pub fn nvme_tcp_queue(data: &[u8]) {
+    use std::sync::Arc;
+
+    use rtgt_backstore::{BufPool, RamBackstore};
+    use rtgt_nvme::subsys::{Limits, Namespace, Subsystem, Targets};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(async {
+        let t = Targets::new(BufPool::new(4 << 20), Limits::default());
+        let s = t.add_subsystem(Subsystem::new(
+            "nqn.2025-01.io.rtgt:default",
+            "FUZZ0001",
+            None,
+        ));
+        s.add_namespace(Namespace {
+            nsid: 1,
+            backstore: Arc::new(RamBackstore::new(1 << 20, 512)),
+            nguid: [1; 16],
+            eui64: [0; 8],
+            uuid: [2; 16],
+        });
+        // Controller 1 of the seeds' host, enabled with four I/O queues, for streams that
+        // connect an I/O queue.
+        let host_nqn = "nqn.2014-08.org.nvmexpress:uuid:0c2b3ad4-5e5f-4f5c-9d1b-3c6a6f6f0e01";
+        let cd = ConnectData {
+            host_id: [0; 16],
+            cntlid: 0xffff,
+            subsys_nqn: "nqn.2025-01.io.rtgt:default".into(),
+            host_nqn: host_nqn.into(),
+        };
+        let ctrl = t.connect(0, 31, 0, &cd).expect("controller 1");
+        let set = |c: FabricsCmd| c.to_sqe(1, [0; 16]);
+        let cc = set(FabricsCmd::PropertySet {
+            eight: false,
+            offset: 0x14,
+            value: 1,
+        });
+        assert!(ctrl.execute(0, &cc, None).await.status.is_success());
+        let mut nq = cc.clone();
+        nq.opcode = 0x09;
+        nq.nsid = 0;
+        nq.cdw = [7, 3 | 3 << 16, 0, 0, 0, 0];
+        assert!(ctrl.execute(0, &nq, None).await.status.is_success());
+        let (host, target) = tokio::io::duplex(64 << 10);
+        let served = tokio::spawn(rtgt_nvme::tcp_queue::serve_stream(t.clone(), target, None));
+        let (mut rd, mut wr) = tokio::io::split(host);
+        let input = data.to_vec();
+        let writer = tokio::spawn(async move {
+            let _ = wr.write_all(&input).await;
+            let _ = wr.shutdown().await;
+        });
+        let mut sink = Vec::new();
+        let _ = rd.read_to_end(&mut sink).await;
+        let _ = writer.await;
+        tokio::time::timeout(std::time::Duration::from_secs(10), served)
+            .await
+            .expect("the queue ends with its stream")
+            .expect("no panic");
+        drop(ctrl);
+    });
+}

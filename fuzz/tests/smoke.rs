@@ -249,6 +249,7 @@ smoke_tests!(
     iser_header,
     nvme_structures,
     nvme_tcp_pdu,
+    nvme_tcp_queue,
     scsi_cdb,
     scsi_params,
     scsi_pr_state,

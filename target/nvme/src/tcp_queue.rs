@@ -19,8 +19,9 @@ use std::sync::atomic::{AtomicU16, Ordering};
 use std::sync::Arc;
 
 use rtgt_backstore::IoBuf;
-use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
-use tokio::net::tcp::OwnedReadHalf;
+use tokio::io::{
+    AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, ReadHalf, WriteHalf,
+};
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, Semaphore};
 
@@ -163,7 +164,7 @@ impl From<std::io::Error> for End {
 }
 
 /// Reads one PDU: its common header, then (checked) the rest.
-async fn read_pdu(rd: &mut BufReader<OwnedReadHalf>, max_data: usize) -> Result<Vec<u8>, End> {
+async fn read_pdu<R: AsyncRead + Unpin>(rd: &mut R, max_data: usize) -> Result<Vec<u8>, End> {
     let mut ch = [0u8; CH_LEN];
     rd.read_exact(&mut ch).await?;
     let c = CommonHeader::parse(&ch).ok_or(End::Closed)?;
@@ -182,7 +183,15 @@ async fn read_pdu(rd: &mut BufReader<OwnedReadHalf>, max_data: usize) -> Result<
 pub async fn serve(targets: Arc<Targets>, stream: TcpStream) {
     let peer = stream.peer_addr().ok();
     let _ = stream.set_nodelay(true);
-    let (rd, mut wr) = stream.into_split();
+    serve_stream(targets, stream, peer).await;
+}
+
+/// Serves one NVMe/TCP connection on any byte stream (TCP, or a test's pipe).
+pub async fn serve_stream<S>(targets: Arc<Targets>, stream: S, peer: Option<std::net::SocketAddr>)
+where
+    S: AsyncRead + AsyncWrite + Send + 'static,
+{
+    let (rd, mut wr) = tokio::io::split(stream);
     let mut rd = BufReader::with_capacity(64 << 10, rd);
     let limits = targets.limits;
     let max_data = (limits.in_capsule as usize).max(MAX_H2C_DATA as usize);
@@ -273,8 +282,8 @@ pub async fn serve(targets: Arc<Targets>, stream: TcpStream) {
 }
 
 /// Sends a termination request on a connection with no writer yet, and ends it.
-async fn terminate(
-    wr: &mut tokio::net::tcp::OwnedWriteHalf,
+async fn terminate<W: AsyncWrite + Unpin>(
+    wr: &mut W,
     fes: u16,
     fei: u32,
     offending: &[u8],
@@ -294,13 +303,14 @@ async fn terminate(
 }
 
 type Connected = ((Queue, mpsc::Receiver<Out>), Arc<Semaphore>);
+type Reader<S> = BufReader<ReadHalf<S>>;
 
 /// Takes the first capsule, which must be a Connect with its data in the capsule; answers
 /// it. Returns the queue, or `None` when the connection is to end.
-async fn connect(
+async fn connect<S: AsyncRead + AsyncWrite>(
     targets: &Arc<Targets>,
-    rd: &mut BufReader<OwnedReadHalf>,
-    wr: &mut tokio::net::tcp::OwnedWriteHalf,
+    rd: &mut Reader<S>,
+    wr: &mut WriteHalf<S>,
     digests: Digests,
     max_data: usize,
 ) -> Option<Connected> {
@@ -408,7 +418,7 @@ fn error_response(digests: Digests, cid: u16, qid: u16, code: u8, dw0: u32) -> V
     .to_pdu(digests, &[], 0)
 }
 
-async fn write_loop(mut wr: tokio::net::tcp::OwnedWriteHalf, mut rx: mpsc::Receiver<Out>) {
+async fn write_loop<W: AsyncWrite + Unpin>(mut wr: W, mut rx: mpsc::Receiver<Out>) {
     let mut buf: Vec<u8> = Vec::with_capacity(64 << 10);
     while let Some(first) = rx.recv().await {
         let mut next = Some(first);
@@ -445,9 +455,9 @@ async fn write_loop(mut wr: tokio::net::tcp::OwnedWriteHalf, mut rx: mpsc::Recei
     }
 }
 
-async fn read_loop(
+async fn read_loop<R: AsyncRead + Unpin>(
     queue: &Arc<Queue>,
-    rd: &mut BufReader<OwnedReadHalf>,
+    rd: &mut R,
     permits: Arc<Semaphore>,
     max_data: usize,
 ) -> End {
