@@ -130,7 +130,12 @@ impl Queue {
             status,
             phase: false,
         };
-        let (head, _) = Header::Resp(cqe).encode(self.digests, &[], 0);
+        self.send_header(Header::Resp(cqe)).await;
+    }
+
+    /// Sends a PDU without data.
+    async fn send_header(&self, h: Header) {
+        let (head, _) = h.encode(self.digests, &[], 0);
         let _ = self
             .tx
             .send(Out {
@@ -139,6 +144,12 @@ impl Queue {
                 trailer: None,
                 last: false,
             })
+            .await;
+    }
+
+    /// Completes command `cid` with a generic error.
+    async fn fail(&self, cid: u16, code: u8) {
+        self.complete(cid, Status::error(sct::GENERIC, code), 0, 0)
             .await;
     }
 
@@ -481,25 +492,11 @@ async fn read_loop<R: AsyncRead + Unpin>(
                 match *h {
                     Header::Cmd(sqe) => {
                         queue.fetched();
-                        queue
-                            .complete(
-                                sqe.cid,
-                                Status::error(sct::GENERIC, sc::DATA_TRANSFER_ERROR),
-                                0,
-                                0,
-                            )
-                            .await;
+                        queue.fail(sqe.cid, sc::DATA_TRANSFER_ERROR).await;
                     }
                     Header::Data { ttag, .. } => {
                         if let Some(g) = gathering.remove(&ttag) {
-                            queue
-                                .complete(
-                                    g.sqe.cid,
-                                    Status::error(sct::GENERIC, sc::DATA_TRANSFER_ERROR),
-                                    0,
-                                    0,
-                                )
-                                .await;
+                            queue.fail(g.sqe.cid, sc::DATA_TRANSFER_ERROR).await;
                         }
                     }
                     _ => {}
@@ -527,14 +524,7 @@ async fn read_loop<R: AsyncRead + Unpin>(
                         len,
                     } => {
                         if addr != 0 || len as usize != data.len() || data.len() > in_capsule {
-                            queue
-                                .complete(
-                                    sqe.cid,
-                                    Status::error(sct::GENERIC, sc::SGL_INVALID_DATA_LENGTH),
-                                    0,
-                                    0,
-                                )
-                                .await;
+                            queue.fail(sqe.cid, sc::SGL_INVALID_DATA_LENGTH).await;
                             continue;
                         }
                         let mut buf = queue.targets.pool.get(data.len()).await;
@@ -544,14 +534,7 @@ async fn read_loop<R: AsyncRead + Unpin>(
                     Sgl::Transport { len } => {
                         let max = 4096usize << queue.targets.limits.mdts;
                         if !data.is_empty() || len as usize > max {
-                            queue
-                                .complete(
-                                    sqe.cid,
-                                    Status::error(sct::GENERIC, sc::INVALID_FIELD),
-                                    0,
-                                    0,
-                                )
-                                .await;
+                            queue.fail(sqe.cid, sc::INVALID_FIELD).await;
                             continue;
                         }
                         let buf = queue.targets.pool.get(len as usize).await;
@@ -566,7 +549,6 @@ async fn read_loop<R: AsyncRead + Unpin>(
                             offset: 0,
                             length: len,
                         };
-                        let (head, _) = r2t.encode(queue.digests, &[], 0);
                         gathering.insert(
                             ttag,
                             Gathering {
@@ -576,25 +558,10 @@ async fn read_loop<R: AsyncRead + Unpin>(
                                 permit,
                             },
                         );
-                        let _ = queue
-                            .tx
-                            .send(Out {
-                                head,
-                                data: Payload::None,
-                                trailer: None,
-                                last: false,
-                            })
-                            .await;
+                        queue.send_header(r2t).await;
                     }
                     _ => {
-                        queue
-                            .complete(
-                                sqe.cid,
-                                Status::error(sct::GENERIC, sc::SGL_INVALID_TYPE),
-                                0,
-                                0,
-                            )
-                            .await;
+                        queue.fail(sqe.cid, sc::SGL_INVALID_TYPE).await;
                     }
                 }
             }
