@@ -175,7 +175,13 @@ impl From<std::io::Error> for End {
 }
 
 /// Reads one PDU: its common header, then (checked) the rest.
-async fn read_pdu<R: AsyncRead + Unpin>(rd: &mut R, max_data: usize) -> Result<Vec<u8>, End> {
+/// Reads one PDU into `b` (reused from PDU to PDU): its common header, then (checked) the
+/// rest.
+async fn read_pdu<R: AsyncRead + Unpin>(
+    rd: &mut R,
+    max_data: usize,
+    b: &mut Vec<u8>,
+) -> Result<(), End> {
     let mut ch = [0u8; CH_LEN];
     rd.read_exact(&mut ch).await?;
     let c = CommonHeader::parse(&ch).ok_or(End::Closed)?;
@@ -184,10 +190,11 @@ async fn read_pdu<R: AsyncRead + Unpin>(rd: &mut R, max_data: usize) -> Result<V
         Err(PduError::Fatal { fes, fei }) => return Err(End::Fatal(fes, fei, ch.to_vec())),
         Err(PduError::DataDigest(_)) => return Err(End::Closed),
     };
-    let mut b = vec![0u8; len];
+    b.clear();
+    b.resize(len, 0);
     b[..CH_LEN].copy_from_slice(&ch);
     rd.read_exact(&mut b[CH_LEN..]).await?;
-    Ok(b)
+    Ok(())
 }
 
 /// Serves one NVMe/TCP connection until it ends.
@@ -208,8 +215,9 @@ where
     let max_data = (limits.in_capsule as usize).max(MAX_H2C_DATA as usize);
 
     // Connection initialization.
-    let ic = match read_pdu(&mut rd, 0).await {
-        Ok(b) => b,
+    let mut ic = Vec::new();
+    match read_pdu(&mut rd, 0, &mut ic).await {
+        Ok(()) => {}
         Err(End::Fatal(fes, fei, h)) => {
             let _ = terminate(&mut wr, fes, fei, &h).await;
             return;
@@ -325,9 +333,10 @@ async fn connect<S: AsyncRead + AsyncWrite>(
     digests: Digests,
     max_data: usize,
 ) -> Option<Connected> {
+    let mut b = Vec::new();
     loop {
-        let b = match read_pdu(rd, max_data).await {
-            Ok(b) => b,
+        match read_pdu(rd, max_data, &mut b).await {
+            Ok(()) => {}
             Err(End::Fatal(fes, fei, h)) => {
                 let _ = terminate(wr, fes, fei, &h).await;
                 return None;
@@ -475,14 +484,14 @@ async fn read_loop<R: AsyncRead + Unpin>(
     let mut gathering: HashMap<u16, Gathering> = HashMap::new();
     let mut next_ttag: u16 = 0;
     let in_capsule = queue.targets.limits.in_capsule as usize;
+    let mut b = Vec::with_capacity(64 << 10);
     loop {
-        let b = tokio::select! {
-            b = read_pdu(rd, max_data) => match b {
-                Ok(b) => b,
-                Err(e) => return e,
+        tokio::select! {
+            r = read_pdu(rd, max_data, &mut b) => if let Err(e) = r {
+                return e;
             },
             _ = queue.ctrl.closed() => return End::Closed,
-        };
+        }
         let (header, data) = match tcp::parse(&b, queue.digests) {
             Ok(x) => x,
             Err(PduError::Fatal { fes, fei }) => {
