@@ -777,16 +777,22 @@ impl Device {
         }
         let me = self.me.clone();
         tokio::spawn(async move {
-            let r = store
-                .update(&mut |current| {
-                    let mut doc = shared::decode(current).ok()?;
-                    doc.pr.spc2.take_if(|h| held(h))?;
-                    Some(shared::encode(&doc))
+            let Some(dev) = me.upgrade() else {
+                return;
+            };
+            let r = dev
+                .update_shared(store.as_ref(), |doc| {
+                    doc.pr.spc2.take_if(|h| held(h));
+                    Ok(())
                 })
                 .await;
-            if let (Err(e), Some(dev)) = (r, me.upgrade()) {
-                tracing::error!(device = %dev.config.name, state = %store.location(), error = %e,
-                    "releasing the SPC-2 reservation in the shared state failed");
+            match r {
+                Ok((base, new, ())) => {
+                    let mut st = dev.lock();
+                    dev.take_in_shared(&mut st, &base, &new, None);
+                }
+                Err(_) => tracing::error!(device = %dev.config.name, state = %store.location(),
+                    "releasing the SPC-2 reservation in the shared state failed"),
             }
         });
     }
@@ -951,6 +957,24 @@ impl Device {
         outcome.unwrap_or_else(|| Err(Sense::internal_failure().into()))
     }
 
+    /// Takes in the shared state this process has just changed from `base` to `new`: what
+    /// other processes changed before (`base` against the local copy: the unit attentions
+    /// that owes this process's I_T nexuses), then `new` itself. A nexus other than `except`
+    /// hears of a group state change. Returns whether a group state changed. (After an
+    /// update the store counts the state as read, so nothing else would take it in.)
+    pub(crate) fn take_in_shared(
+        &self,
+        st: &mut DevState,
+        base: &shared::SharedDoc,
+        new: &shared::SharedDoc,
+        except: Option<u64>,
+    ) -> bool {
+        let elsewhere = pr::changed_elsewhere(&st.pr, &base.pr);
+        st.post_reg(&elsewhere, u64::MAX);
+        st.pr = new.pr.clone();
+        self.take_group_states(st, &new.groups, except)
+    }
+
     /// Takes in the group states of the shared state; every I_T nexus but `except` hears of
     /// a change. Returns whether a state changed.
     fn take_group_states(
@@ -995,7 +1019,7 @@ impl Device {
             return Ok(moved);
         };
         let own = self.lock().alua.states();
-        let (_, new, ()) = self
+        let (base, new, ()) = self
             .update_shared(store.as_ref(), |doc| {
                 if doc.groups.is_empty() {
                     doc.groups = own.clone();
@@ -1005,7 +1029,7 @@ impl Device {
             })
             .await?;
         let mut st = self.lock();
-        Ok(self.take_group_states(&mut st, &new.groups, except))
+        Ok(self.take_in_shared(&mut st, &base, &new, except))
     }
 
     /// Sets the state of target port group `group` now, as an implicit change (the API), on

@@ -397,9 +397,7 @@ pub(crate) async fn change_reservations(
             .update_shared(store.as_ref(), |doc| change(&mut doc.pr))
             .await?;
         let mut st = dev.lock();
-        let elsewhere = pr::changed_elsewhere(&st.pr, &base.pr);
-        st.post_reg(&elsewhere, u64::MAX);
-        st.pr = new.pr;
+        dev.take_in_shared(&mut st, &base, &new, None);
         st.post_reg(&uas, nexus.id);
         return Ok(uas);
     }

@@ -3222,3 +3222,45 @@ async fn groups_without_explicit_changes_have_no_set_target_port_groups() {
         Err(ScsiError::InvalidConfig(_))
     ));
 }
+
+/// A gateway restarted over a shared state whose configured group states it writes first (an
+/// update that changes nothing) still reads the registrations before its first command: an
+/// update counts the store as read, so the device takes in what it read there.
+#[tokio::test]
+async fn a_restarted_gateway_takes_in_the_shared_state_its_groups_update_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("lun0.pr");
+    let backstore = ram();
+    let config = || DeviceConfig {
+        pr_shared: Some(Arc::new(rtgt_backstore::SharedFile::new(&path))),
+        ..cfg()
+    };
+    // As rtgtd builds them: no groups, then the configuration's.
+    let alua = alua_cfg().alua;
+    let start = || {
+        let d = make_with(backstore.clone(), config());
+        d.set_alua(&alua).unwrap();
+        d
+    };
+    let settle = || async {
+        for _ in 0..20 {
+            tokio::task::yield_now().await;
+        }
+    };
+    let a = start();
+    let b = start();
+    settle().await;
+    let n1 = nx_port(1, 1, 1);
+    ready(&a, &n1).await;
+    good(&prout(&a, &n1, 0, 0, 0, 0xabc1, 0).await);
+    drop(a);
+    let a2 = start();
+    settle().await;
+    ready(&a2, &n1).await;
+    let r = run(&a2, &n1, &[0x5e, 0, 0, 0, 0, 0, 0, 1, 0, 0], None, 256).await;
+    assert_eq!(
+        &data(&r)[..16],
+        &[0, 0, 0, 1, 0, 0, 0, 8, 0, 0, 0, 0, 0, 0, 0xab, 0xc1]
+    );
+    drop(b);
+}
