@@ -126,22 +126,40 @@ async fn cache_modes_switch_under_io() {
     let bs = Arc::new(FileBackstore::open(&path, opts(16 * MIB, false)).unwrap());
     let memory_fs = bs.is_memory_fs();
     assert!(!bs.is_direct());
-    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    let stop = Arc::new(AtomicBool::new(false));
+    let done = Arc::new(AtomicU64::new(0));
     let io = {
-        let (bs, stop) = (bs.clone(), stop.clone());
+        let (bs, stop, done) = (bs.clone(), stop.clone(), done.clone());
         tokio::spawn(async move {
             let mut round = 0u64;
-            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            while !stop.load(Ordering::Relaxed) {
                 let offset = (round % 64) * 64 * 1024;
                 let data = pattern(round, 64 * 1024);
                 write(&*bs, offset, &data, round % 3 == 0).await;
                 assert_eq!(read(&*bs, offset, data.len()).await, data, "round {round}");
                 round += 1;
+                done.store(round, Ordering::Relaxed);
             }
             round
         })
     };
-    let settle = || tokio::time::sleep(std::time::Duration::from_millis(30));
+    // Each step lets the transfers go on for a few rounds in the new mode (however long that
+    // takes on a busy machine).
+    let settle = || {
+        let done = done.clone();
+        async move {
+            let from = done.load(Ordering::Relaxed);
+            let rounds = async {
+                while done.load(Ordering::Relaxed) < from + 4 {
+                    tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+                }
+            };
+            tokio::time::timeout(std::time::Duration::from_secs(120), rounds)
+                .await
+                .expect("the transfers stopped");
+        }
+    };
     settle().await;
     let before = bs.counters();
     // Through the page cache: nothing on the O_DIRECT descriptor.
@@ -166,9 +184,9 @@ async fn cache_modes_switch_under_io() {
         after.direct,
         "no direct transfers once switched back"
     );
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    stop.store(true, Ordering::Relaxed);
     let rounds = io.await.expect("no transfer failed");
-    assert!(rounds > 10, "{rounds} rounds");
+    assert!(rounds >= 20, "{rounds} rounds");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
