@@ -4,8 +4,9 @@
 # while the gateway of the active/optimized group is killed with -9: the I/O moves to the other
 # gateway, which the guest's SET TARGET PORT GROUPS makes active/optimized for both gateways
 # (and which takes the image's exclusive lock over from the dead one); the killed gateway is
-# started again and comes back active/non-optimized, so the I/O stays, until a failback through
-# its own API moves it back. No I/O error may reach fio, its verification must
+# started again and comes back with the shared states (the guest may then move the group with
+# its requests through both paths; the writes and the lock follow whichever wins), until a
+# failback through its own API moves the I/O back. No I/O error may reach fio, its verification must
 # pass, fsck must find the file system clean and the files intact. Then persistent
 # reservations: a key registered and a reservation made through one gateway are reported
 # through the other, and a second initiator (its own iSCSI interface and name) on the second
@@ -43,10 +44,22 @@ lab_path_is "$d2" active ready 50 90
 lab_writes_grow "$d2" "while rtgtd-a is down"
 lab_signal restart-a
 lab_wait a-restarted 120 || lab_fail "rtgtd-a did not restart"
-# rtgtd-a returns active/non-optimized (the shared state, not its configuration): the writes,
-# and the image's lock, stay with rtgtd-b.
-lab_path_is "$d1" active ready 10 180
-lab_writes_grow "$d2" "after rtgtd-a returned"
+# rtgtd-a returns with the shared states, not its configuration's. When its path returns,
+# scsi_dh_alua may activate both paths, each asking for its own group with SET TARGET PORT
+# GROUPS; the last request wins. Wait until they settle (one path optimized, the other not):
+# the writes go through the optimized one (and the host checks that the lock is there).
+prio() { lab_path "$1" | awk '{ print $3 }'; }
+settled() {
+    case "$(prio "$d1") $(prio "$d2")" in
+    "50 10" | "10 50") return 0 ;;
+    esac
+    return 1
+}
+lab_retry 180 settled || lab_fail "the paths did not settle: $d1 '$(lab_path "$d1")', $d2 '$(lab_path "$d2")'"
+lab_step "after rtgtd-a returned: $d1 '$(lab_path "$d1")', $d2 '$(lab_path "$d2")'"
+ao=$d2
+[[ $(prio "$d1") == 50 ]] && ao=$d1
+lab_writes_grow "$ao" "after rtgtd-a returned"
 lab_signal failback-a
 lab_wait failed-back-a 120 || lab_fail "no failback through rtgtd-a's API"
 lab_path_is "$d1" active ready 50 60
