@@ -261,7 +261,7 @@ impl Controller {
             return Reply::error(sc::COMMAND_SEQUENCE_ERROR);
         }
         if qid == 0 {
-            self.admin(sqe, data).await
+            self.admin(sqe).await
         } else {
             match &self.kind {
                 Kind::Io(s) => self.io(s, sqe, data).await,
@@ -322,8 +322,8 @@ impl Controller {
         }
     }
 
-    async fn admin(&self, sqe: &Sqe, data: Option<IoBuf>) -> Reply {
-        let _ = data;
+    /// An admin command (none of those served takes data from the host).
+    async fn admin(&self, sqe: &Sqe) -> Reply {
         let [c10, c11, c12, c13, ..] = sqe.cdw;
         match sqe.opcode {
             admin::opcode::IDENTIFY => self.identify(sqe),

@@ -356,21 +356,14 @@ async fn connect<S: AsyncRead + AsyncWrite>(
             }
             Err(PduError::DataDigest(h)) => {
                 if let Header::Cmd(sqe) = *h {
-                    let r = error_response(digests, sqe.cid, 0, sc::DATA_TRANSFER_ERROR, 0);
+                    let status = Status::error(sct::GENERIC, sc::DATA_TRANSFER_ERROR);
+                    let r = response(digests, sqe.cid, status, 0);
                     wr.write_all(&r).await.ok()?;
                 }
                 continue;
             }
         };
-        let reply = |status: Status, dw0: u32| {
-            Header::Resp(Cqe {
-                dw0,
-                cid: sqe.cid,
-                status,
-                ..Cqe::default()
-            })
-            .to_pdu(digests, &[], 0)
-        };
+        let reply = |status: Status, dw0: u32| response(digests, sqe.cid, status, dw0);
         let Some(FabricsCmd::Connect {
             qid, sqsize, kato, ..
         }) = FabricsCmd::parse(&sqe)
@@ -427,12 +420,12 @@ async fn connect<S: AsyncRead + AsyncWrite>(
     }
 }
 
-fn error_response(digests: Digests, cid: u16, qid: u16, code: u8, dw0: u32) -> Vec<u8> {
+/// A response capsule on a queue not connected yet (queue 0, head 0).
+fn response(digests: Digests, cid: u16, status: Status, dw0: u32) -> Vec<u8> {
     Header::Resp(Cqe {
         dw0,
-        sq_id: qid,
         cid,
-        status: Status::error(sct::GENERIC, code),
+        status,
         ..Cqe::default()
     })
     .to_pdu(digests, &[], 0)
