@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 
 use crate::alua::{Alua, PortDecl, PortKey, TargetPort};
 use crate::fields::{is_default, is_false, is_true, yes};
+use crate::nvme::Nvme;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use utoipa::ToSchema;
@@ -930,6 +931,9 @@ pub struct Config {
     /// Asymmetric logical unit access: target port groups and their access states.
     #[serde(default, skip_serializing_if = "is_default")]
     pub alua: Alua,
+    /// NVMe over Fabrics subsystems and ports.
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub nvme: Nvme,
 }
 
 /// The administration API's listeners and who may use them. Read at start: the API cannot
@@ -1534,8 +1538,29 @@ impl Config {
             .validate()
             .map_err(|(f, m)| (format!("policy.{f}"), m))?;
         self.validate_srp()?;
+        self.validate_nvme()?;
         self.alua
             .validate(&self.target_ports(), |b| self.backstore(b).is_some())
+    }
+
+    fn validate_nvme(&self) -> Result<(), (String, String)> {
+        let mut scsi = std::collections::HashMap::new();
+        for (port, l) in self.port_luns() {
+            scsi.entry(l.backstore.as_str()).or_insert(port);
+        }
+        let cx = crate::nvme::Context {
+            backstore: &|b| self.backstore(b).is_some(),
+            scsi,
+            tcp_portals: self
+                .targets
+                .iter()
+                .flat_map(|t| &t.portal_groups)
+                .flat_map(|g| g.portals.iter().copied())
+                .collect(),
+        };
+        self.nvme
+            .validate(&cx)
+            .map_err(|(f, m)| (format!("nvme.{f}"), m))
     }
 
     fn validate_srp(&self) -> Result<(), (String, String)> {

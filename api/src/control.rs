@@ -104,19 +104,24 @@ pub struct AluaView {
 /// A live session as the API shows it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct SessionView {
-    /// Identifier for `DELETE /api/v1/sessions/{id}`, e.g. `iscsi-3` or `srp-1099511627777`.
+    /// Identifier for `DELETE /api/v1/sessions/{id}`, e.g. `iscsi-3`, `srp-1099511627777`
+    /// or `nvme-1` (an NVMe controller).
     pub id: String,
-    /// iSCSI initiator name, or SRP initiator port identifier (`0x` and 32 hex digits).
+    /// iSCSI initiator name, SRP initiator port identifier (`0x` and 32 hex digits), or
+    /// NVMe host NQN.
     pub initiator: String,
-    /// iSCSI target name, or SRP target port name.
+    /// iSCSI target name, SRP target port name, or NVMe subsystem NQN.
     pub target: String,
-    /// `tcp`, `iser` or `srp`.
+    /// `tcp`, `iser`, `srp` or `nvme-tcp`.
     pub transport: String,
     /// `normal` or `discovery`.
     pub session_type: String,
     /// iSCSI ISID as 12 hex digits (iSCSI sessions).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub isid: Option<String>,
+    /// Queues connected, admin and I/O (NVMe controllers).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queues: Option<u32>,
     pub peer: String,
     pub local: String,
     /// Commands the session may have in flight (SRP: the request limits of its channels).

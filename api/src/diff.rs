@@ -4,6 +4,7 @@
 
 use crate::config::{Backstore, Config, Port, PortAcl, PortalGroup, SrpPort, Target};
 use crate::control::ChangeReport;
+use crate::nvme::Nvme;
 
 /// How a backstore's new definition applies to the running one.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -85,7 +86,7 @@ pub fn backstore_change(old: &Backstore, new: &Backstore, in_use: bool) -> Backs
         .collect::<Vec<_>>()
         .join(", ");
     BackstoreChange::InUse(format!(
-        "backstore {:?} is in use: {fields} cannot change while a LUN maps it (size, direct and write_cache can); remove its LUNs first",
+        "backstore {:?} is in use: {fields} cannot change while a LUN or namespace maps it (size, direct and write_cache can); remove its LUNs and namespaces first",
         new.name
     ))
 }
@@ -170,9 +171,98 @@ pub fn diff(old: &Config, new: &Config) -> ChangeReport {
             report.push("removed", "backstore", b.name.clone());
         }
     }
+    nvme_diff(&mut report, &old.nvme, &new.nvme);
     alua_diff(&mut report, old, new);
     restart_sections(&mut report, old, new);
     report
+}
+
+/// Reports the NVMe subsystems, namespaces and ports added, removed or changed.
+pub fn nvme_diff(report: &mut ChangeReport, old: &Nvme, new: &Nvme) {
+    for s in &new.subsystems {
+        let Some(o) = old.subsystems.iter().find(|x| x.nqn == s.nqn) else {
+            report.push("added", "nvme_subsystem", s.nqn.clone());
+            continue;
+        };
+        for n in &s.namespaces {
+            let name = format!("{}/{}", s.nqn, n.nsid);
+            match o.namespaces.iter().find(|x| x.nsid == n.nsid) {
+                None => report.push_detail(
+                    "added",
+                    "nvme_namespace",
+                    name,
+                    "hosts are told (changed namespace list)",
+                ),
+                Some(x) if x == n => {}
+                Some(_) => report.push_detail(
+                    "changed",
+                    "nvme_namespace",
+                    name,
+                    "hosts are told (changed namespace list)",
+                ),
+            }
+        }
+        for n in &o.namespaces {
+            if !s.namespaces.iter().any(|x| x.nsid == n.nsid) {
+                report.push_detail(
+                    "removed",
+                    "nvme_namespace",
+                    format!("{}/{}", s.nqn, n.nsid),
+                    "hosts are told (changed namespace list)",
+                );
+            }
+        }
+        if (o.allow_any_host, &o.hosts) != (s.allow_any_host, &s.hosts) {
+            report.push_detail(
+                "changed",
+                "nvme_subsystem",
+                s.nqn.clone(),
+                "allowed hosts: the controllers of hosts no longer admitted are closed",
+            );
+        } else if o.serial != s.serial {
+            report.push_detail(
+                "changed",
+                "nvme_subsystem",
+                s.nqn.clone(),
+                "serial: its controllers are closed (hosts connect again)",
+            );
+        }
+    }
+    for o in &old.subsystems {
+        if !new.subsystems.iter().any(|x| x.nqn == o.nqn) {
+            report.push_detail(
+                "removed",
+                "nvme_subsystem",
+                o.nqn.clone(),
+                "its controllers are closed",
+            );
+        }
+    }
+    for p in &new.ports {
+        match old.ports.iter().find(|x| x.id == p.id) {
+            None => report.push("added", "nvme_port", p.id.to_string()),
+            Some(o) if o == p => {}
+            Some(_) => report.push_detail(
+                "changed",
+                "nvme_port",
+                p.id.to_string(),
+                "its connections are closed (hosts connect again)",
+            ),
+        }
+    }
+    for o in &old.ports {
+        if !new.ports.iter().any(|x| x.id == o.id) {
+            report.push_detail(
+                "removed",
+                "nvme_port",
+                o.id.to_string(),
+                "its connections are closed",
+            );
+        }
+    }
+    if old.discovery_listen != new.discovery_listen {
+        report.push("changed", "nvme_discovery", "discovery_listen");
+    }
 }
 
 /// Reports the target port groups added, removed or changed (a new state is an implicit
@@ -222,9 +312,9 @@ pub fn restart_sections(report: &mut ChangeReport, old: &Config, new: &Config) {
     }
 }
 
-/// Whether a LUN maps the backstore.
+/// Whether a LUN or a namespace maps the backstore.
 pub fn in_use(c: &Config, name: &str) -> bool {
-    c.port_luns().any(|(_, l)| l.backstore == name)
+    c.port_luns().any(|(_, l)| l.backstore == name) || c.nvme.exports(name)
 }
 
 /// Reports what differs between two versions of a target: portal groups, their portals,

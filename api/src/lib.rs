@@ -11,6 +11,7 @@ pub mod diff;
 mod fields;
 pub mod lio;
 pub mod metrics;
+pub mod nvme;
 pub mod resource;
 pub mod server;
 pub mod tls;

@@ -168,7 +168,12 @@ pub fn nvme_tcp_queue(data: &[u8]) {
         nq.cdw = [7, 3 | 3 << 16, 0, 0, 0, 0];
         assert!(ctrl.execute(0, &nq, None).await.status.is_success());
         let (host, target) = tokio::io::duplex(64 << 10);
-        let served = tokio::spawn(rtgt_nvme::tcp_queue::serve_stream(t.clone(), target, None));
+        let served = tokio::spawn(rtgt_nvme::tcp_queue::serve_stream(
+            t.clone(),
+            target,
+            None,
+            rtgt_nvme::tcp_queue::Scope::All,
+        ));
         let (mut rd, mut wr) = tokio::io::split(host);
         let input = data.to_vec();
         let writer = tokio::spawn(async move {

@@ -292,6 +292,41 @@ impl Queue {
         IdNamespace::parse(&c.data).ok_or_else(|| protocol("short Identify data"))
     }
 
+    /// The active namespace IDs (Identify CNS 02h), in order.
+    pub async fn active_namespaces(&self) -> Result<Vec<u32>, NvmeError> {
+        let c = self
+            .submit(
+                Self::command(
+                    admin::opcode::IDENTIFY,
+                    0,
+                    [u32::from(admin::cns::ACTIVE_NAMESPACES), 0, 0, 0, 0, 0],
+                ),
+                None,
+                4096,
+            )
+            .await?;
+        Ok(c.data
+            .chunks_exact(4)
+            .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .take_while(|&n| n != 0)
+            .collect())
+    }
+
+    /// The discovery log's entries (a discovery controller's admin queue).
+    pub async fn discovery_log(&self) -> Result<Vec<admin::DiscoveryEntry>, NvmeError> {
+        let (c10, c11) = admin::GetLogPage::cdw(admin::log::DISCOVERY, 4096);
+        let c = self
+            .submit(
+                Self::command(admin::opcode::GET_LOG_PAGE, 0, [c10, c11, 0, 0, 0, 0]),
+                None,
+                4096,
+            )
+            .await?;
+        admin::parse_discovery_log(&c.data)
+            .map(|(_, e)| e)
+            .ok_or_else(|| protocol("bad discovery log"))
+    }
+
     /// Enables the controller (CC.EN) and asks for `io_queues` I/O queues; returns how many
     /// it allocated.
     pub async fn enable(&self, io_queues: u16) -> Result<u16, NvmeError> {

@@ -372,11 +372,10 @@ fn acls_cell(p: &impl Port) -> String {
 
 #[derive(Subcommand, Debug)]
 enum SessionCmd {
+    /// iSCSI, iSER and SRP sessions and NVMe controllers (with their queues).
     List,
-    /// Ends a session at once.
-    Logout {
-        id: String,
-    },
+    /// Ends a session at once (an NVMe controller: every queue's connection closes).
+    Logout { id: String },
 }
 
 #[derive(Subcommand, Debug)]
@@ -983,6 +982,7 @@ fn run(args: Args, ctx: &mut Context) -> Result<(), ClientError> {
                     "TARGET",
                     "TRANSPORT",
                     "PEER",
+                    "QUEUES",
                     "QD",
                     "OUT",
                     "COMMANDS",
@@ -995,6 +995,7 @@ fn run(args: Args, ctx: &mut Context) -> Result<(), ClientError> {
                         s.target.clone(),
                         s.transport.clone(),
                         s.peer.clone(),
+                        s.queues.map_or("-".into(), |q| q.to_string()),
                         s.queue_depth.to_string(),
                         s.outstanding.to_string(),
                         s.commands.to_string(),

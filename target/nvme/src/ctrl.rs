@@ -103,6 +103,46 @@ struct State {
     masked: bool,
 }
 
+/// What a controller has done, for the API and metrics.
+#[derive(Debug, Default)]
+pub struct Stats {
+    /// Commands executed, admin and I/O.
+    pub commands: AtomicU64,
+    /// Bytes written by the host (I/O data to the controller).
+    pub bytes_in: AtomicU64,
+    /// Bytes read by the host.
+    pub bytes_out: AtomicU64,
+    /// Commands executing now.
+    pub outstanding: AtomicU32,
+    /// Queues connected now (admin and I/O).
+    pub queues: AtomicU32,
+}
+
+/// Counts a command as outstanding while it lives.
+struct InFlight<'a>(&'a Stats);
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.outstanding.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// A queue attached to its controller ([`Controller::attach`]).
+#[derive(Debug)]
+pub struct Attached {
+    ctrl: Arc<Controller>,
+    qid: u16,
+}
+
+impl Drop for Attached {
+    fn drop(&mut self) {
+        self.ctrl.stats.queues.fetch_sub(1, Ordering::Relaxed);
+        if self.qid == 0 {
+            self.ctrl.close();
+        }
+    }
+}
+
 /// One host's controller.
 #[derive(Debug)]
 pub struct Controller {
@@ -121,6 +161,11 @@ pub struct Controller {
     event: Notify,
     closed: AtomicBool,
     close: Notify,
+    pub stats: Stats,
+    /// When the host created it (the admin queue's Connect).
+    pub created: Instant,
+    /// The admin queue's peer and local addresses, when the transport knows them.
+    addrs: Mutex<Option<(std::net::SocketAddr, std::net::SocketAddr)>>,
 }
 
 impl Controller {
@@ -147,6 +192,9 @@ impl Controller {
             event: Notify::new(),
             closed: AtomicBool::new(false),
             close: Notify::new(),
+            stats: Stats::default(),
+            created: Instant::now(),
+            addrs: Mutex::new(None),
         });
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             rt.spawn(keep_alive(Arc::downgrade(&ctrl)));
@@ -164,6 +212,29 @@ impl Controller {
     /// I/O queues allocated (Set Features Number of Queues).
     pub fn io_queues(&self) -> u16 {
         self.io_queues.load(Ordering::Relaxed)
+    }
+
+    /// A queue of the controller connected; the admin queue's addresses name the
+    /// association. The queue lasts as long as the handle: dropping it (the connection ended,
+    /// or its task was stopped) ends the queue, and the association with the admin queue.
+    pub fn attach(
+        self: &Arc<Self>,
+        qid: u16,
+        addrs: Option<(std::net::SocketAddr, std::net::SocketAddr)>,
+    ) -> Attached {
+        self.stats.queues.fetch_add(1, Ordering::Relaxed);
+        if qid == 0 {
+            *lock(&self.addrs) = addrs;
+        }
+        Attached {
+            ctrl: self.clone(),
+            qid,
+        }
+    }
+
+    /// The admin queue's peer and local addresses.
+    pub fn addrs(&self) -> Option<(std::net::SocketAddr, std::net::SocketAddr)> {
+        *lock(&self.addrs)
     }
 
     /// Ends the association: every queue's connection closes.
@@ -241,6 +312,25 @@ impl Controller {
 
     /// Executes a command of queue `qid`; `data` is what the host sent with it.
     pub async fn execute(&self, qid: u16, sqe: &Sqe, data: Option<IoBuf>) -> Reply {
+        let stats = &self.stats;
+        stats.outstanding.fetch_add(1, Ordering::Relaxed);
+        let _in_flight = InFlight(stats);
+        stats.commands.fetch_add(1, Ordering::Relaxed);
+        if qid != 0 {
+            if let Some(d) = &data {
+                stats.bytes_in.fetch_add(d.len() as u64, Ordering::Relaxed);
+            }
+        }
+        let reply = self.dispatch(qid, sqe, data).await;
+        if qid != 0 {
+            if let Some(b) = &reply.buf {
+                stats.bytes_out.fetch_add(b.len() as u64, Ordering::Relaxed);
+            }
+        }
+        reply
+    }
+
+    async fn dispatch(&self, qid: u16, sqe: &Sqe, data: Option<IoBuf>) -> Reply {
         if self.is_closed() {
             return Reply::status(Status {
                 dnr: false,
@@ -462,7 +552,7 @@ impl Controller {
                     lock(&self.state).masked = false;
                 }
                 match self.targets.upgrade() {
-                    Some(t) => t.discovery_log(&self.host_nqn),
+                    Some(t) => t.discovery_log(&self.host_nqn, self.addrs().map(|a| a.1.ip())),
                     None => admin::discovery_log(0, &[]),
                 }
             }

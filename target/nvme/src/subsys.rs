@@ -53,7 +53,7 @@ pub struct Subsystem {
     pub serial: String,
     pub model: String,
     /// The host NQNs it admits; `None`: any host.
-    pub hosts: Option<Vec<String>>,
+    hosts: RwLock<Option<Vec<String>>>,
     namespaces: RwLock<BTreeMap<u32, Arc<Namespace>>>,
 }
 
@@ -63,7 +63,7 @@ impl Subsystem {
             nqn: nqn.into(),
             serial: serial.into(),
             model: "rtgt".into(),
-            hosts,
+            hosts: RwLock::new(hosts),
             namespaces: RwLock::new(BTreeMap::new()),
         }
     }
@@ -94,8 +94,19 @@ impl Subsystem {
             .collect()
     }
 
+    /// Removes a namespace; returns whether it was there.
+    pub fn remove_namespace(&self, nsid: u32) -> bool {
+        self.namespaces
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&nsid)
+            .is_some()
+    }
+
     pub fn admits(&self, host_nqn: &str) -> bool {
         self.hosts
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
             .as_ref()
             .is_none_or(|h| h.iter().any(|n| n == host_nqn))
     }
@@ -151,6 +162,11 @@ impl ConnectRefused {
             status: Status::error(sct::COMMAND_SPECIFIC, fstatus::CONNECT_INVALID_PARAMETERS),
             dw0: u32::from(offset) | u32::from(in_command) << 16,
         }
+    }
+
+    /// No such subsystem (here): invalid SUBNQN in the data.
+    pub fn unknown_subsystem() -> ConnectRefused {
+        ConnectRefused::invalid(false, 256)
     }
 
     fn host() -> ConnectRefused {
@@ -218,6 +234,71 @@ impl Targets {
         self.changed();
     }
 
+    /// Replaces the ports the discovery log lists.
+    pub fn set_ports(&self, ports: Vec<Port>) {
+        let mut cur = self.ports.write().unwrap_or_else(|e| e.into_inner());
+        if *cur != ports {
+            *cur = ports;
+            drop(cur);
+            self.changed();
+        }
+    }
+
+    /// The subsystems, by NQN.
+    pub fn subsystems(&self) -> Vec<Arc<Subsystem>> {
+        self.subsystems
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .cloned()
+            .collect()
+    }
+
+    /// Removes a subsystem; its controllers close (their queues' connections end).
+    pub fn remove_subsystem(&self, nqn: &str) {
+        let gone = self
+            .subsystems
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(nqn);
+        if gone.is_some() {
+            self.changed();
+            for c in self.controllers_of(nqn) {
+                c.close();
+            }
+        }
+    }
+
+    /// Changes the hosts a subsystem admits (`None`: any); the controllers of hosts no
+    /// longer admitted close. Returns those controllers.
+    pub fn set_hosts(&self, s: &Subsystem, hosts: Option<Vec<String>>) -> Vec<Arc<Controller>> {
+        {
+            let mut cur = s.hosts.write().unwrap_or_else(|e| e.into_inner());
+            if *cur == hosts {
+                return Vec::new();
+            }
+            *cur = hosts;
+        }
+        self.changed();
+        let refused: Vec<_> = self
+            .controllers_of(&s.nqn)
+            .into_iter()
+            .filter(|c| !s.admits(&c.host_nqn))
+            .collect();
+        for c in &refused {
+            c.close();
+        }
+        refused
+    }
+
+    /// Tells the controllers of subsystem `nqn` that namespace `nsid` was added, removed or
+    /// changed (a Changed Namespace List event).
+    pub fn namespace_changed(&self, nqn: &str, nsid: u32) {
+        for c in self.controllers_of(nqn) {
+            c.namespace_changed(nsid);
+        }
+    }
+
     /// The live controllers.
     pub fn controllers(&self) -> Vec<Arc<Controller>> {
         lock(&self.controllers)
@@ -226,13 +307,28 @@ impl Targets {
             .collect()
     }
 
-    /// The discovery log for `host_nqn`: every subsystem it may use, on every port.
-    pub fn discovery_log(&self, host_nqn: &str) -> Vec<u8> {
+    /// The live controllers of subsystem `nqn`.
+    pub fn controllers_of(&self, nqn: &str) -> Vec<Arc<Controller>> {
+        let mut all = self.controllers();
+        all.retain(|c| c.subsys_nqn() == nqn && !c.is_closed());
+        all
+    }
+
+    /// The discovery log for `host_nqn`: every subsystem it may use, on every port. A port
+    /// listening on a wildcard address is listed with `local`, the address the host reached
+    /// the discovery controller at, when it is of the same family.
+    pub fn discovery_log(&self, host_nqn: &str, local: Option<std::net::IpAddr>) -> Vec<u8> {
         let ports = self.ports.read().unwrap_or_else(|e| e.into_inner());
         let subsystems = self.subsystems.read().unwrap_or_else(|e| e.into_inner());
         let mut entries = Vec::new();
         for s in subsystems.values().filter(|s| s.admits(host_nqn)) {
             for p in ports.iter() {
+                let traddr = match (p.traddr.parse::<std::net::IpAddr>(), local) {
+                    (Ok(a), Some(l)) if a.is_unspecified() && a.is_ipv4() == l.is_ipv4() => {
+                        l.to_string()
+                    }
+                    _ => p.traddr.clone(),
+                };
                 entries.push(DiscoveryEntry {
                     trtype: p.trtype,
                     adrfam: p.adrfam,
@@ -244,7 +340,7 @@ impl Targets {
                     eflags: 0,
                     trsvcid: p.trsvcid.clone(),
                     subnqn: s.nqn.clone(),
-                    traddr: p.traddr.clone(),
+                    traddr,
                     // RDMA: reliable connected, no provider named, RDMA/CM.
                     tsas: if p.trtype == trtype::RDMA {
                         [1, 1, 1]
@@ -274,7 +370,6 @@ impl Targets {
         const SQSIZE: u16 = 44;
         const QID: u16 = 42;
         const CNTLID: u16 = 16;
-        const SUBNQN: u16 = 256;
         if sqsize == 0 || sqsize >= self.limits.queue_size {
             return Err(ConnectRefused::invalid(true, SQSIZE));
         }
@@ -284,7 +379,7 @@ impl Targets {
         } else {
             let s = self
                 .subsystem(&data.subsys_nqn)
-                .ok_or(ConnectRefused::invalid(false, SUBNQN))?;
+                .ok_or(ConnectRefused::unknown_subsystem())?;
             if !s.admits(&data.host_nqn) {
                 return Err(ConnectRefused::host());
             }

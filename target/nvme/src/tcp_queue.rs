@@ -28,7 +28,7 @@ use tokio::sync::{mpsc, Semaphore};
 use crate::ctrl::{Controller, Reply};
 use crate::fabrics::{ConnectData, FabricsCmd, CONNECT_DATA_LEN};
 use crate::sqe::{sc, sct, Cqe, Sgl, Sqe, Status};
-use crate::subsys::Targets;
+use crate::subsys::{ConnectRefused, Targets, DISCOVERY_NQN};
 use crate::tcp::{self, fes, CommonHeader, Digests, Header, PduError, CH_LEN};
 
 /// Most data in one H2CData PDU (MAXH2CDATA).
@@ -197,16 +197,30 @@ async fn read_pdu<R: AsyncRead + Unpin>(
     Ok(())
 }
 
-/// Serves one NVMe/TCP connection until it ends.
-pub async fn serve(targets: Arc<Targets>, stream: TcpStream) {
-    let peer = stream.peer_addr().ok();
-    let _ = stream.set_nodelay(true);
-    serve_stream(targets, stream, peer).await;
+/// What a listener serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scope {
+    /// Every subsystem the host is admitted to, and discovery (a port).
+    All,
+    /// Only the discovery subsystem (a discovery listener, e.g. TCP port 8009).
+    Discovery,
 }
 
-/// Serves one NVMe/TCP connection on any byte stream (TCP, or a test's pipe).
-pub async fn serve_stream<S>(targets: Arc<Targets>, stream: S, peer: Option<std::net::SocketAddr>)
-where
+/// Serves one NVMe/TCP connection until it ends.
+pub async fn serve(targets: Arc<Targets>, stream: TcpStream, scope: Scope) {
+    let addrs = stream.peer_addr().ok().zip(stream.local_addr().ok());
+    let _ = stream.set_nodelay(true);
+    serve_stream(targets, stream, addrs, scope).await;
+}
+
+/// Serves one NVMe/TCP connection on any byte stream (TCP, or a test's pipe); `addrs` are
+/// its peer and local addresses when it has them.
+pub async fn serve_stream<S>(
+    targets: Arc<Targets>,
+    stream: S,
+    addrs: Option<(std::net::SocketAddr, std::net::SocketAddr)>,
+    scope: Scope,
+) where
     S: AsyncRead + AsyncWrite + Send + 'static,
 {
     let (rd, mut wr) = tokio::io::split(stream);
@@ -264,12 +278,15 @@ where
     }
 
     // The first command: Connect.
-    let Some(((queue, rx), permits)) = connect(&targets, &mut rd, &mut wr, digests, max_data).await
+    let Some(((queue, rx), permits)) =
+        connect(&targets, &mut rd, &mut wr, digests, max_data, scope).await
     else {
         return;
     };
     let queue = Arc::new(queue);
     let tx_ctrl = queue.ctrl.clone();
+    let attached = tx_ctrl.attach(queue.qid, addrs);
+    let peer = addrs.map(|a| a.0);
     tracing::info!(peer = ?peer, cntlid = tx_ctrl.cntlid, qid = queue.qid,
         host = %tx_ctrl.host_nqn, "NVMe/TCP queue connected");
     let writer = tokio::spawn(write_loop(wr, rx));
@@ -292,9 +309,7 @@ where
             })
             .await;
     }
-    if queue.qid == 0 {
-        tx_ctrl.close();
-    }
+    drop(attached);
     drop(queue);
     let _ = writer.await;
     tracing::info!(peer = ?peer, cntlid = tx_ctrl.cntlid, "NVMe/TCP queue closed");
@@ -332,6 +347,7 @@ async fn connect<S: AsyncRead + AsyncWrite>(
     wr: &mut WriteHalf<S>,
     digests: Digests,
     max_data: usize,
+    scope: Scope,
 ) -> Option<Connected> {
     let mut b = Vec::new();
     loop {
@@ -393,7 +409,12 @@ async fn connect<S: AsyncRead + AsyncWrite>(
                 continue;
             }
         };
-        match targets.connect(qid, sqsize, kato, &cd) {
+        let connected = if scope == Scope::Discovery && cd.subsys_nqn != DISCOVERY_NQN {
+            Err(ConnectRefused::unknown_subsystem())
+        } else {
+            targets.connect(qid, sqsize, kato, &cd)
+        };
+        match connected {
             Ok(ctrl) => {
                 let size = sqsize + 1;
                 let (tx, rx) = mpsc::channel(usize::from(size) * 2 + 2);

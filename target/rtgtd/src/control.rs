@@ -29,6 +29,7 @@ use tracing::{error, info, warn};
 
 pub use crate::build::STATE_CONFIG;
 use crate::build::{build_target, error_chain, open_device, DaemonError};
+use crate::nvme::NvmeService;
 use rtgt_api::alua::{ids_of, PortKey};
 use rtgt_iscsi::iser::IserServer;
 use rtgt_iscsi::{IscsiServer, SessionType};
@@ -84,6 +85,8 @@ pub struct DaemonControl {
     iser_unserved: Mutex<BTreeSet<SocketAddr>>,
     /// The SRP target ports over `rdma_provider`, from the first one configured.
     srp: Mutex<Option<Arc<SrpService>>>,
+    /// NVMe over Fabrics subsystems and listeners.
+    nvme: NvmeService,
 }
 
 /// Counters of one RDMA device as /metrics exports them (`rtgt_rdma_*_total{device=...}`).
@@ -240,6 +243,7 @@ impl DaemonControl {
             iser_portals: Mutex::new(BTreeMap::new()),
             iser_unserved: Mutex::new(BTreeSet::new()),
             srp: Mutex::new(None),
+            nvme: NvmeService::new(p.pool.clone()),
             state_dir: p.state_dir,
             roots: p.roots,
             file: p.file,
@@ -297,6 +301,28 @@ impl DaemonControl {
             self.serve_portal(addr, l);
         }
         Ok(())
+    }
+
+    /// Serves the `nvme` section of the configuration: subsystems and listeners.
+    pub async fn start_nvme(&self) -> Result<(), ControlError> {
+        let config = self.config();
+        let bound = self.nvme.bind(&config.nvme).await?;
+        let objects = self.objects.lock().await;
+        self.nvme
+            .sync(
+                &config.nvme,
+                &objects.backstores,
+                &objects.devices,
+                bound,
+                &HashSet::new(),
+            )
+            .await;
+        Ok(())
+    }
+
+    /// Closes the NVMe listeners and controllers (at shutdown).
+    pub async fn stop_nvme(&self) {
+        self.nvme.shutdown().await;
     }
 
     /// Waits for the portal listeners, TCP and iSER, to stop (after the server's shutdown).
@@ -600,9 +626,12 @@ impl DaemonControl {
         for addr in wanted.difference(&running) {
             bound.push((*addr, Self::bind(*addr).await?));
         }
+        let nvme_bound = self.nvme.bind(&new.nvme).await?;
+        let mut nvme_changed = HashSet::new();
         for (i, name, change) in &live {
             apply_live(*i, name, change, objects).await?;
             change.report(&mut report, name);
+            nvme_changed.insert(name.clone());
         }
 
         // 2. Changes that cannot fail.
@@ -691,6 +720,17 @@ impl DaemonControl {
             }
         }
         self.sync_iser(&new).await;
+        nvme_changed.extend(reopened.iter().cloned());
+        self.nvme
+            .sync(
+                &new.nvme,
+                &objects.backstores,
+                &objects.devices,
+                nvme_bound,
+                &nvme_changed,
+            )
+            .await;
+        rtgt_api::diff::nvme_diff(&mut report, &old.nvme, &new.nvme);
         for b in &old.backstores {
             if new.backstore(&b.name).is_none() {
                 objects.devices.remove(&b.name);
@@ -748,6 +788,7 @@ impl Control for DaemonControl {
                     SessionType::Discovery => "discovery".into(),
                 },
                 isid: Some(s.isid),
+                queues: None,
                 peer: s.peer.to_string(),
                 local: s.local.to_string(),
                 queue_depth: s.queue_depth,
@@ -763,6 +804,7 @@ impl Control for DaemonControl {
         if let Some(srp) = self.srp() {
             out.extend(srp.ports().iter().flat_map(|p| srp_sessions(p)));
         }
+        out.extend(self.nvme.sessions());
         out
     }
 
@@ -770,17 +812,22 @@ impl Control for DaemonControl {
         if id.starts_with("srp-") {
             return self.srp().is_some_and(|s| s.logout_session(id));
         }
+        if id.starts_with("nvme-") {
+            return self.nvme.close(id);
+        }
         id.strip_prefix("iscsi-")
             .and_then(|t| t.parse::<u16>().ok())
             .is_some_and(|tsih| self.server.force_logout(tsih))
     }
 
     fn ready(&self) -> bool {
-        let wanted = portals_of(&self.config());
+        let config = self.config();
+        let wanted = portals_of(&config);
         let portals = lock(&self.portals);
         wanted
             .iter()
             .all(|a| portals.get(a).is_some_and(|p| !p.task.is_finished()))
+            && self.nvme.ready(&config.nvme)
     }
 
     fn rdma(&self) -> RdmaView {
@@ -884,6 +931,7 @@ impl Control for DaemonControl {
             ("tcp".to_string(), 0),
             ("iser".to_string(), 0),
             ("srp".to_string(), 0),
+            ("nvme-tcp".to_string(), 0),
         ]
         .into();
         // Per-session gauges are written here rather than registered, so that a session's
@@ -958,6 +1006,7 @@ impl Control for DaemonControl {
             .map(|(name, read)| (name.clone(), read()))
             .collect();
         text.push_str(&render_rdma(&rdma));
+        text.push_str(&self.nvme.metrics());
         // Written here, not registered: a listener's series ends with it.
         let view = self.rdma();
         if !view.listeners.is_empty() {
@@ -1000,6 +1049,7 @@ fn srp_sessions(port: &rtgt_srp::SrpPort) -> Vec<SessionView> {
                 transport: "srp".into(),
                 session_type: "normal".into(),
                 isid: None,
+                queues: None,
                 peer: addrs.map(|a| a.0.to_string()).unwrap_or_default(),
                 local: addrs.map(|a| a.1.to_string()).unwrap_or_default(),
                 queue_depth: sum(|c| u64::from(c.params.req_lim)) as u32,

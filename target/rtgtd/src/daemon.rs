@@ -200,6 +200,7 @@ pub async fn run(opts: Options) -> Result<(), DaemonError> {
         export_rdma_counters(&control, hca);
     }
     control.start_portals().await.map_err(DaemonError::Portal)?;
+    control.start_nvme().await.map_err(DaemonError::Portal)?;
     let mut tasks = Vec::new();
     control.start_rdma_services().await;
     if let Some(iser) = control.iser() {
@@ -232,6 +233,7 @@ pub async fn run(opts: Options) -> Result<(), DaemonError> {
         srp.shutdown(SHUTDOWN_GRACE).await;
     }
     server.shutdown(SHUTDOWN_GRACE).await;
+    control.stop_nvme().await;
     if let Some(iser) = control.iser() {
         iser.drain(Duration::from_secs(5)).await;
     }

@@ -13,6 +13,7 @@ use rtgt_nvme::fabrics::status as fstatus;
 use rtgt_nvme::sqe::{sc, sct};
 use rtgt_nvme::subsys::{Limits, Namespace, Port, Subsystem, Targets};
 use rtgt_nvme::tcp::{fes, Digests};
+use rtgt_nvme::tcp_queue::Scope;
 use rtgt_tools::nvme::{HostConfig, NvmeError, Queue};
 
 const SUB: &str = "nqn.2025-01.io.rtgt:loop";
@@ -41,7 +42,7 @@ async fn target() -> (SocketAddr, Arc<Targets>) {
     let served = t.clone();
     tokio::spawn(async move {
         while let Ok((s, _)) = listener.accept().await {
-            tokio::spawn(rtgt_nvme::tcp_queue::serve(served.clone(), s));
+            tokio::spawn(rtgt_nvme::tcp_queue::serve(served.clone(), s, Scope::All));
         }
     });
     (addr, t)

@@ -1,0 +1,451 @@
+//! NVMe over Fabrics in the daemon: the `nvme` section of the configuration made into
+//! subsystems, namespaces and ports of one [`Targets`], and the NVMe/TCP listeners of its
+//! ports and discovery addresses. An apply binds new listeners first (that can fail), then
+//! [`NvmeService::sync`] changes the rest, which cannot.
+
+use std::collections::{BTreeMap, HashSet};
+use std::hash::{Hash, Hasher};
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+
+use rtgt_api::nvme::{Nvme, NvmeSubsystem, NvmeTransport};
+use rtgt_api::{ControlError, SessionView};
+use rtgt_backstore::{Backstore, BufPool};
+use rtgt_nvme::admin::trtype;
+use rtgt_nvme::ctrl::{Controller, Kind};
+use rtgt_nvme::subsys::{Limits, Namespace, Port, Subsystem, Targets};
+use rtgt_nvme::tcp_queue::Scope;
+use rtgt_scsi::Device;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::{JoinHandle, JoinSet};
+use tracing::{info, warn};
+
+/// Connections one listener serves at most; more wait in the kernel's backlog.
+const MAX_CONNECTIONS: usize = 1024;
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A listening address and what it serves.
+struct Listener {
+    scope: Scope,
+    stop: watch::Sender<bool>,
+    task: JoinHandle<()>,
+}
+
+/// A listener bound by an apply, not serving yet.
+pub struct Bound {
+    addr: SocketAddr,
+    scope: Scope,
+    listener: TcpListener,
+}
+
+/// NVMe over Fabrics subsystems, their controllers and the NVMe/TCP listeners.
+pub struct NvmeService {
+    targets: Arc<Targets>,
+    listeners: Mutex<BTreeMap<SocketAddr, Listener>>,
+}
+
+/// What each listening address of the section serves.
+fn wanted(nvme: &Nvme) -> BTreeMap<SocketAddr, Scope> {
+    let ports = nvme
+        .ports
+        .iter()
+        .filter(|p| p.transport == NvmeTransport::Tcp)
+        .map(|p| (p.listen, Scope::All));
+    let discovery = nvme.discovery_listen.iter().map(|a| (*a, Scope::Discovery));
+    ports.chain(discovery).collect()
+}
+
+/// A serial number for a subsystem that has none configured: stable across restarts,
+/// different on every host.
+fn derived_serial(nqn: &str) -> String {
+    let host = std::fs::read_to_string("/etc/machine-id").unwrap_or_default();
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    (host.trim(), nqn).hash(&mut h);
+    format!("{:016x}", h.finish())
+}
+
+/// A namespace's identifiers from its logical unit's: the NGUID is the NAA designator's 16
+/// bytes (one identity for the backstore whichever protocol reaches it), the UUID a
+/// version 4 layout of a hash of it. No EUI-64 (it needs an IEEE OUI).
+fn namespace(nsid: u32, store: &Arc<dyn Backstore>, dev: Option<&Arc<Device>>) -> Namespace {
+    let wwn = dev.map_or(0, |d| d.config().wwn);
+    let mut uuid = [0u8; 16];
+    for (i, chunk) in uuid.chunks_mut(8).enumerate() {
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        ("nvme-uuid", i, wwn).hash(&mut h);
+        chunk.copy_from_slice(&h.finish().to_be_bytes());
+    }
+    uuid[6] = (uuid[6] & 0x0f) | 0x40;
+    uuid[8] = (uuid[8] & 0x3f) | 0x80;
+    Namespace {
+        nsid,
+        backstore: store.clone(),
+        nguid: wwn.to_be_bytes(),
+        eui64: [0; 8],
+        uuid,
+    }
+}
+
+impl NvmeService {
+    pub fn new(pool: Arc<BufPool>) -> NvmeService {
+        NvmeService {
+            targets: Targets::new(pool, Limits::default()),
+            listeners: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    /// Binds the listeners `nvme` asks for that are not served yet (or serve another
+    /// scope), before anything changes. The error names the field.
+    pub async fn bind(&self, nvme: &Nvme) -> Result<Vec<Bound>, ControlError> {
+        let running: BTreeMap<SocketAddr, Scope> = lock(&self.listeners)
+            .iter()
+            .map(|(a, l)| (*a, l.scope))
+            .collect();
+        let mut out = Vec::new();
+        for (addr, scope) in wanted(nvme) {
+            if running.get(&addr) == Some(&scope) {
+                continue;
+            }
+            if running.contains_key(&addr) {
+                // Same address, other scope: rebound in `sync` once the old one stops.
+                continue;
+            }
+            let listener = TcpListener::bind(addr)
+                .await
+                .map_err(|e| ControlError::Conflict {
+                    field: "nvme".into(),
+                    message: format!("NVMe/TCP listener {addr}: cannot listen: {e}"),
+                })?;
+            out.push(Bound {
+                addr,
+                scope,
+                listener,
+            });
+        }
+        Ok(out)
+    }
+
+    fn serve(&self, b: Bound) {
+        let (stop, mut stop_rx) = watch::channel(false);
+        let targets = self.targets.clone();
+        let Bound {
+            addr,
+            scope,
+            listener,
+        } = b;
+        let task = tokio::spawn(async move {
+            let mut conns = JoinSet::new();
+            loop {
+                while conns.try_join_next().is_some() {}
+                tokio::select! {
+                    r = listener.accept(), if conns.len() < MAX_CONNECTIONS => match r {
+                        Ok((stream, _)) => {
+                            conns.spawn(rtgt_nvme::tcp_queue::serve(targets.clone(), stream, scope));
+                        }
+                        Err(e) => {
+                            warn!(listener = %addr, error = %e, "NVMe/TCP accept failed");
+                            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                        }
+                    },
+                    _ = conns.join_next(), if conns.len() >= MAX_CONNECTIONS => {}
+                    r = stop_rx.changed() => if r.is_err() || *stop_rx.borrow() {
+                        break;
+                    },
+                }
+            }
+            // Dropping a connection's task ends its queue (and an admin queue's controller).
+            conns.shutdown().await;
+        });
+        let what = match scope {
+            Scope::All => "NVMe/TCP port listening",
+            Scope::Discovery => "NVMe/TCP discovery listening",
+        };
+        info!(listener = %addr, "{what}");
+        lock(&self.listeners).insert(addr, Listener { scope, stop, task });
+    }
+
+    /// Makes the subsystems, namespaces and ports match `nvme`, starts the listeners
+    /// `bound` and stops those no longer wanted. `reopened` are backstores opened anew by
+    /// this change (their namespaces take the new store), `resized` those whose capacity
+    /// changed (hosts hear of both).
+    pub async fn sync(
+        &self,
+        nvme: &Nvme,
+        stores: &BTreeMap<String, Arc<dyn Backstore>>,
+        devices: &BTreeMap<String, Arc<Device>>,
+        bound: Vec<Bound>,
+        changed: &HashSet<String>,
+    ) {
+        let t = &self.targets;
+        for old in t.subsystems() {
+            let keep = nvme.subsystems.iter().find(|s| s.nqn == old.nqn);
+            let serial = keep.map(|s| s.serial.clone().unwrap_or_else(|| derived_serial(&s.nqn)));
+            if serial.as_deref() != Some(old.serial.as_str()) {
+                t.remove_subsystem(&old.nqn);
+                info!(subsystem = %old.nqn, "NVMe subsystem removed");
+            }
+        }
+        for s in &nvme.subsystems {
+            let sub = match t.subsystem(&s.nqn) {
+                Some(sub) => {
+                    for c in t.set_hosts(&sub, hosts(s)) {
+                        info!(subsystem = %s.nqn, host = %c.host_nqn, cntlid = c.cntlid,
+                            "host no longer admitted: controller closed");
+                    }
+                    sub
+                }
+                None => {
+                    let serial = s.serial.clone().unwrap_or_else(|| derived_serial(&s.nqn));
+                    info!(subsystem = %s.nqn, "NVMe subsystem added");
+                    t.add_subsystem(Subsystem::new(&s.nqn, &serial, hosts(s)))
+                }
+            };
+            for nsid in sub.nsids() {
+                if !s.namespaces.iter().any(|n| n.nsid == nsid) && sub.remove_namespace(nsid) {
+                    t.namespace_changed(&s.nqn, nsid);
+                }
+            }
+            for n in &s.namespaces {
+                let Some(store) = stores.get(&n.backstore) else {
+                    continue;
+                };
+                let same = sub.namespace(n.nsid).is_some_and(|ns| {
+                    Arc::ptr_eq(&ns.backstore, store) && !changed.contains(&n.backstore)
+                });
+                if same {
+                    continue;
+                }
+                let existed = sub.namespace(n.nsid).is_some();
+                sub.add_namespace(namespace(n.nsid, store, devices.get(&n.backstore)));
+                if existed || !t.controllers_of(&s.nqn).is_empty() {
+                    t.namespace_changed(&s.nqn, n.nsid);
+                }
+            }
+        }
+        t.set_ports(
+            nvme.ports
+                .iter()
+                .map(|p| Port {
+                    id: p.id,
+                    trtype: match p.transport {
+                        NvmeTransport::Tcp => trtype::TCP,
+                    },
+                    adrfam: if p.listen.is_ipv4() {
+                        trtype::ADRFAM_IPV4
+                    } else {
+                        trtype::ADRFAM_IPV6
+                    },
+                    traddr: p.listen.ip().to_string(),
+                    trsvcid: p.listen.port().to_string(),
+                })
+                .collect(),
+        );
+        // Listeners: stop those not wanted (or wanted with another scope), then serve.
+        let want = wanted(nvme);
+        let stopped: Vec<(SocketAddr, Listener)> = {
+            let mut ls = lock(&self.listeners);
+            let gone: Vec<SocketAddr> = ls
+                .iter()
+                .filter(|(a, l)| want.get(a) != Some(&l.scope))
+                .map(|(a, _)| *a)
+                .collect();
+            gone.into_iter()
+                .filter_map(|a| ls.remove(&a).map(|l| (a, l)))
+                .collect()
+        };
+        for (addr, l) in stopped {
+            let _ = l.stop.send(true);
+            let _ = l.task.await;
+            info!(listener = %addr, "NVMe/TCP listener stopped");
+        }
+        for b in bound {
+            self.serve(b);
+        }
+        // An address that changed scope: bound now that its old listener is gone.
+        let missing: Vec<(SocketAddr, Scope)> = {
+            let ls = lock(&self.listeners);
+            want.into_iter()
+                .filter(|(a, _)| !ls.contains_key(a))
+                .collect()
+        };
+        for (addr, scope) in missing {
+            match TcpListener::bind(addr).await {
+                Ok(listener) => self.serve(Bound {
+                    addr,
+                    scope,
+                    listener,
+                }),
+                Err(e) => warn!(listener = %addr, error = %e, "NVMe/TCP listener could not start"),
+            }
+        }
+    }
+
+    /// The addresses listening.
+    pub fn listening(&self) -> Vec<SocketAddr> {
+        lock(&self.listeners)
+            .iter()
+            .filter(|(_, l)| !l.task.is_finished())
+            .map(|(a, _)| *a)
+            .collect()
+    }
+
+    /// Stops every listener; every connection ends and every controller closes.
+    pub async fn shutdown(&self) {
+        let ls = std::mem::take(&mut *lock(&self.listeners));
+        for (_, l) in ls {
+            let _ = l.stop.send(true);
+            let _ = l.task.await;
+        }
+        for c in self.targets.controllers() {
+            c.close();
+        }
+    }
+
+    /// The live controllers as the API shows sessions: `nvme-<cntlid>`.
+    pub fn sessions(&self) -> Vec<SessionView> {
+        self.targets
+            .controllers()
+            .iter()
+            .filter(|c| !c.is_closed())
+            .map(|c| session(c, self.targets.limits))
+            .collect()
+    }
+
+    /// Whether every listener `nvme` asks for is serving.
+    pub fn ready(&self, nvme: &Nvme) -> bool {
+        let ls = lock(&self.listeners);
+        wanted(nvme)
+            .keys()
+            .all(|a| ls.get(a).is_some_and(|l| !l.task.is_finished()))
+    }
+
+    /// Prometheus series of the subsystems and their controllers, written at scrape time
+    /// so that a controller's series end with it.
+    pub fn metrics(&self) -> String {
+        use std::fmt::Write;
+        use std::sync::atomic::Ordering::Relaxed;
+        let subsystems = self.targets.subsystems();
+        if subsystems.is_empty() {
+            return String::new();
+        }
+        let mut out = String::new();
+        let label = |s: &str| s.replace(['\\', '"', '\n'], "_");
+        let _ = writeln!(out, "# TYPE rtgt_nvme_namespaces gauge");
+        for s in &subsystems {
+            let _ = writeln!(
+                out,
+                "rtgt_nvme_namespaces{{subsystem=\"{}\"}} {}",
+                label(&s.nqn),
+                s.nsids().len()
+            );
+        }
+        let _ = writeln!(out, "# TYPE rtgt_nvme_controllers gauge");
+        let ctrls: Vec<_> = self
+            .targets
+            .controllers()
+            .into_iter()
+            .filter(|c| !c.is_closed())
+            .collect();
+        for s in &subsystems {
+            let n = ctrls.iter().filter(|c| c.subsys_nqn() == s.nqn).count();
+            let _ = writeln!(
+                out,
+                "rtgt_nvme_controllers{{subsystem=\"{}\"}} {n}",
+                label(&s.nqn)
+            );
+        }
+        type Series = (
+            &'static str,
+            &'static str,
+            fn(&rtgt_nvme::ctrl::Stats) -> u64,
+        );
+        let series: [Series; 5] = [
+            ("rtgt_nvme_queues", "gauge", |s| {
+                s.queues.load(Relaxed).into()
+            }),
+            ("rtgt_nvme_outstanding_commands", "gauge", |s| {
+                s.outstanding.load(Relaxed).into()
+            }),
+            ("rtgt_nvme_commands_total", "counter", |s| {
+                s.commands.load(Relaxed)
+            }),
+            ("rtgt_nvme_written_bytes_total", "counter", |s| {
+                s.bytes_in.load(Relaxed)
+            }),
+            ("rtgt_nvme_read_bytes_total", "counter", |s| {
+                s.bytes_out.load(Relaxed)
+            }),
+        ];
+        let io: Vec<_> = ctrls
+            .iter()
+            .filter(|c| matches!(c.kind, Kind::Io(_)))
+            .collect();
+        if io.is_empty() {
+            return out;
+        }
+        for (name, kind, value) in series {
+            let _ = writeln!(out, "# TYPE {name} {kind}");
+            for c in &io {
+                let _ = writeln!(
+                    out,
+                    "{name}{{session=\"nvme-{}\",subsystem=\"{}\",host=\"{}\"}} {}",
+                    c.cntlid,
+                    label(c.subsys_nqn()),
+                    label(&c.host_nqn),
+                    value(&c.stats)
+                );
+            }
+        }
+        out
+    }
+
+    /// Closes controller `id` (`nvme-<cntlid>`): its queues' connections end.
+    pub fn close(&self, id: &str) -> bool {
+        let Some(cntlid) = id.strip_prefix("nvme-").and_then(|n| n.parse::<u16>().ok()) else {
+            return false;
+        };
+        let found = self
+            .targets
+            .controllers()
+            .into_iter()
+            .find(|c| c.cntlid == cntlid && !c.is_closed());
+        found.inspect(|c| c.close()).is_some()
+    }
+}
+
+fn hosts(s: &NvmeSubsystem) -> Option<Vec<String>> {
+    (!s.allow_any_host).then(|| s.hosts.clone())
+}
+
+fn session(c: &Controller, limits: Limits) -> SessionView {
+    use std::sync::atomic::Ordering::Relaxed;
+    let st = &c.stats;
+    let addrs = c.addrs();
+    let queues = st.queues.load(Relaxed);
+    SessionView {
+        id: format!("nvme-{}", c.cntlid),
+        initiator: c.host_nqn.clone(),
+        target: c.subsys_nqn().to_string(),
+        transport: "nvme-tcp".into(),
+        session_type: match c.kind {
+            Kind::Io(_) => "normal".into(),
+            Kind::Discovery => "discovery".into(),
+        },
+        isid: None,
+        queues: Some(queues),
+        peer: addrs.map(|a| a.0.to_string()).unwrap_or_default(),
+        local: addrs.map(|a| a.1.to_string()).unwrap_or_default(),
+        queue_depth: queues.saturating_sub(1) * u32::from(limits.queue_size),
+        outstanding: st.outstanding.load(Relaxed),
+        commands: st.commands.load(Relaxed),
+        bytes_in: st.bytes_in.load(Relaxed),
+        bytes_out: st.bytes_out.load(Relaxed),
+        tasks_aborted: 0,
+        task_management: 0,
+        uptime_seconds: c.created.elapsed().as_secs(),
+    }
+}

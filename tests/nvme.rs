@@ -1,0 +1,297 @@
+//! rtgtd serving NVMe/TCP from its configuration, driven by the in-repo NVMe/TCP host and
+//! the admin API: discovery (on a port and on a discovery-only listener, with wildcard
+//! addresses replaced), a namespace shared with a SCSI LUN seeing the same data over iSCSI,
+//! controllers as sessions and metrics, live changes (a namespace added, a host removed, a
+//! controller closed through the API, a port removed) and validation answers.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use common::{free_port, Rtgtd};
+use rtgt_api::client::{Client, ClientError};
+use rtgt_api::config::Config;
+use rtgt_api::{ChangeReport, SessionView};
+use rtgt_nvme::admin::trtype;
+use rtgt_nvme::fabrics::status as fstatus;
+use rtgt_nvme::sqe::sct;
+use rtgt_nvme::subsys::DISCOVERY_NQN;
+use rtgt_tools::iscsi::{LoginConfig, Session};
+use rtgt_tools::nvme::{HostConfig, NvmeError, Queue};
+
+const SUB: &str = "nqn.2025-01.io.rtgt:nvme-test";
+const TARGET: &str = "iqn.2025-01.io.rtgt:nvme-test";
+const BS: u32 = 512;
+
+fn config(iscsi: u16, port: u16, disc: u16, host: &str) -> String {
+    format!(
+        "\
+backstores:
+  - {{name: d0, type: file, path: d0.img, size: 16MiB}}
+  - {{name: r1, type: ramdisk, size: 8MiB, block_size: 4096}}
+targets:
+  - name: {TARGET}
+    portal_groups:
+      - tag: 1
+        portals: ['127.0.0.1:{iscsi}']
+        allow_any_initiator: true
+        luns: [{{lun: 0, backstore: d0}}]
+nvme:
+  subsystems:
+    - nqn: {SUB}
+      hosts: ['{host}']
+      namespaces:
+        - {{nsid: 1, backstore: d0, share_with_scsi: true}}
+  ports:
+    - {{id: 1, transport: tcp, listen: '0.0.0.0:{port}'}}
+  discovery_listen: ['127.0.0.1:{disc}']
+api: {{listen: []}}
+"
+    )
+}
+
+fn client(d: &Rtgtd) -> Client {
+    Client::unix(d.dir.join("rtgtd.sock"))
+}
+
+fn get_config(c: &Client) -> Config {
+    c.get("/api/v1/config").unwrap()
+}
+
+fn apply(c: &Client, cfg: &Config) -> Result<ChangeReport, ClientError> {
+    c.apply_yaml(&cfg.to_yaml())
+}
+
+fn nvme_sessions(c: &Client) -> Vec<SessionView> {
+    let all: Vec<SessionView> = c.get("/api/v1/sessions").unwrap();
+    all.into_iter()
+        .filter(|s| s.transport == "nvme-tcp")
+        .collect()
+}
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(13).wrapping_add(seed))
+        .collect()
+}
+
+fn invalid_host(e: &NvmeError) -> bool {
+    matches!(e, NvmeError::Status(s) if (s.sct, s.sc) == (sct::COMMAND_SPECIFIC, fstatus::CONNECT_INVALID_HOST))
+}
+
+fn invalid_parameters(e: &NvmeError) -> bool {
+    matches!(e, NvmeError::Status(s) if (s.sct, s.sc) == (sct::COMMAND_SPECIFIC, fstatus::CONNECT_INVALID_PARAMETERS))
+}
+
+async fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !f() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rtgtd_serves_nvme_tcp_from_its_configuration_and_the_api() {
+    let (iscsi, port, disc) = (free_port(), free_port(), free_port());
+    let host = HostConfig::default();
+    let d = Rtgtd::start("nvme", &config(iscsi, port, disc, &host.host_nqn), port);
+    let c = client(&d);
+    let addr: SocketAddr = ([127, 0, 0, 1], port).into();
+    let disc_addr: SocketAddr = ([127, 0, 0, 1], disc).into();
+
+    // Discovery, on the discovery-only listener and on the port: the subsystem on port 1,
+    // its wildcard address listed as the address the host asked through.
+    for a in [disc_addr, addr] {
+        let q = Queue::connect(a, &host, DISCOVERY_NQN, 0, 0, 32)
+            .await
+            .unwrap();
+        q.enable(0).await.unwrap();
+        let entries = q.discovery_log().await.unwrap();
+        assert_eq!(entries.len(), 1, "{entries:?}");
+        let e = &entries[0];
+        assert_eq!(
+            (
+                e.subnqn.as_str(),
+                e.trtype,
+                e.portid,
+                e.traddr.as_str(),
+                e.trsvcid.as_str()
+            ),
+            (SUB, trtype::TCP, 1, "127.0.0.1", port.to_string().as_str())
+        );
+    }
+    // The discovery-only listener serves no I/O subsystem.
+    let e = Queue::connect(disc_addr, &host, SUB, 0, 0, 32)
+        .await
+        .err()
+        .expect("refused");
+    assert!(invalid_parameters(&e), "{e:?}");
+    // A host not on the list is refused, and does not see the subsystem in discovery.
+    let stranger = HostConfig {
+        host_nqn: "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-0000-0000-00000000beef".into(),
+        ..HostConfig::default()
+    };
+    let e = Queue::connect(addr, &stranger, SUB, 0, 0, 32)
+        .await
+        .err()
+        .expect("refused");
+    assert!(invalid_host(&e), "{e:?}");
+    let q = Queue::connect(disc_addr, &stranger, DISCOVERY_NQN, 0, 0, 32)
+        .await
+        .unwrap();
+    q.enable(0).await.unwrap();
+    assert!(q.discovery_log().await.unwrap().is_empty());
+    drop(q);
+
+    // I/O through namespace 1; the same blocks read back over iSCSI (LUN 0 on d0).
+    let admin = Queue::connect(addr, &host, SUB, 0, 0, 32).await.unwrap();
+    assert_eq!(admin.enable(2).await.unwrap(), 2);
+    let id = admin.identify_controller().await.unwrap();
+    assert_eq!(id.subnqn, SUB);
+    let ns = admin.identify_namespace(1).await.unwrap();
+    assert_eq!((ns.nsze, ns.lbads), ((16 << 20) / 512, 9));
+    assert_ne!(ns.nguid, [0; 16]);
+    assert_eq!(admin.active_namespaces().await.unwrap(), vec![1]);
+    let io = Queue::connect(addr, &host, SUB, 1, admin.cntlid, 64)
+        .await
+        .unwrap();
+    let data = pattern(64 << 10, 7);
+    io.write(1, 2048, data.clone(), BS, false).await.unwrap();
+    assert_eq!(io.read(1, 2048, 128, BS).await.unwrap(), data);
+    let s = Session::connect(
+        ([127, 0, 0, 1], iscsi).into(),
+        LoginConfig {
+            initiator_name: "iqn.2025-01.io.rtgt:nvme-reader".into(),
+            target_name: Some(TARGET.into()),
+            ..LoginConfig::default()
+        },
+    )
+    .await
+    .unwrap();
+    let mut uas = Vec::new();
+    let read10 = [0x28, 0, 0, 0, 0x08, 0, 0, 0, 128, 0];
+    let r = common::run(&s, 0, &read10, None, 64 << 10, &mut uas).await;
+    assert_eq!(r.status, 0);
+    assert_eq!(&r.data[..], &data[..], "iSCSI reads what NVMe wrote");
+
+    // The controller as a session, in metrics too.
+    let sessions = nvme_sessions(&c);
+    let mine = sessions
+        .iter()
+        .find(|s| s.id == format!("nvme-{}", admin.cntlid))
+        .expect("the controller is listed");
+    assert_eq!(
+        (
+            mine.initiator.as_str(),
+            mine.target.as_str(),
+            mine.session_type.as_str(),
+            mine.queues
+        ),
+        (host.host_nqn.as_str(), SUB, "normal", Some(2))
+    );
+    assert!(mine.commands >= 2 && mine.bytes_in >= 64 << 10 && mine.bytes_out >= 64 << 10);
+    let metrics = c.get_text("/metrics").unwrap();
+    assert!(
+        metrics.contains(&format!("rtgt_nvme_controllers{{subsystem=\"{SUB}\"}} 1")),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains(&format!(
+            "rtgt_nvme_queues{{session=\"nvme-{}\",subsystem=\"{SUB}\"",
+            admin.cntlid
+        )),
+        "{metrics}"
+    );
+
+    // A namespace added live: the host sees it.
+    let mut cfg = get_config(&c);
+    cfg.nvme.subsystems[0]
+        .namespaces
+        .push(serde_json::from_value(serde_json::json!({"nsid": 2, "backstore": "r1"})).unwrap());
+    let report = apply(&c, &cfg).unwrap();
+    assert!(
+        report.changes.iter().any(
+            |ch| (ch.action.as_str(), ch.object.as_str(), ch.name.as_str())
+                == ("added", "nvme_namespace", &format!("{SUB}/2"))
+        ),
+        "{report:?}"
+    );
+    assert_eq!(admin.active_namespaces().await.unwrap(), vec![1, 2]);
+    let ns2 = admin.identify_namespace(2).await.unwrap();
+    assert_eq!((ns2.nsze, ns2.lbads), ((8 << 20) / 4096, 12));
+    let block = pattern(4096, 9);
+    io.write(2, 5, block.clone(), 4096, false).await.unwrap();
+    assert_eq!(io.read(2, 5, 1, 4096).await.unwrap(), block);
+
+    // Validation: a SCSI LUN's backstore needs share_with_scsi; an unknown backstore; a
+    // listener on an iSCSI portal.
+    let mut bad = cfg.clone();
+    bad.nvme.subsystems[0].namespaces[0].share_with_scsi = false;
+    match apply(&c, &bad) {
+        Err(ClientError::Http {
+            status,
+            field,
+            message,
+        }) => {
+            assert_eq!((status, field.as_deref()), (422, Some("share_with_scsi")));
+            assert!(message.contains("LUN of"), "{message}");
+        }
+        other => panic!("{other:?}"),
+    }
+    let mut bad = cfg.clone();
+    bad.nvme.subsystems[0].namespaces[1].backstore = "nope".into();
+    assert!(matches!(
+        apply(&c, &bad),
+        Err(ClientError::Http { status: 422, .. })
+    ));
+    let mut bad = cfg.clone();
+    bad.nvme.discovery_listen = vec![([127, 0, 0, 1], iscsi).into()];
+    assert!(matches!(
+        apply(&c, &bad),
+        Err(ClientError::Http { status: 422, .. })
+    ));
+
+    // The host removed from the list: its controller closes, it cannot come back.
+    let mut cfg = get_config(&c);
+    cfg.nvme.subsystems[0].hosts = vec![stranger.host_nqn.clone()];
+    apply(&c, &cfg).unwrap();
+    let e = io.read(1, 0, 1, BS).await.expect_err("the queue ends");
+    assert!(!matches!(e, NvmeError::Status(_)), "{e:?}");
+    wait_for("the controller to go", || {
+        !nvme_sessions(&c)
+            .iter()
+            .any(|s| s.initiator == host.host_nqn)
+    })
+    .await;
+    let e = Queue::connect(addr, &host, SUB, 0, 0, 32)
+        .await
+        .err()
+        .expect("refused");
+    assert!(invalid_host(&e), "{e:?}");
+
+    // The other host connects; closing its controller through the API ends its queue.
+    let admin = Queue::connect(addr, &stranger, SUB, 0, 0, 32)
+        .await
+        .unwrap();
+    admin.enable(1).await.unwrap();
+    let id = format!("nvme-{}", admin.cntlid);
+    c.delete(&format!("/api/v1/sessions/{id}")).unwrap();
+    assert!(admin.identify_controller().await.is_err());
+    wait_for("the closed controller to go", || {
+        !nvme_sessions(&c).iter().any(|s| s.id == id)
+    })
+    .await;
+
+    // The port removed: nothing listens there any more; discovery lists nothing.
+    let mut cfg = get_config(&c);
+    cfg.nvme.ports.clear();
+    apply(&c, &cfg).unwrap();
+    assert!(tokio::net::TcpStream::connect(addr).await.is_err());
+    let q = Queue::connect(disc_addr, &stranger, DISCOVERY_NQN, 0, 0, 32)
+        .await
+        .unwrap();
+    q.enable(0).await.unwrap();
+    assert!(q.discovery_log().await.unwrap().is_empty());
+}
