@@ -13,7 +13,7 @@ echo "package: built $deb ($(du -h "$deb" | cut -f1))"
 
 dpkg -i "$deb" >/dev/null
 trap 'dpkg --purge rtgt >/dev/null 2>&1 || true' EXIT
-for f in /usr/bin/rtgtd /usr/bin/rtgt-iscsi /usr/bin/rtgt-srp /usr/bin/rtgtctl /usr/bin/rtgt-rdma /usr/lib/systemd/system/rtgtd.service /usr/lib/systemd/system-generators/rtgtd-generator /usr/lib/ocf/resource.d/rtgt/alua-group /etc/rtgt/rtgt.yaml; do
+for f in /usr/bin/rtgtd /usr/bin/rtgt-iscsi /usr/bin/rtgt-srp /usr/bin/rtgt-nvme /usr/bin/rtgtctl /usr/bin/rtgt-rdma /usr/lib/systemd/system/rtgtd.service /usr/lib/systemd/system-generators/rtgtd-generator /usr/lib/ocf/resource.d/rtgt/alua-group /etc/rtgt/rtgt.yaml; do
     [[ -e $f ]] || { echo "package: $f not installed" >&2; exit 1; }
 done
 [[ $(stat -c %a /etc/rtgt/rtgt.yaml) == 600 ]] || { echo "package: /etc/rtgt/rtgt.yaml is not 0600" >&2; exit 1; }

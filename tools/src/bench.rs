@@ -9,6 +9,22 @@ use std::time::{Duration, Instant};
 
 use rand::Rng;
 
+/// A size as the tools' options take it: bytes, or a number with `k`, `m` or `g` (powers of
+/// 1024), e.g. `4k`, `128k`, `1m`.
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let s = s.trim().to_ascii_lowercase();
+    let (num, mult) = match s.chars().last() {
+        Some('k') => (&s[..s.len() - 1], 1 << 10),
+        Some('m') => (&s[..s.len() - 1], 1 << 20),
+        Some('g') => (&s[..s.len() - 1], 1 << 30),
+        _ => (&s[..], 1),
+    };
+    num.parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(mult))
+        .ok_or_else(|| format!("bad size {s}"))
+}
+
 /// The access pattern.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Rw {

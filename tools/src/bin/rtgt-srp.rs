@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand, ValueEnum};
-use rtgt_tools::bench::Rw;
+use rtgt_tools::bench::{parse_size, Rw};
 use rtgt_tools::srp::{ConnectOptions, DescMode, Initiator};
 use rtgt_transport::cm::CmConn;
 use rtgt_transport::hca::{Hca, HcaConfig};
@@ -160,18 +160,6 @@ fn parse_id(s: &str) -> Result<[u8; 16]> {
         return Err("initiator id: 32 hex digits".into());
     }
     Ok(v.to_be_bytes())
-}
-
-fn parse_size(s: &str) -> Result<u64> {
-    let s = s.trim().to_ascii_lowercase();
-    let (num, mult) = match s.chars().last() {
-        Some('k') => (&s[..s.len() - 1], 1024),
-        Some('m') => (&s[..s.len() - 1], 1024 * 1024),
-        _ => (&s[..], 1),
-    };
-    num.parse::<u64>()
-        .map(|n| n * mult)
-        .map_err(|_| format!("bad size {s}"))
 }
 
 type Result<T> = std::result::Result<T, String>;

@@ -14,6 +14,7 @@ use clap::{Parser, Subcommand};
 use rand::Rng;
 use rtgt_iscsi::IscsiError;
 use rtgt_scsi::core::ChapCredentials;
+pub(crate) use rtgt_tools::bench::parse_size;
 use rtgt_tools::bench::Rw;
 use rtgt_tools::iscsi::{self as initiator, IscsiUrl, LoginConfig, Session};
 use rtgt_transport::hca::{Hca, HcaConfig};
@@ -104,19 +105,6 @@ enum Cmd {
     /// what survived.
     #[command(subcommand)]
     Durability(durability::DurabilityCmd),
-}
-
-fn parse_size(s: &str) -> Result<u64, String> {
-    let s = s.trim().to_ascii_lowercase();
-    let (num, mult) = match s.chars().last() {
-        Some('k') => (&s[..s.len() - 1], 1024),
-        Some('m') => (&s[..s.len() - 1], 1024 * 1024),
-        Some('g') => (&s[..s.len() - 1], 1024 * 1024 * 1024),
-        _ => (&s[..], 1),
-    };
-    num.parse::<u64>()
-        .map(|n| n * mult)
-        .map_err(|_| format!("bad size {s}"))
 }
 
 fn creds(s: &str) -> ChapCredentials {
