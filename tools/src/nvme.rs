@@ -92,6 +92,9 @@ pub struct HostConfig {
     pub digests: Digests,
     /// Keep alive timeout asked for on the admin queue, in milliseconds.
     pub kato: u32,
+    /// Disable SQ flow control (Connect CATTR bit 2): the controller may then end a read
+    /// with a C2HData PDU whose SUCCESS flag replaces the response capsule.
+    pub disable_sqflow: bool,
 }
 
 impl Default for HostConfig {
@@ -101,6 +104,7 @@ impl Default for HostConfig {
             host_id: [0x7b; 16],
             digests: Digests::default(),
             kato: 0,
+            disable_sqflow: false,
         }
     }
 }
@@ -166,7 +170,7 @@ impl Queue {
             recfmt: 0,
             qid,
             sqsize: size - 1,
-            cattr: 0,
+            cattr: if cfg.disable_sqflow { 1 << 2 } else { 0 },
             kato: if qid == 0 { cfg.kato } else { 0 },
         };
         let c = q
@@ -433,21 +437,31 @@ async fn read_loop(
                     c2h: true,
                     cccid,
                     offset,
+                    last,
+                    success,
                     ..
                 },
                 data,
             )) => {
-                if let Some(f) = flights
-                    .lock()
-                    .unwrap()
-                    .as_mut()
-                    .and_then(|m| m.get_mut(&cccid))
-                {
+                let mut flights = flights.lock().unwrap();
+                let Some(m) = flights.as_mut() else { continue };
+                if let Some(f) = m.get_mut(&cccid) {
                     let end = offset as usize + data.len();
                     if f.data.len() < end {
                         f.data.resize(end, 0);
                     }
                     f.data[offset as usize..end].copy_from_slice(data);
+                }
+                // SUCCESS (on the last PDU): the command completed, no response follows.
+                if success && last {
+                    if let Some(f) = m.remove(&cccid) {
+                        let cqe = Cqe {
+                            cid: cccid,
+                            status: Status::SUCCESS,
+                            ..Cqe::default()
+                        };
+                        let _ = f.done.send(Ok(Completion { cqe, data: f.data }));
+                    }
                 }
             }
             Ok((

@@ -76,6 +76,9 @@ struct Queue {
     tx: mpsc::Sender<Out>,
     sq_head: AtomicU16,
     size: u16,
+    /// The host disabled SQ flow control (Connect CATTR bit 2): a read that succeeds ends
+    /// with a C2HData PDU whose SUCCESS flag stands for its response capsule.
+    sqhd_disabled: bool,
 }
 
 impl Queue {
@@ -95,6 +98,8 @@ impl Queue {
         };
         let len = payload.bytes().len();
         if len > 0 && reply.status.is_success() {
+            // No response capsule needed: nothing in it the host would not know.
+            let success = self.sqhd_disabled && reply.dw0 == 0 && reply.dw1 == 0;
             let h = Header::Data {
                 c2h: true,
                 cccid: sqe.cid,
@@ -102,7 +107,7 @@ impl Queue {
                 offset: 0,
                 length: len as u32,
                 last: true,
-                success: false,
+                success,
             };
             let (head, trailer) = h.encode(self.digests, payload.bytes(), 0);
             let _ = self
@@ -114,6 +119,9 @@ impl Queue {
                     last: false,
                 })
                 .await;
+            if success {
+                return;
+            }
         }
         self.complete(sqe.cid, reply.status, reply.dw0, reply.dw1)
             .await;
@@ -205,6 +213,9 @@ pub enum Scope {
     /// Only the discovery subsystem (a discovery listener, e.g. TCP port 8009).
     Discovery,
 }
+
+/// Connect's CATTR bit: the host disables SQ flow control (SQ head pointer reports).
+const CATTR_DISABLE_SQFLOW: u8 = 1 << 2;
 
 /// Serves one NVMe/TCP connection until it ends.
 pub async fn serve(targets: Arc<Targets>, stream: TcpStream, scope: Scope) {
@@ -381,7 +392,11 @@ async fn connect<S: AsyncRead + AsyncWrite>(
         };
         let reply = |status: Status, dw0: u32| response(digests, sqe.cid, status, dw0);
         let Some(FabricsCmd::Connect {
-            qid, sqsize, kato, ..
+            qid,
+            sqsize,
+            kato,
+            cattr,
+            ..
         }) = FabricsCmd::parse(&sqe)
         else {
             let r = reply(Status::error(sct::GENERIC, sc::COMMAND_SEQUENCE_ERROR), 0);
@@ -428,6 +443,7 @@ async fn connect<S: AsyncRead + AsyncWrite>(
                     tx,
                     sq_head: AtomicU16::new(1 % size),
                     size,
+                    sqhd_disabled: cattr & CATTR_DISABLE_SQFLOW != 0,
                 };
                 return Some(((q, rx), Arc::new(Semaphore::new(usize::from(size)))));
             }

@@ -39,6 +39,10 @@ struct Cli {
     /// Header and data digests (CRC32C).
     #[arg(long, global = true)]
     digests: bool,
+    /// Disable SQ flow control: reads complete with C2HData's SUCCESS flag, without a
+    /// response capsule.
+    #[arg(long, global = true)]
+    disable_sqflow: bool,
     #[command(subcommand)]
     cmd: Cmd,
 }
@@ -100,6 +104,7 @@ fn host(cli: &Cli) -> HostConfig {
         } else {
             Digests::default()
         },
+        disable_sqflow: cli.disable_sqflow,
         ..HostConfig::default()
     };
     if let Some(n) = &cli.hostnqn {

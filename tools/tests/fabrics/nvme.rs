@@ -64,8 +64,10 @@ async fn nvme_tcp_admin_and_io_queues_move_data() {
             data: true,
         },
     ] {
+        // With digests, SQ flow control disabled too: reads end with C2HData's SUCCESS flag.
         let cfg = HostConfig {
             digests,
+            disable_sqflow: digests.data,
             ..HostConfig::default()
         };
         let admin = Queue::connect(addr, &cfg, SUB, 0, 0, 32).await.unwrap();

@@ -1,5 +1,6 @@
 #!/bin/bash
-# fio over iSCSI/TCP, then iSER, then SRP (ib_srp) against one rtgtd null LUN: four jobs each
+# fio over iSCSI/TCP, then NVMe/TCP (the same backstore as namespace 1), then iSER, then SRP
+# (ib_srp) against one rtgtd null LUN: four jobs each
 # (4 KiB random read and write at QD32, 128 KiB sequential read and write at QD8), timed, raw
 # device, libaio with O_DIRECT; each job is framed by events so that the host can take rtgtd's
 # CPU time over it. The figures go to $LAB_OUT/bench.txt, one line per job. Then, rtgtd
@@ -61,6 +62,24 @@ iscsiadm "${node[@]}" --login
 dev=$(lab_iscsi_disk "$portal" "$TARGET_IQN" 0 60) || lab_fail "no disk over TCP"
 bench tcp "$dev"
 iscsiadm "${node[@]}" --logout
+
+lab_step "NVMe/TCP"
+modprobe nvme-tcp
+mkdir -p /etc/nvme
+echo "nqn.2014-08.org.nvmexpress:uuid:0b1c2d3e-4f50-4617-8293-a4b5c6d7e8f9" >/etc/nvme/hostnqn
+nvme connect -t tcp -a "$portal" -s 4420 -n "$NVME_NQN" >"$LAB_OUT/nvme-connect.txt"
+nvme_ns() {
+    local b
+    for b in /sys/block/nvme*n1; do
+        [[ ${b##*/} =~ ^nvme[0-9]+n1$ && $(cat "$b/device/subsysnqn" 2>/dev/null) == "$NVME_NQN" ]] &&
+            echo "/dev/${b##*/}" && return 0
+    done
+    return 1
+}
+lab_retry 30 nvme_ns >/dev/null || lab_fail "no NVMe namespace"
+dmesg | grep -E 'nvme.*mapped [0-9]+/' | tail -1 || true
+bench nvme "$(nvme_ns)"
+nvme disconnect -n "$NVME_NQN" >/dev/null
 
 lab_step "iSER"
 lab_iser_node "$portal" "$TARGET_IQN"

@@ -1,16 +1,17 @@
 # shellcheck shell=bash
-# Host side of fabrics-bench: rtgtd serving one null LUN over iSCSI/TCP, iSER and SRP on the
-# tap address; while the guest runs each fio job, rtgtd's CPU time is taken from /proc, and at
+# Host side of fabrics-bench: rtgtd serving one null LUN over iSCSI/TCP, iSER and SRP, and
+# as an NVMe/TCP namespace, on the tap address; while the guest runs each fio job, rtgtd's CPU time is taken from /proc, and at
 # the end the guest's figures and the CPU time make one table with the ratios to TCP. Then
 # rtgtd stops and `rtgt-rdma perftest` serves the guest's ib_read_bw and ib_write_bw, the
 # guest's rxe alone, for the ratios of the 4 KiB rows (IOPS against messages a second) and
 # the 128 KiB rows (MB/s) to what that rxe moves at all.
 
 RTGT_IQN=iqn.2025-01.io.rtgt.lab:bench
+NVME_NQN=nqn.2025-01.io.rtgt.lab:bench
 BENCH_WWN=6001405aabbccdd0011223344556677b
-# Seconds per fio job (3 fabrics x 4 jobs).
+# Seconds per fio job (4 fabrics x 4 jobs).
 BENCH_SECONDS=${LAB_BENCH_SECONDS:-10}
-BENCH_JOBS=12
+BENCH_JOBS=16
 # The rxe ceiling: message sizes of ib_read_bw / ib_write_bw and iterations at 128 KiB
 # (ten times as many at 4 KiB).
 CEILING_SIZES="4096 131072"
@@ -46,6 +47,12 @@ srp:
     listen: ['$LAB_HOST_IP:5555']
     allow_any_initiator: true
     luns: [{lun: 0, backstore: null}]
+nvme:
+  subsystems:
+    - nqn: $NVME_NQN
+      allow_any_host: true
+      namespaces: [{nsid: 1, backstore: null, share_with_scsi: true}]
+  ports: [{id: 1, transport: tcp, listen: '$LAB_HOST_IP:4420'}]
 YAML
     cp "$LAB_WORK/rtgt.yaml" "$LAB_RESULTS/rtgt.yaml"
     lab_start_daemon rtgtd "$RTGTD" --config "$LAB_WORK/rtgt.yaml" --state-dir "$LAB_WORK/state"
@@ -57,7 +64,7 @@ YAML
     }
     local add
     add=$(lab_rtgtd_add_target rtgtd.log "$LAB_HOST_IP:5555" 30) || return 1
-    lab_guest_export TARGET_IQN="$RTGT_IQN" SRP_TARGET="$add" DISK_WWN="$BENCH_WWN" \
+    lab_guest_export TARGET_IQN="$RTGT_IQN" NVME_NQN="$NVME_NQN" SRP_TARGET="$add" DISK_WWN="$BENCH_WWN" \
         BENCH_SECONDS="$BENCH_SECONDS" CEILING_SIZES="$CEILING_SIZES" CEILING_ITERS="$CEILING_ITERS"
 }
 
