@@ -15,7 +15,7 @@ use rtgt_api::config::Config;
 use rtgt_api::{ChangeReport, SessionView};
 use rtgt_nvme::admin::trtype;
 use rtgt_nvme::fabrics::status as fstatus;
-use rtgt_nvme::sqe::sct;
+use rtgt_nvme::sqe::{sc, sct};
 use rtgt_nvme::subsys::DISCOVERY_NQN;
 use rtgt_tools::iscsi::{LoginConfig, Session};
 use rtgt_tools::nvme::{HostConfig, NvmeError, Queue};
@@ -30,6 +30,7 @@ fn config(iscsi: u16, port: u16, disc: u16, host: &str) -> String {
 backstores:
   - {{name: d0, type: file, path: d0.img, size: 16MiB}}
   - {{name: r1, type: ramdisk, size: 8MiB, block_size: 4096}}
+  - {{name: ro, type: ramdisk, size: 1MiB, read_only: true}}
 targets:
   - name: {TARGET}
     portal_groups:
@@ -210,6 +211,9 @@ async fn rtgtd_serves_nvme_tcp_from_its_configuration_and_the_api() {
     cfg.nvme.subsystems[0]
         .namespaces
         .push(serde_json::from_value(serde_json::json!({"nsid": 2, "backstore": "r1"})).unwrap());
+    cfg.nvme.subsystems[0]
+        .namespaces
+        .push(serde_json::from_value(serde_json::json!({"nsid": 3, "backstore": "ro"})).unwrap());
     let report = apply(&c, &cfg).unwrap();
     assert!(
         report.changes.iter().any(
@@ -218,7 +222,14 @@ async fn rtgtd_serves_nvme_tcp_from_its_configuration_and_the_api() {
         ),
         "{report:?}"
     );
-    assert_eq!(admin.active_namespaces().await.unwrap(), vec![1, 2]);
+    assert_eq!(admin.active_namespaces().await.unwrap(), vec![1, 2, 3]);
+    // A read-only backstore is a write-protected namespace.
+    let e = io.write(3, 0, vec![1; 512], BS, false).await.unwrap_err();
+    assert!(
+        matches!(e, NvmeError::Status(s) if (s.sct, s.sc) == (sct::GENERIC, sc::NAMESPACE_WRITE_PROTECTED)),
+        "{e:?}"
+    );
+    assert_eq!(io.read(3, 0, 1, BS).await.unwrap(), vec![0; 512]);
     let ns2 = admin.identify_namespace(2).await.unwrap();
     assert_eq!((ns2.nsze, ns2.lbads), ((8 << 20) / 4096, 12));
     let block = pattern(4096, 9);

@@ -144,6 +144,7 @@ pub fn nvme_tcp_queue(data: &[u8]) {
             nguid: [1; 16],
             eui64: [0; 8],
             uuid: [2; 16],
+            read_only: false,
         });
         // Controller 1 of the seeds' host, enabled with four I/O queues, for streams that
         // connect an I/O queue.

@@ -702,7 +702,7 @@ impl Controller {
                 }
                 let offset = rw.slba * bs;
                 let write = sqe.opcode == nvm::opcode::WRITE;
-                if write && info.read_only {
+                if write && (info.read_only || ns.read_only) {
                     return Reply::error(sc::NAMESPACE_WRITE_PROTECTED);
                 }
                 if sqe.opcode == nvm::opcode::READ {
@@ -736,7 +736,7 @@ impl Controller {
                 if !in_range(&rw) {
                     return Reply::error(sc::LBA_OUT_OF_RANGE);
                 }
-                if info.read_only {
+                if info.read_only || ns.read_only {
                     return Reply::error(sc::NAMESPACE_WRITE_PROTECTED);
                 }
                 self.write_zeroes(
@@ -859,7 +859,7 @@ fn id_namespace(ns: &Namespace) -> IdNamespace {
         nmic: 1,
         // Deallocated blocks read zeroes; Write Zeroes may deallocate.
         dlfeat: if info.thin { 0x09 } else { 0 },
-        nsattr: u8::from(info.read_only),
+        nsattr: u8::from(info.read_only || ns.read_only),
         nguid: ns.nguid,
         eui64: ns.eui64,
         lbads: info.block_size.trailing_zeros() as u8,

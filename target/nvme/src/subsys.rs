@@ -35,6 +35,9 @@ pub struct Namespace {
     pub nguid: [u8; 16],
     pub eui64: [u8; 8],
     pub uuid: [u8; 16],
+    /// Write protected whatever the backstore allows (NSATTR bit 0; writes fail with
+    /// Namespace Is Write Protected).
+    pub read_only: bool,
 }
 
 impl std::fmt::Debug for Namespace {

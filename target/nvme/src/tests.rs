@@ -26,6 +26,7 @@ fn targets() -> Arc<Targets> {
         nguid: [0x60; 16],
         eui64: [0; 8],
         uuid: [0x11; 16],
+        read_only: false,
     });
     t.add_port(Port {
         id: 1,

@@ -70,9 +70,11 @@ fn derived_serial(nqn: &str) -> String {
 
 /// A namespace's identifiers from its logical unit's: the NGUID is the NAA designator's 16
 /// bytes (one identity for the backstore whichever protocol reaches it), the UUID a
-/// version 4 layout of a hash of it. No EUI-64 (it needs an IEEE OUI).
+/// version 4 layout of a hash of it. No EUI-64 (it needs an IEEE OUI). Write protected when
+/// the backstore is configured `read_only`, as its logical unit is.
 fn namespace(nsid: u32, store: &Arc<dyn Backstore>, dev: Option<&Arc<Device>>) -> Namespace {
     let wwn = dev.map_or(0, |d| d.config().wwn);
+    let read_only = dev.is_some_and(|d| d.config().read_only);
     let mut uuid = [0u8; 16];
     for (i, chunk) in uuid.chunks_mut(8).enumerate() {
         let mut h = std::collections::hash_map::DefaultHasher::new();
@@ -87,6 +89,7 @@ fn namespace(nsid: u32, store: &Arc<dyn Backstore>, dev: Option<&Arc<Device>>) -
         nguid: wwn.to_be_bytes(),
         eui64: [0; 8],
         uuid,
+        read_only,
     }
 }
 

@@ -29,6 +29,7 @@ async fn target() -> (SocketAddr, Arc<Targets>) {
         nguid: [0x60; 16],
         eui64: [0; 8],
         uuid: [0x22; 16],
+        read_only: false,
     });
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
