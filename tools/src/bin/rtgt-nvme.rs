@@ -2,7 +2,6 @@
 //! block reads and writes, and benchmarks over several I/O queues (`bench` prints IOPS, MB/s
 //! and latency like `rtgt-iscsi bench` and `rtgt-srp bench`).
 
-use std::io::Write as _;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
@@ -214,10 +213,7 @@ async fn run(cli: Cli) -> Result<()> {
                 .read(cli.nsid, *lba, *blocks, o.block)
                 .await
                 .map_err(e("read"))?;
-            match out {
-                Some(p) => std::fs::write(p, &data).map_err(e("write file"))?,
-                None => std::io::stdout().write_all(&data).map_err(e("stdout"))?,
-            }
+            rtgt_tools::cli::write_out(&data, out.as_deref())?;
         }
         Cmd::Write {
             lba,
@@ -225,13 +221,7 @@ async fn run(cli: Cli) -> Result<()> {
             pattern,
             blocks,
         } => {
-            let data = match file {
-                Some(p) => std::fs::read(p).map_err(e("read file"))?,
-                None => vec![*pattern; (o.block * blocks) as usize],
-            };
-            if data.is_empty() || !data.len().is_multiple_of(o.block as usize) {
-                return Err(format!("data length must be a multiple of {}", o.block));
-            }
+            let data = rtgt_tools::cli::data_in(file.as_deref(), *pattern, *blocks, o.block)?;
             o.io[0]
                 .write(cli.nsid, *lba, data, o.block, false)
                 .await
@@ -251,26 +241,7 @@ async fn run(cli: Cli) -> Result<()> {
 }
 
 fn main() {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
     let cli = Cli::parse();
     // Worker threads, as `rtgt-iscsi` runs over TCP.
-    let rt = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(err) => {
-            eprintln!("rtgt-nvme: runtime: {err}");
-            std::process::exit(1);
-        }
-    };
-    if let Err(err) = rt.block_on(run(cli)) {
-        eprintln!("rtgt-nvme: {err}");
-        std::process::exit(1);
-    }
+    rtgt_tools::cli::main("rtgt-nvme", true, run(cli));
 }

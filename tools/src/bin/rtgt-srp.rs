@@ -6,7 +6,6 @@
 //! on `--local`, which must differ from the target's address (on one host: the target on
 //! 127.0.0.1, the initiator on 127.0.0.2).
 
-use std::io::Write as _;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
@@ -265,10 +264,7 @@ async fn run(cli: Cli) -> Result<()> {
                 .read(cli.lun, *lba, *blocks, o.block, cli.mode.desc())
                 .await
                 .map_err(e("READ"))?;
-            match out {
-                Some(p) => std::fs::write(p, &data).map_err(e("write file"))?,
-                None => std::io::stdout().write_all(&data).map_err(e("stdout"))?,
-            }
+            rtgt_tools::cli::write_out(&data, out.as_deref())?;
         }
         Cmd::Write {
             lba,
@@ -277,13 +273,7 @@ async fn run(cli: Cli) -> Result<()> {
             blocks,
             ..
         } => {
-            let data = match file {
-                Some(p) => std::fs::read(p).map_err(e("read file"))?,
-                None => vec![*pattern; (o.block * blocks) as usize],
-            };
-            if data.is_empty() || !data.len().is_multiple_of(o.block as usize) {
-                return Err(format!("data length must be a multiple of {}", o.block));
-            }
+            let data = rtgt_tools::cli::data_in(file.as_deref(), *pattern, *blocks, o.block)?;
             o.ini
                 .write(cli.lun, *lba, &data, o.block, cli.mode.desc())
                 .await
@@ -306,27 +296,8 @@ async fn run(cli: Cli) -> Result<()> {
 }
 
 fn main() {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
     let cli = Cli::parse();
     // The soft-RoCE device and the channel share one thread, as rtgtd's engine thread does:
     // a completion and the next command never hop between cores.
-    let rt = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(err) => {
-            eprintln!("rtgt-srp: cannot start the runtime: {err}");
-            std::process::exit(1);
-        }
-    };
-    if let Err(err) = rt.block_on(run(cli)) {
-        eprintln!("rtgt-srp: {err}");
-        std::process::exit(1);
-    }
+    rtgt_tools::cli::main("rtgt-srp", false, run(cli));
 }

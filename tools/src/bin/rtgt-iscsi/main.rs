@@ -7,7 +7,6 @@
 
 mod durability;
 
-use std::io::Write as _;
 
 use bytes::Bytes;
 use clap::{Parser, Subcommand};
@@ -369,10 +368,7 @@ async fn run(cli: Cli) -> Result<(), IscsiError> {
                 .command(u.lun, &rw16(0x88, *lba, *blocks), None, len)
                 .await?;
             check(&r)?;
-            match out {
-                Some(p) => std::fs::write(p, &r.data)?,
-                None => std::io::stdout().write_all(&r.data)?,
-            }
+            rtgt_tools::cli::write_out(&r.data, out.as_deref()).map_err(IscsiError::Address)?;
             let _ = s.logout().await;
         }
         Cmd::Write {
@@ -385,15 +381,8 @@ async fn run(cli: Cli) -> Result<(), IscsiError> {
             let o = open(&cli, url).await?;
             let (s, u) = (&o.s, &o.u);
             let (bs, _) = capacity(s, u.lun).await?;
-            let data = match file {
-                Some(p) => std::fs::read(p)?,
-                None => vec![*pattern; (bs * blocks) as usize],
-            };
-            if data.is_empty() || !data.len().is_multiple_of(bs as usize) {
-                return Err(IscsiError::Address(format!(
-                    "data length must be a multiple of {bs}"
-                )));
-            }
+            let data = rtgt_tools::cli::data_in(file.as_deref(), *pattern, *blocks, bs)
+                .map_err(IscsiError::Address)?;
             let n = (data.len() / bs as usize) as u32;
             let r = s
                 .command(u.lun, &rw16(0x8a, *lba, n), Some(data.into()), 0)
@@ -419,39 +408,14 @@ async fn run(cli: Cli) -> Result<(), IscsiError> {
 }
 
 fn main() {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
     let cli = Cli::parse();
     // Over iSER the initiator's soft-RoCE device and its session share one thread, as
     // rtgtd's engine thread does: a completion and the next command never hop between cores.
-    let runtime = if cli.iser.is_some() {
-        tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-    } else {
-        tokio::runtime::Builder::new_multi_thread()
-            .enable_all()
-            .build()
-    };
-    let runtime = match runtime {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("rtgt-iscsi: cannot start the runtime: {e}");
-            std::process::exit(1);
-        }
-    };
-    let result = runtime.block_on(async move {
+    let multi_thread = cli.iser.is_none();
+    rtgt_tools::cli::main("rtgt-iscsi", multi_thread, async move {
         match &cli.cmd {
             Cmd::Durability(d) => durability::run(&cli, d).await,
             _ => run(cli).await.map_err(|e| e.to_string()),
         }
     });
-    if let Err(e) = result {
-        eprintln!("rtgt-iscsi: {e}");
-        std::process::exit(1);
-    }
 }
