@@ -7,7 +7,6 @@
 
 mod durability;
 
-
 use bytes::Bytes;
 use clap::{Parser, Subcommand};
 use rand::Rng;
