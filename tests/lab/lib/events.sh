@@ -20,6 +20,8 @@ lab_wait() {
     start=$(date +%s)
     while [[ ! -e $LAB_EVENTS/$name ]]; do
         if [[ -n ${LAB_PEER_END:-} && $name != "$LAB_PEER_END" && -e $LAB_EVENTS/$LAB_PEER_END ]]; then
+            # The other side may have raised NAME between the check above and its end.
+            [[ -e $LAB_EVENTS/$name ]] && return 0
             echo "lab: wait for '$name': the other side ended ($LAB_PEER_END)" >&2
             return 1
         fi
