@@ -287,15 +287,6 @@ impl NvmeService {
         }
     }
 
-    /// The addresses listening.
-    pub fn listening(&self) -> Vec<SocketAddr> {
-        lock(&self.listeners)
-            .iter()
-            .filter(|(_, l)| !l.task.is_finished())
-            .map(|(a, _)| *a)
-            .collect()
-    }
-
     /// Stops every listener; every connection ends and every controller closes.
     pub async fn shutdown(&self) {
         let ls = std::mem::take(&mut *lock(&self.listeners));
