@@ -1557,10 +1557,31 @@ impl Config {
                 .flat_map(|t| &t.portal_groups)
                 .flat_map(|g| g.portals.iter().copied())
                 .collect(),
+            rdma_listeners: self.rdma_listeners(),
         };
         self.nvme
             .validate(&cx)
             .map_err(|(f, m)| (format!("nvme.{f}"), m))
+    }
+
+    /// The RDMA/CM addresses iSER portals and SRP ports listen on, with what listens.
+    fn rdma_listeners(&self) -> std::collections::HashMap<SocketAddr, String> {
+        let mut out = std::collections::HashMap::new();
+        for t in &self.targets {
+            for g in t.portal_groups.iter().filter(|g| g.iser) {
+                for a in &g.portals {
+                    out.entry(*a)
+                        .or_insert_with(|| format!("an iSER portal of {}", t.name));
+                }
+            }
+        }
+        for p in &self.srp {
+            for a in &p.listen {
+                out.entry(*a)
+                    .or_insert_with(|| format!("SRP target port {}", p.name));
+            }
+        }
+        out
     }
 
     fn validate_srp(&self) -> Result<(), (String, String)> {
@@ -1815,6 +1836,43 @@ mod tests {
             Err(ConfigError::Invalid { path, message, .. }) => (path, message),
             other => panic!("expected an invalid-config error, got {other:?}"),
         }
+    }
+
+    #[test]
+    fn nvme_rdma_ports_keep_off_iser_and_srp_addresses() {
+        let base = "backstores: [{name: d, type: null, size: 1MiB}]
+targets:
+  - name: iqn.2025-01.io.rtgt:t
+    portal_groups: [{tag: 1, portals: ['192.0.2.1:3260']}]
+srp: [{name: s, listen: ['192.0.2.1:5555']}]
+nvme:
+  ports:
+";
+        let with = |ports: &str| format!("{base}{ports}");
+        // TCP and RDMA/CM are apart: both on 4420, and RDMA on iSCSI's TCP portal.
+        let ok = with(
+            "    - {id: 1, transport: tcp, listen: '192.0.2.1:4420'}
+    - {id: 2, transport: rdma, listen: '192.0.2.1:4420'}
+",
+        );
+        let c = Config::from_yaml(&ok, Path::new("t.yaml")).unwrap();
+        assert_eq!(c.nvme.ports[1].transport, crate::nvme::NvmeTransport::Rdma);
+        let (path, msg) = err_of(&with(
+            "    - {id: 1, transport: rdma, listen: '192.0.2.1:3260'}\n",
+        ));
+        assert_eq!(path, "nvme.ports[0].listen");
+        assert!(msg.contains("iSER portal"), "{msg}");
+        let (path, msg) = err_of(&with(
+            "    - {id: 1, transport: rdma, listen: '192.0.2.1:5555'}\n",
+        ));
+        assert_eq!(path, "nvme.ports[0].listen");
+        assert!(msg.contains("SRP target port s"), "{msg}");
+        let (path, _) = err_of(&with(
+            "    - {id: 1, transport: rdma, listen: '192.0.2.1:4420'}
+    - {id: 2, transport: rdma, listen: '192.0.2.1:4420'}
+",
+        ));
+        assert_eq!(path, "nvme.ports[1].listen");
     }
 
     #[test]

@@ -67,12 +67,28 @@ pub struct NvmeNamespace {
 }
 
 /// The transport of a port.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    Default,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Hash,
+    Serialize,
+    Deserialize,
+    ToSchema,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum NvmeTransport {
     /// NVMe/TCP.
     #[default]
     Tcp,
+    /// NVMe/RDMA through RDMA/CM (port space TCP, as iSER and SRP) on the daemon's RDMA
+    /// provider.
+    Rdma,
 }
 
 /// A port: one listen address of one transport, listed in the discovery log.
@@ -120,6 +136,8 @@ pub struct Context<'a> {
     pub scsi: HashMap<&'a str, String>,
     /// TCP addresses iSCSI portals listen on.
     pub tcp_portals: HashSet<SocketAddr>,
+    /// RDMA/CM addresses iSER portals and SRP target ports listen on, with what listens.
+    pub rdma_listeners: HashMap<SocketAddr, String>,
 }
 
 impl Nvme {
@@ -204,12 +222,12 @@ impl Nvme {
             .ports
             .iter()
             .enumerate()
-            .map(|(i, p)| (format!("ports[{i}].listen"), p.listen))
+            .map(|(i, p)| (format!("ports[{i}].listen"), p.transport, p.listen))
             .chain(
                 self.discovery_listen
                     .iter()
                     .enumerate()
-                    .map(|(i, a)| (format!("discovery_listen[{i}]"), *a)),
+                    .map(|(i, a)| (format!("discovery_listen[{i}]"), NvmeTransport::Tcp, *a)),
             );
         for (i, p) in self.ports.iter().enumerate() {
             if !ids.insert(p.id) {
@@ -219,15 +237,24 @@ impl Nvme {
                 ));
             }
         }
-        for (at, a) in listeners {
+        for (at, transport, a) in listeners {
             if a.port() == 0 {
                 return Err((at, format!("{a}: a listener needs a port number")));
             }
-            if !listen.insert(a) {
+            // TCP and RDMA/CM ports are apart: both may listen on 4420.
+            if !listen.insert((transport, a)) {
                 return Err((at, format!("{a} is listed twice")));
             }
-            if cx.tcp_portals.contains(&a) {
-                return Err((at, format!("{a} is an iSCSI portal")));
+            match transport {
+                NvmeTransport::Tcp if cx.tcp_portals.contains(&a) => {
+                    return Err((at, format!("{a} is an iSCSI portal")));
+                }
+                NvmeTransport::Rdma => {
+                    if let Some(who) = cx.rdma_listeners.get(&a) {
+                        return Err((at, format!("{a} is the RDMA/CM address of {who}")));
+                    }
+                }
+                NvmeTransport::Tcp => {}
             }
         }
         Ok(())

@@ -15,6 +15,7 @@ use tokio::sync::Notify;
 use crate::admin::{self, cns, feature, log, nidt, IdController, IdNamespace, IDENTIFY_LEN};
 use crate::fabrics::FabricsCmd;
 use crate::nvm::{self, Rw};
+use crate::queue::Transport;
 use crate::sqe::{sc, sct, Sqe, Status};
 use crate::subsys::{Namespace, Subsystem, Targets, DISCOVERY_NQN};
 
@@ -63,7 +64,8 @@ impl Reply {
         Reply::status(Status::SUCCESS)
     }
 
-    fn status(status: Status) -> Reply {
+    /// A reply with `status` and nothing else.
+    pub fn status(status: Status) -> Reply {
         Reply {
             status,
             dw0: 0,
@@ -166,6 +168,8 @@ pub struct Controller {
     pub created: Instant,
     /// The admin queue's peer and local addresses, when the transport knows them.
     addrs: Mutex<Option<(std::net::SocketAddr, std::net::SocketAddr)>>,
+    /// The admin queue's transport.
+    transport: std::sync::OnceLock<Transport>,
 }
 
 impl Controller {
@@ -195,6 +199,7 @@ impl Controller {
             stats: Stats::default(),
             created: Instant::now(),
             addrs: Mutex::new(None),
+            transport: std::sync::OnceLock::new(),
         });
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             rt.spawn(keep_alive(Arc::downgrade(&ctrl)));
@@ -221,15 +226,22 @@ impl Controller {
         self: &Arc<Self>,
         qid: u16,
         addrs: Option<(std::net::SocketAddr, std::net::SocketAddr)>,
+        transport: Transport,
     ) -> Attached {
         self.stats.queues.fetch_add(1, Ordering::Relaxed);
         if qid == 0 {
             *lock(&self.addrs) = addrs;
+            let _ = self.transport.set(transport);
         }
         Attached {
             ctrl: self.clone(),
             qid,
         }
+    }
+
+    /// The admin queue's transport (TCP until it attached).
+    pub fn transport(&self) -> Transport {
+        self.transport.get().copied().unwrap_or(Transport::Tcp)
     }
 
     /// The admin queue's peer and local addresses.

@@ -150,6 +150,14 @@ impl Default for Limits {
     }
 }
 
+/// Offsets of Connect's fields a refusal names: QID and SQSIZE in the command, CNTLID in
+/// the data.
+pub mod connect_offset {
+    pub const QID: u16 = 42;
+    pub const SQSIZE: u16 = 44;
+    pub const CNTLID: u16 = 16;
+}
+
 /// Why a Connect is refused: its status and, for invalid parameters, where (completion
 /// DW0: the offset of the parameter, bit 16 set when it is in the command rather than the
 /// data).
@@ -160,7 +168,8 @@ pub struct ConnectRefused {
 }
 
 impl ConnectRefused {
-    fn invalid(in_command: bool, offset: u16) -> ConnectRefused {
+    /// Invalid parameter at byte `offset` of the command (`in_command`) or of its data.
+    pub fn invalid(in_command: bool, offset: u16) -> ConnectRefused {
         ConnectRefused {
             status: Status::error(sct::COMMAND_SPECIFIC, fstatus::CONNECT_INVALID_PARAMETERS),
             dw0: u32::from(offset) | u32::from(in_command) << 16,
@@ -369,10 +378,7 @@ impl Targets {
         kato: u32,
         data: &ConnectData,
     ) -> Result<Arc<Controller>, ConnectRefused> {
-        // Offsets of Connect's fields: SQSIZE in the command, the names in the data.
-        const SQSIZE: u16 = 44;
-        const QID: u16 = 42;
-        const CNTLID: u16 = 16;
+        use connect_offset::{CNTLID, QID, SQSIZE};
         if sqsize == 0 || sqsize >= self.limits.queue_size {
             return Err(ConnectRefused::invalid(true, SQSIZE));
         }

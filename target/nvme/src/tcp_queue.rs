@@ -15,7 +15,6 @@
 //! keep alive timeout) closes the controller and so every queue of it.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU16, Ordering};
 use std::sync::Arc;
 
 use rtgt_backstore::IoBuf;
@@ -26,9 +25,10 @@ use tokio::net::TcpStream;
 use tokio::sync::{mpsc, Semaphore};
 
 use crate::ctrl::{Controller, Reply};
-use crate::fabrics::{ConnectData, FabricsCmd, CONNECT_DATA_LEN};
+pub use crate::queue::Scope;
+use crate::queue::{ConnectCmd, SqHead, Transport};
 use crate::sqe::{sc, sct, Cqe, Sgl, Sqe, Status};
-use crate::subsys::{ConnectRefused, Targets, DISCOVERY_NQN};
+use crate::subsys::Targets;
 use crate::tcp::{self, fes, CommonHeader, Digests, Header, PduError, CH_LEN};
 
 /// Most data in one H2CData PDU (MAXH2CDATA).
@@ -74,8 +74,7 @@ struct Queue {
     qid: u16,
     digests: Digests,
     tx: mpsc::Sender<Out>,
-    sq_head: AtomicU16,
-    size: u16,
+    sq: SqHead,
     /// The host disabled SQ flow control (Connect CATTR bit 2): a read that succeeds ends
     /// with a C2HData PDU whose SUCCESS flag stands for its response capsule.
     sqhd_disabled: bool,
@@ -128,16 +127,7 @@ impl Queue {
     }
 
     async fn complete(&self, cid: u16, status: Status, dw0: u32, dw1: u32) {
-        let head = self.sq_head.load(Ordering::Relaxed);
-        let cqe = Cqe {
-            dw0,
-            dw1,
-            sq_head: head,
-            sq_id: self.qid,
-            cid,
-            status,
-            phase: false,
-        };
+        let cqe = self.sq.cqe(self.qid, cid, status, dw0, dw1);
         self.send_header(Header::Resp(cqe)).await;
     }
 
@@ -162,8 +152,7 @@ impl Queue {
     }
 
     fn fetched(&self) {
-        let next = (self.sq_head.load(Ordering::Relaxed) + 1) % self.size.max(1);
-        self.sq_head.store(next, Ordering::Relaxed);
+        self.sq.fetched();
     }
 }
 
@@ -204,18 +193,6 @@ async fn read_pdu<R: AsyncRead + Unpin>(
     rd.read_exact(&mut b[CH_LEN..]).await?;
     Ok(())
 }
-
-/// What a listener serves.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Scope {
-    /// Every subsystem the host is admitted to, and discovery (a port).
-    All,
-    /// Only the discovery subsystem (a discovery listener, e.g. TCP port 8009).
-    Discovery,
-}
-
-/// Connect's CATTR bit: the host disables SQ flow control (SQ head pointer reports).
-const CATTR_DISABLE_SQFLOW: u8 = 1 << 2;
 
 /// Serves one NVMe/TCP connection until it ends.
 pub async fn serve(targets: Arc<Targets>, stream: TcpStream, scope: Scope) {
@@ -296,7 +273,7 @@ pub async fn serve_stream<S>(
     };
     let queue = Arc::new(queue);
     let tx_ctrl = queue.ctrl.clone();
-    let attached = tx_ctrl.attach(queue.qid, addrs);
+    let attached = tx_ctrl.attach(queue.qid, addrs, Transport::Tcp);
     let peer = addrs.map(|a| a.0);
     tracing::info!(peer = ?peer, cntlid = tx_ctrl.cntlid, qid = queue.qid,
         host = %tx_ctrl.host_nqn, "NVMe/TCP queue connected");
@@ -391,65 +368,38 @@ async fn connect<S: AsyncRead + AsyncWrite>(
             }
         };
         let reply = |status: Status, dw0: u32| response(digests, sqe.cid, status, dw0);
-        let Some(FabricsCmd::Connect {
-            qid,
-            sqsize,
-            kato,
-            cattr,
-            ..
-        }) = FabricsCmd::parse(&sqe)
-        else {
-            let r = reply(Status::error(sct::GENERIC, sc::COMMAND_SEQUENCE_ERROR), 0);
-            wr.write_all(&r).await.ok()?;
-            continue;
+        let cmd = match ConnectCmd::parse(&sqe) {
+            Ok(c) => c,
+            Err(status) => {
+                wr.write_all(&reply(status, 0)).await.ok()?;
+                continue;
+            }
         };
-        if data.len() != CONNECT_DATA_LEN
-            || !matches!(sqe.sgl(), Sgl::DataBlock { offset: true, len, .. } if len as usize == CONNECT_DATA_LEN)
+        // Connect's data comes in the capsule.
+        if !matches!(sqe.sgl(), Sgl::DataBlock { offset: true, len, .. } if len as usize == data.len())
         {
             let r = reply(Status::error(sct::GENERIC, sc::SGL_INVALID_DATA_LENGTH), 0);
             wr.write_all(&r).await.ok()?;
             continue;
         }
-        let cd = match ConnectData::parse(data) {
-            Ok(cd) => cd,
-            Err(bad) => {
-                let r = reply(
-                    Status::error(
-                        sct::COMMAND_SPECIFIC,
-                        crate::fabrics::status::CONNECT_INVALID_PARAMETERS,
-                    ),
-                    u32::from(bad.0),
-                );
-                wr.write_all(&r).await.ok()?;
-                continue;
-            }
-        };
-        let connected = if scope == Scope::Discovery && cd.subsys_nqn != DISCOVERY_NQN {
-            Err(ConnectRefused::unknown_subsystem())
-        } else {
-            targets.connect(qid, sqsize, kato, &cd)
-        };
-        match connected {
+        match cmd.admit(targets, scope, data, Transport::Tcp) {
             Ok(ctrl) => {
-                let size = sqsize + 1;
+                let size = cmd.sqsize + 1;
                 let (tx, rx) = mpsc::channel(usize::from(size) * 2 + 2);
                 let r = reply(Status::SUCCESS, u32::from(ctrl.cntlid));
                 wr.write_all(&r).await.ok()?;
                 let q = Queue {
                     targets: targets.clone(),
                     ctrl,
-                    qid,
+                    qid: cmd.qid,
                     digests,
                     tx,
-                    sq_head: AtomicU16::new(1 % size),
-                    size,
-                    sqhd_disabled: cattr & CATTR_DISABLE_SQFLOW != 0,
+                    sq: SqHead::new(size),
+                    sqhd_disabled: cmd.sqflow_disabled(),
                 };
                 return Some(((q, rx), Arc::new(Semaphore::new(usize::from(size)))));
             }
             Err(refused) => {
-                tracing::warn!(host = %cd.host_nqn, subsystem = %cd.subsys_nqn, qid,
-                    status = ?refused.status, "NVMe/TCP connect refused");
                 let r = reply(refused.status, refused.dw0);
                 wr.write_all(&r).await.ok()?;
             }

@@ -237,13 +237,14 @@ impl DaemonControl {
             .rdma
             .as_ref()
             .map(|r| IserServer::new(p.server.shared(), r.clone()));
+        let nvme = NvmeService::new(p.pool.clone(), p.rdma.clone());
         Arc::new(DaemonControl {
             rdma_provider: p.rdma,
             iser,
             iser_portals: Mutex::new(BTreeMap::new()),
             iser_unserved: Mutex::new(BTreeSet::new()),
             srp: Mutex::new(None),
-            nvme: NvmeService::new(p.pool.clone()),
+            nvme,
             state_dir: p.state_dir,
             roots: p.roots,
             file: p.file,

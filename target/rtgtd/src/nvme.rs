@@ -1,6 +1,7 @@
 //! NVMe over Fabrics in the daemon: the `nvme` section of the configuration made into
-//! subsystems, namespaces and ports of one [`Targets`], and the NVMe/TCP listeners of its
-//! ports and discovery addresses. An apply binds new listeners first (that can fail), then
+//! subsystems, namespaces and ports of one [`Targets`], and the listeners of its ports
+//! (NVMe/TCP, and NVMe/RDMA through RDMA/CM on the daemon's RDMA provider) and discovery
+//! addresses. An apply binds new listeners first (that can fail), then
 //! [`NvmeService::sync`] changes the rest, which cannot.
 
 use std::collections::{BTreeMap, HashSet};
@@ -13,8 +14,9 @@ use rtgt_api::{ControlError, SessionView};
 use rtgt_backstore::{Backstore, BufPool};
 use rtgt_nvme::admin::trtype;
 use rtgt_nvme::ctrl::{Controller, Kind};
+use rtgt_nvme::queue::Scope;
 use rtgt_nvme::subsys::{Limits, Namespace, Port, Subsystem, Targets};
-use rtgt_nvme::tcp_queue::Scope;
+use rtgt_rdma_channel::cm::Provider;
 use rtgt_scsi::Device;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -35,28 +37,35 @@ struct Listener {
     task: JoinHandle<()>,
 }
 
+/// Where a listener listens: a transport and an address.
+type Key = (NvmeTransport, SocketAddr);
+
+fn fabric(t: NvmeTransport) -> &'static str {
+    match t {
+        NvmeTransport::Tcp => "NVMe/TCP",
+        NvmeTransport::Rdma => "NVMe/RDMA",
+    }
+}
+
+/// A listening socket or RDMA/CM listener.
+enum Socket {
+    Tcp(TcpListener),
+    Rdma(rtgt_rdma_channel::cm::Listener),
+}
+
 /// A listener bound by an apply, not serving yet.
 pub struct Bound {
-    addr: SocketAddr,
+    key: Key,
     scope: Scope,
-    listener: TcpListener,
+    socket: Socket,
 }
 
-/// NVMe over Fabrics subsystems, their controllers and the NVMe/TCP listeners.
+/// NVMe over Fabrics subsystems, their controllers and the NVMe/TCP and NVMe/RDMA
+/// listeners.
 pub struct NvmeService {
     targets: Arc<Targets>,
-    listeners: Mutex<BTreeMap<SocketAddr, Listener>>,
-}
-
-/// What each listening address of the section serves.
-fn wanted(nvme: &Nvme) -> BTreeMap<SocketAddr, Scope> {
-    let ports = nvme
-        .ports
-        .iter()
-        .filter(|p| p.transport == NvmeTransport::Tcp)
-        .map(|p| (p.listen, Scope::All));
-    let discovery = nvme.discovery_listen.iter().map(|a| (*a, Scope::Discovery));
-    ports.chain(discovery).collect()
+    rdma: Option<Provider>,
+    listeners: Mutex<BTreeMap<Key, Listener>>,
 }
 
 /// A serial number for a subsystem that has none configured: stable across restarts,
@@ -94,81 +103,87 @@ fn namespace(nsid: u32, store: &Arc<dyn Backstore>, dev: Option<&Arc<Device>>) -
 }
 
 impl NvmeService {
-    pub fn new(pool: Arc<BufPool>) -> NvmeService {
+    /// The service; its RDMA ports listen on `rdma` (without one they are not served).
+    pub fn new(pool: Arc<BufPool>, rdma: Option<Provider>) -> NvmeService {
         NvmeService {
             targets: Targets::new(pool, Limits::default()),
+            rdma,
             listeners: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    /// What each listener of the section serves: its ports (RDMA ones when there is an RDMA
+    /// provider) and discovery addresses.
+    fn wanted(&self, nvme: &Nvme) -> BTreeMap<Key, Scope> {
+        let ports = nvme
+            .ports
+            .iter()
+            .filter(|p| p.transport == NvmeTransport::Tcp || self.rdma.is_some())
+            .map(|p| ((p.transport, p.listen), Scope::All));
+        let discovery = nvme
+            .discovery_listen
+            .iter()
+            .map(|a| ((NvmeTransport::Tcp, *a), Scope::Discovery));
+        ports.chain(discovery).collect()
+    }
+
+    /// Listens on `key`.
+    async fn listen(&self, (transport, addr): Key) -> Result<Socket, String> {
+        match transport {
+            NvmeTransport::Tcp => TcpListener::bind(addr)
+                .await
+                .map(Socket::Tcp)
+                .map_err(|e| e.to_string()),
+            NvmeTransport::Rdma => {
+                let rdma = self.rdma.as_ref().ok_or("no RDMA provider")?;
+                rdma.listen(addr)
+                    .map(Socket::Rdma)
+                    .map_err(|e| e.to_string())
+            }
         }
     }
 
     /// Binds the listeners `nvme` asks for that are not served yet (or serve another
     /// scope), before anything changes. The error names the field.
     pub async fn bind(&self, nvme: &Nvme) -> Result<Vec<Bound>, ControlError> {
-        let running: BTreeMap<SocketAddr, Scope> = lock(&self.listeners)
+        let running: BTreeMap<Key, Scope> = lock(&self.listeners)
             .iter()
-            .map(|(a, l)| (*a, l.scope))
+            .map(|(k, l)| (*k, l.scope))
             .collect();
         let mut out = Vec::new();
-        for (addr, scope) in wanted(nvme) {
-            if running.get(&addr) == Some(&scope) {
+        for (key, scope) in self.wanted(nvme) {
+            if running.get(&key) == Some(&scope) {
                 continue;
             }
-            if running.contains_key(&addr) {
+            if running.contains_key(&key) {
                 // Same address, other scope: rebound in `sync` once the old one stops.
                 continue;
             }
-            let listener = TcpListener::bind(addr)
-                .await
-                .map_err(|e| ControlError::Conflict {
-                    field: "nvme".into(),
-                    message: format!("NVMe/TCP listener {addr}: cannot listen: {e}"),
-                })?;
-            out.push(Bound {
-                addr,
-                scope,
-                listener,
-            });
+            let socket = self.listen(key).await.map_err(|e| ControlError::Conflict {
+                field: "nvme".into(),
+                message: format!("{} listener {}: cannot listen: {e}", fabric(key.0), key.1),
+            })?;
+            out.push(Bound { key, scope, socket });
         }
         Ok(out)
     }
 
     fn serve(&self, b: Bound) {
-        let (stop, mut stop_rx) = watch::channel(false);
+        let (stop, stop_rx) = watch::channel(false);
         let targets = self.targets.clone();
-        let Bound {
-            addr,
-            scope,
-            listener,
-        } = b;
-        let task = tokio::spawn(async move {
-            let mut conns = JoinSet::new();
-            loop {
-                while conns.try_join_next().is_some() {}
-                tokio::select! {
-                    r = listener.accept(), if conns.len() < MAX_CONNECTIONS => match r {
-                        Ok((stream, _)) => {
-                            conns.spawn(rtgt_nvme::tcp_queue::serve(targets.clone(), stream, scope));
-                        }
-                        Err(e) => {
-                            warn!(listener = %addr, error = %e, "NVMe/TCP accept failed");
-                            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-                        }
-                    },
-                    _ = conns.join_next(), if conns.len() >= MAX_CONNECTIONS => {}
-                    r = stop_rx.changed() => if r.is_err() || *stop_rx.borrow() {
-                        break;
-                    },
-                }
-            }
-            // Dropping a connection's task ends its queue (and an admin queue's controller).
-            conns.shutdown().await;
-        });
-        let what = match scope {
-            Scope::All => "NVMe/TCP port listening",
-            Scope::Discovery => "NVMe/TCP discovery listening",
+        let Bound { key, scope, socket } = b;
+        let task = match (socket, &self.rdma) {
+            (Socket::Tcp(l), _) => tokio::spawn(serve_tcp(l, key.1, targets, scope, stop_rx)),
+            // On the device's engine thread (if it has one), as the queues it accepts.
+            (Socket::Rdma(l), Some(rdma)) => rdma.spawn(serve_rdma(l, targets, stop_rx)),
+            (Socket::Rdma(_), None) => unreachable!("an RDMA listener needs the provider"),
         };
-        info!(listener = %addr, "{what}");
-        lock(&self.listeners).insert(addr, Listener { scope, stop, task });
+        let what = match scope {
+            Scope::All => "port listening",
+            Scope::Discovery => "discovery listening",
+        };
+        info!(listener = %key.1, "{} {what}", fabric(key.0));
+        lock(&self.listeners).insert(key, Listener { scope, stop, task });
     }
 
     /// Makes the subsystems, namespaces and ports match `nvme`, starts the listeners
@@ -229,13 +244,24 @@ impl NvmeService {
                 }
             }
         }
+        if self.rdma.is_none() {
+            for p in nvme
+                .ports
+                .iter()
+                .filter(|p| p.transport == NvmeTransport::Rdma)
+            {
+                warn!(port = p.id, listen = %p.listen, "NVMe/RDMA port not served: RDMA is off (the rdma section)");
+            }
+        }
         t.set_ports(
             nvme.ports
                 .iter()
+                .filter(|p| p.transport == NvmeTransport::Tcp || self.rdma.is_some())
                 .map(|p| Port {
                     id: p.id,
                     trtype: match p.transport {
                         NvmeTransport::Tcp => trtype::TCP,
+                        NvmeTransport::Rdma => trtype::RDMA,
                     },
                     adrfam: if p.listen.is_ipv4() {
                         trtype::ADRFAM_IPV4
@@ -248,10 +274,10 @@ impl NvmeService {
                 .collect(),
         );
         // Listeners: stop those not wanted (or wanted with another scope), then serve.
-        let want = wanted(nvme);
-        let stopped: Vec<(SocketAddr, Listener)> = {
+        let want = self.wanted(nvme);
+        let stopped: Vec<(Key, Listener)> = {
             let mut ls = lock(&self.listeners);
-            let gone: Vec<SocketAddr> = ls
+            let gone: Vec<Key> = ls
                 .iter()
                 .filter(|(a, l)| want.get(a) != Some(&l.scope))
                 .map(|(a, _)| *a)
@@ -260,29 +286,27 @@ impl NvmeService {
                 .filter_map(|a| ls.remove(&a).map(|l| (a, l)))
                 .collect()
         };
-        for (addr, l) in stopped {
+        for (key, l) in stopped {
             let _ = l.stop.send(true);
             let _ = l.task.await;
-            info!(listener = %addr, "NVMe/TCP listener stopped");
+            info!(listener = %key.1, "{} listener stopped", fabric(key.0));
         }
         for b in bound {
             self.serve(b);
         }
         // An address that changed scope: bound now that its old listener is gone.
-        let missing: Vec<(SocketAddr, Scope)> = {
+        let missing: Vec<(Key, Scope)> = {
             let ls = lock(&self.listeners);
             want.into_iter()
-                .filter(|(a, _)| !ls.contains_key(a))
+                .filter(|(k, _)| !ls.contains_key(k))
                 .collect()
         };
-        for (addr, scope) in missing {
-            match TcpListener::bind(addr).await {
-                Ok(listener) => self.serve(Bound {
-                    addr,
-                    scope,
-                    listener,
-                }),
-                Err(e) => warn!(listener = %addr, error = %e, "NVMe/TCP listener could not start"),
+        for (key, scope) in missing {
+            match self.listen(key).await {
+                Ok(socket) => self.serve(Bound { key, scope, socket }),
+                Err(e) => {
+                    warn!(listener = %key.1, error = %e, "{} listener could not start", fabric(key.0))
+                }
             }
         }
     }
@@ -312,9 +336,9 @@ impl NvmeService {
     /// Whether every listener `nvme` asks for is serving.
     pub fn ready(&self, nvme: &Nvme) -> bool {
         let ls = lock(&self.listeners);
-        wanted(nvme)
+        self.wanted(nvme)
             .keys()
-            .all(|a| ls.get(a).is_some_and(|l| !l.task.is_finished()))
+            .all(|k| ls.get(k).is_some_and(|l| !l.task.is_finished()))
     }
 
     /// Prometheus series of the subsystems and their controllers, written at scrape time
@@ -411,6 +435,65 @@ impl NvmeService {
     }
 }
 
+/// Serves the NVMe/TCP connections of `listener` until told to stop, then ends them.
+async fn serve_tcp(
+    listener: TcpListener,
+    addr: SocketAddr,
+    targets: Arc<Targets>,
+    scope: Scope,
+    mut stop_rx: watch::Receiver<bool>,
+) {
+    let mut conns = JoinSet::new();
+    loop {
+        while conns.try_join_next().is_some() {}
+        tokio::select! {
+            r = listener.accept(), if conns.len() < MAX_CONNECTIONS => match r {
+                Ok((stream, _)) => {
+                    conns.spawn(rtgt_nvme::tcp_queue::serve(targets.clone(), stream, scope));
+                }
+                Err(e) => {
+                    warn!(listener = %addr, error = %e, "NVMe/TCP accept failed");
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                }
+            },
+            _ = conns.join_next(), if conns.len() >= MAX_CONNECTIONS => {}
+            r = stop_rx.changed() => if r.is_err() || *stop_rx.borrow() {
+                break;
+            },
+        }
+    }
+    // Dropping a connection's task ends its queue (and an admin queue's controller).
+    conns.shutdown().await;
+}
+
+/// Serves the NVMe/RDMA connection requests of `listener` until told to stop, then ends
+/// their queues. Each queue runs where the device that owns its queue pair runs.
+async fn serve_rdma(
+    mut listener: rtgt_rdma_channel::cm::Listener,
+    targets: Arc<Targets>,
+    mut stop_rx: watch::Receiver<bool>,
+) {
+    let mut conns = JoinSet::new();
+    loop {
+        while conns.try_join_next().is_some() {}
+        tokio::select! {
+            r = listener.accept(), if conns.len() < MAX_CONNECTIONS => match r {
+                Some(req) => {
+                    let rt = req.runtime();
+                    conns.spawn_on(rtgt_nvme::rdma_queue::serve(targets.clone(), req, Scope::All), &rt);
+                }
+                None => break,
+            },
+            _ = conns.join_next(), if conns.len() >= MAX_CONNECTIONS => {}
+            r = stop_rx.changed() => if r.is_err() || *stop_rx.borrow() {
+                break;
+            },
+        }
+    }
+    drop(listener);
+    conns.shutdown().await;
+}
+
 fn hosts(s: &NvmeSubsystem) -> Option<Vec<String>> {
     (!s.allow_any_host).then(|| s.hosts.clone())
 }
@@ -424,7 +507,7 @@ fn session(c: &Controller, limits: Limits) -> SessionView {
         id: format!("nvme-{}", c.cntlid),
         initiator: c.host_nqn.clone(),
         target: c.subsys_nqn().to_string(),
-        transport: "nvme-tcp".into(),
+        transport: c.transport().name().into(),
         session_type: match c.kind {
             Kind::Io(_) => "normal".into(),
             Kind::Discovery => "discovery".into(),

@@ -24,10 +24,8 @@
 //! retirement, one relaxed counter and one read of the logical unit's ORDERED count.
 
 use std::collections::HashMap;
-use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
-use std::task::{Context, Waker};
 
 use tokio::sync::Notify;
 
@@ -37,22 +35,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// Runs a command in the caller's task as far as it goes without waiting, and gives it a
-/// task of its own only when it has to wait (for data-out, the device, an ORDERED task, a
-/// send credit). Most commands finish at once — reads served from memory, writes whose data
-/// came with the command — and then their responses join the batch the fabric's receive loop
-/// sends next, with no task spawned and no wake-up. The first poll uses a no-op waker; the
-/// spawned task polls again at once with its own, so no wake-up is lost.
-pub fn run_inline(command: impl Future<Output = ()> + Send + 'static) {
-    let mut command = Box::pin(command);
-    if command
-        .as_mut()
-        .poll(&mut Context::from_waker(Waker::noop()))
-        .is_pending()
-    {
-        tokio::spawn(command);
-    }
-}
+pub use rtgt_backstore::run_inline;
 
 /// Where a task is in its life (SAM-5 8.5 task states, as the target moves data).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]

@@ -1,7 +1,11 @@
-//! An NVMe/TCP host: one [`Queue`] per TCP connection (admin or I/O), as Linux's nvme-tcp
-//! sets them up — ICReq, Connect with its data in the capsule, then commands. Writes send their
-//! data in the capsule when it fits, else in H2CData PDUs after the controller's R2T; reads
-//! take C2HData PDUs. Used by the loopback tests and the benchmark.
+//! An NVMe over Fabrics host: one [`Queue`] per connection (admin or I/O), as Linux sets
+//! them up. Over TCP ([`Queue::connect`], as nvme-tcp): ICReq, Connect with its data in the
+//! capsule, then commands; writes send their data in the capsule when it fits, else in
+//! H2CData PDUs after the controller's R2T; reads take C2HData PDUs. Over RDMA
+//! ([`Queue::connect_rdma`], as nvme-rdma, on the soft-RoCE stack): see [`rdma`]. Used by
+//! the loopback tests and the benchmark.
+
+pub mod rdma;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -25,6 +29,10 @@ use tokio::sync::{oneshot, Mutex as AsyncMutex};
 pub enum NvmeError {
     #[error("I/O: {0}")]
     Io(#[from] std::io::Error),
+    #[error("RDMA: {0}")]
+    Rdma(String),
+    #[error("the controller rejected the RDMA connection: status {0:#x}")]
+    Rejected(u16),
     #[error("protocol: {0}")]
     Protocol(String),
     #[error("the controller terminated the connection: status {fes:#x}, field {fei}")]
@@ -50,20 +58,40 @@ struct InFlight {
 /// The commands in flight; `None` once the connection is gone.
 type Flights = Arc<Mutex<Option<HashMap<u16, InFlight>>>>;
 
-/// One NVMe/TCP queue.
+/// One queue.
 pub struct Queue {
-    wr: Arc<AsyncMutex<OwnedWriteHalf>>,
-    flights: Flights,
+    wire: Wire,
     next_cid: AtomicU16,
-    digests: Digests,
     /// In-capsule data this queue sends (0: none).
     in_capsule: usize,
     pub qid: u16,
     pub cntlid: u16,
+}
+
+/// The transport under a queue.
+enum Wire {
+    Tcp(TcpWire),
+    Rdma(Arc<rdma::RdmaWire>),
+}
+
+impl Drop for Wire {
+    fn drop(&mut self) {
+        // The completion task holds the RDMA wire too: closing it ends that task.
+        if let Wire::Rdma(r) = self {
+            r.close();
+        }
+    }
+}
+
+/// An NVMe/TCP connection.
+struct TcpWire {
+    wr: Arc<AsyncMutex<OwnedWriteHalf>>,
+    flights: Flights,
+    digests: Digests,
     reader: tokio::task::JoinHandle<()>,
 }
 
-impl Drop for Queue {
+impl Drop for TcpWire {
     fn drop(&mut self) {
         self.reader.abort();
     }
@@ -95,6 +123,9 @@ pub struct HostConfig {
     /// Disable SQ flow control (Connect CATTR bit 2): the controller may then end a read
     /// with a C2HData PDU whose SUCCESS flag replaces the response capsule.
     pub disable_sqflow: bool,
+    /// NVMe/RDMA: keyed SGLs ask the controller to invalidate their key with the
+    /// completion (SEND with Invalidate), as Linux's nvme-rdma does.
+    pub invalidate: bool,
 }
 
 impl Default for HostConfig {
@@ -105,13 +136,14 @@ impl Default for HostConfig {
             digests: Digests::default(),
             kato: 0,
             disable_sqflow: false,
+            invalidate: true,
         }
     }
 }
 
 impl Queue {
-    /// Opens queue `qid` of subsystem `subnqn` at `addr`: admin (`qid` 0, a new controller)
-    /// or I/O (of controller `cntlid`), `size` entries.
+    /// Opens NVMe/TCP queue `qid` of subsystem `subnqn` at `addr`: admin (`qid` 0, a new
+    /// controller) or I/O (of controller `cntlid`), `size` entries.
     pub async fn connect(
         addr: SocketAddr,
         cfg: &HostConfig,
@@ -149,17 +181,31 @@ impl Queue {
         let flights: Flights = Arc::new(Mutex::new(Some(HashMap::new())));
         let wr = Arc::new(AsyncMutex::new(wr));
         let reader = tokio::spawn(read_loop(rd, wr.clone(), flights.clone(), digests, maxh2c));
-        let mut q = Queue {
-            wr,
-            flights,
+        let q = Queue {
+            wire: Wire::Tcp(TcpWire {
+                wr,
+                flights,
+                digests,
+                reader,
+            }),
             next_cid: AtomicU16::new(1),
-            digests,
             // Linux's admin queues carry 8 KiB in capsules; I/O queues what IOCCSZ says.
             in_capsule: 8192,
             qid,
             cntlid: 0,
-            reader,
         };
+        q.send_connect(cfg, subnqn, cntlid, size).await
+    }
+
+    /// Sends the queue's Connect; the queue, with the controller's ID, once it succeeded.
+    async fn send_connect(
+        mut self,
+        cfg: &HostConfig,
+        subnqn: &str,
+        cntlid: u16,
+        size: u16,
+    ) -> Result<Queue, NvmeError> {
+        let qid = self.qid;
         let data = ConnectData {
             host_id: cfg.host_id,
             cntlid: if qid == 0 { CNTLID_DYNAMIC } else { cntlid },
@@ -173,11 +219,35 @@ impl Queue {
             cattr: if cfg.disable_sqflow { 1 << 2 } else { 0 },
             kato: if qid == 0 { cfg.kato } else { 0 },
         };
-        let c = q
+        let c = self
             .submit(cmd.to_sqe(0, [0; 16]), Some(data.to_bytes().to_vec()), 0)
             .await?;
-        q.cntlid = c.cqe.dw0 as u16;
-        Ok(q)
+        self.cntlid = c.cqe.dw0 as u16;
+        Ok(self)
+    }
+
+    /// Opens NVMe/RDMA queue `qid` through the connection manager `cm` (the soft-RoCE
+    /// stack), as [`Queue::connect`] over TCP. Like Linux's nvme-rdma, the admin queue
+    /// sends no data in capsules (Connect's data too goes by keyed SGL, which the controller
+    /// reads by RDMA READ); I/O queues send up to 8 KiB in the capsule.
+    pub async fn connect_rdma(
+        cm: &rtgt_transport::cm::Cm,
+        addr: SocketAddr,
+        cfg: &HostConfig,
+        subnqn: &str,
+        qid: u16,
+        cntlid: u16,
+        size: u16,
+    ) -> Result<Queue, NvmeError> {
+        let wire = rdma::RdmaWire::connect(cm, addr, cfg, qid, cntlid, size).await?;
+        let q = Queue {
+            wire: Wire::Rdma(wire),
+            next_cid: AtomicU16::new(1),
+            in_capsule: if qid == 0 { 0 } else { 8192 },
+            qid,
+            cntlid: 0,
+        };
+        q.send_connect(cfg, subnqn, cntlid, size).await
     }
 
     /// Sends a command (its `dptr` is filled in here) with `out` to write, expecting up to
@@ -188,11 +258,51 @@ impl Queue {
         out: Option<Vec<u8>>,
         in_len: u32,
     ) -> Result<Completion, NvmeError> {
-        let cid = self.next_cid.fetch_add(1, Ordering::Relaxed);
-        sqe.cid = cid;
+        sqe.cid = self.next_cid.fetch_add(1, Ordering::Relaxed);
         sqe.flags |= PSDT_SGL;
+        let c = match &self.wire {
+            Wire::Tcp(t) => t.submit(sqe, out, in_len, self.in_capsule).await?,
+            Wire::Rdma(r) => r.submit(sqe, out, in_len, self.in_capsule).await?,
+        };
+        if !c.cqe.status.is_success() {
+            return Err(NvmeError::Status(c.cqe.status));
+        }
+        Ok(c)
+    }
+
+    /// Sends `sqe` as it is (its SGL too) with `data` in its capsule and waits for its
+    /// completion, whatever its status (tests of bad commands).
+    pub async fn submit_as_is(&self, mut sqe: Sqe, data: &[u8]) -> Result<Cqe, NvmeError> {
+        sqe.cid = self.next_cid.fetch_add(1, Ordering::Relaxed);
+        match &self.wire {
+            Wire::Tcp(t) => t.send_capsule(sqe, data).await,
+            Wire::Rdma(r) => r.send_capsule(sqe, data).await,
+        }
+    }
+
+    /// Sends raw bytes: a PDU over TCP, a capsule over RDMA (tests of malformed input).
+    pub async fn send_raw(&self, b: &[u8]) -> Result<(), NvmeError> {
+        match &self.wire {
+            Wire::Tcp(t) => {
+                t.wr.lock().await.write_all(b).await?;
+                Ok(())
+            }
+            Wire::Rdma(r) => r.send_raw(b.to_vec()),
+        }
+    }
+}
+
+impl TcpWire {
+    async fn submit(
+        &self,
+        mut sqe: Sqe,
+        out: Option<Vec<u8>>,
+        in_len: u32,
+        in_capsule_max: usize,
+    ) -> Result<Completion, NvmeError> {
+        let cid = sqe.cid;
         let (tx, rx) = oneshot::channel();
-        let in_capsule = out.as_ref().filter(|d| d.len() <= self.in_capsule).cloned();
+        let in_capsule = out.as_ref().filter(|d| d.len() <= in_capsule_max).cloned();
         sqe.dptr = match (&out, &in_capsule) {
             (Some(d), Some(_)) => Sgl::DataBlock {
                 addr: 0,
@@ -220,19 +330,31 @@ impl Queue {
             );
         let pdu = Header::Cmd(sqe).to_pdu(self.digests, in_capsule.as_deref().unwrap_or(&[]), 0);
         self.wr.lock().await.write_all(&pdu).await?;
-        let c = rx.await.map_err(|_| protocol("connection closed"))??;
-        if !c.cqe.status.is_success() {
-            return Err(NvmeError::Status(c.cqe.status));
-        }
-        Ok(c)
+        rx.await.map_err(|_| protocol("connection closed"))?
     }
 
-    /// Sends raw bytes (tests of malformed PDUs).
-    pub async fn send_raw(&self, b: &[u8]) -> Result<(), NvmeError> {
-        self.wr.lock().await.write_all(b).await?;
-        Ok(())
+    async fn send_capsule(&self, sqe: Sqe, data: &[u8]) -> Result<Cqe, NvmeError> {
+        let (tx, rx) = oneshot::channel();
+        self.flights
+            .lock()
+            .unwrap()
+            .as_mut()
+            .ok_or_else(|| protocol("connection closed"))?
+            .insert(
+                sqe.cid,
+                InFlight {
+                    out: None,
+                    data: Vec::new(),
+                    done: tx,
+                },
+            );
+        let pdu = Header::Cmd(sqe).to_pdu(self.digests, data, 0);
+        self.wr.lock().await.write_all(&pdu).await?;
+        Ok(rx.await.map_err(|_| protocol("connection closed"))??.cqe)
     }
+}
 
+impl Queue {
     pub async fn property_get(&self, offset: u32, eight: bool) -> Result<u64, NvmeError> {
         let c = self
             .submit(
