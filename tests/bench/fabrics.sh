@@ -44,17 +44,11 @@ while (($#)); do
     esac
     shift
 done
+# shellcheck source=tests/bench/lib.sh
+source tests/bench/lib.sh
 if [[ -z ${RTGT_BENCH_NETNS:-} ]]; then
-    ((EUID == 0)) || { echo "bench: needs root (a network namespace of its own)" >&2; exit 2; }
     cargo build --release -q --bin rtgtd --bin rtgt-iscsi --bin rtgt-srp --bin rtgt-rdma
-    ns=rtgt-bench-$$
-    ip netns add "$ns"
-    trap 'ip netns del "$ns" 2>/dev/null || true' EXIT
-    ip -n "$ns" link set lo up
-    ip -n "$ns" link set lo mtu 9000
-    rc=0
-    RTGT_BENCH_NETNS=$ns ip netns exec "$ns" "$0" "${args[@]}" || rc=$?
-    exit "$rc"
+    in_own_netns "$0" "${args[@]}"
 fi
 
 on_target=() on_initiator=()
@@ -110,8 +104,6 @@ for _ in $(seq 50); do
 done
 [[ -n $srp_target ]] || { echo "bench: rtgtd serves no SRP target port:" >&2; cat "$work/rtgtd.log" >&2; exit 1; }
 
-# shellcheck source=tests/bench/lib.sh
-source tests/bench/lib.sh
 # ibench LUN RW BS QD [--iser ...] / sbench LUN RW BS QD -> as measure
 ibench() {
     local lun=$1 rw=$2 bs=$3 qd=$4

@@ -1,8 +1,24 @@
 # shellcheck shell=bash
-# What the benchmark scripts share: an initiator's report line parsed, a run measured with
-# the target's and the machine's CPU time, ratios. Sourced; `measure` needs `rtgtd_pid` (the
-# target's pid), `work` (a scratch directory) and may use `on_initiator` (a command prefix,
-# e.g. taskset).
+# What the benchmark scripts share: running in a network namespace of their own, an
+# initiator's report line parsed, a run measured with the target's and the machine's CPU
+# time, ratios. Sourced; `measure` needs `rtgtd_pid` (the target's pid), `work` (a scratch
+# directory) and may use `on_initiator` (a command prefix, e.g. taskset).
+
+# in_own_netns SCRIPT ARGS... -> runs SCRIPT ARGS in a new network namespace (loopback up,
+# MTU 9000, so UDP 4791 on 127.0.0.1 is free even where rdma_rxe holds it) and exits with its
+# status; returns at once when already inside one (RTGT_BENCH_NETNS is set). Needs root.
+in_own_netns() {
+    [[ -z ${RTGT_BENCH_NETNS:-} ]] || return 0
+    ((EUID == 0)) || { echo "bench: needs root (a network namespace of its own)" >&2; exit 2; }
+    local ns=rtgt-bench-$$ rc=0
+    ip netns add "$ns"
+    # shellcheck disable=SC2064
+    trap "ip netns del $ns 2>/dev/null || true" EXIT
+    ip -n "$ns" link set lo up
+    ip -n "$ns" link set lo mtu 9000
+    RTGT_BENCH_NETNS=$ns ip netns exec "$ns" "$@" || rc=$?
+    exit "$rc"
+}
 
 hz=$(getconf CLK_TCK)
 # CPU time the target has used so far, in clock ticks (user + system, all threads).

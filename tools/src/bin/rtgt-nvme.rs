@@ -1,20 +1,26 @@
-//! rtgt-nvme: an NVMe/TCP host (the in-repo one of `rtgt_tools::nvme`): discovery, Identify,
-//! block reads and writes, and benchmarks over several I/O queues (`bench` prints IOPS, MB/s
-//! and latency like `rtgt-iscsi bench` and `rtgt-srp bench`).
+//! rtgt-nvme: an NVMe/TCP and NVMe/RDMA host (the in-repo one of `rtgt_tools::nvme`):
+//! discovery, Identify, block reads and writes, and benchmarks over several I/O queues
+//! (`bench` prints IOPS, MB/s and latency like `rtgt-iscsi bench` and `rtgt-srp bench`).
+//!
+//! With `--rdma LOCAL`, the queues are NVMe/RDMA queue pairs of the host's own soft-RoCE
+//! device, which binds UDP 4791 on LOCAL (on one host: the target on 127.0.0.1, the host on
+//! 127.0.0.2).
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
+use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use rtgt_nvme::subsys::DISCOVERY_NQN;
 use rtgt_nvme::tcp::Digests;
 use rtgt_tools::bench::{parse_size, Rw};
-use rtgt_tools::nvme::{HostConfig, Queue};
+use rtgt_tools::nvme::{HostConfig, NvmeError, Queue};
+use rtgt_transport::hca::{Hca, HcaConfig};
 
 #[derive(Parser)]
 #[command(
     name = "rtgt-nvme",
-    about = "NVMe/TCP host: discover, identify, read, write, bench"
+    about = "NVMe/TCP and NVMe/RDMA host: discover, identify, read, write, bench"
 )]
 struct Cli {
     /// The controller's address, e.g. 127.0.0.1:4420 (discovery: port 8009 or any port).
@@ -29,7 +35,18 @@ struct Cli {
     /// Namespace ID.
     #[arg(long, global = true, default_value_t = 1)]
     nsid: u32,
-    /// I/O queues (one TCP connection each); bench workers are spread over them.
+    /// NVMe/RDMA from this local address (the host's RoCEv2 device) instead of NVMe/TCP.
+    #[arg(long, global = true)]
+    rdma: Option<IpAddr>,
+    /// NVMe/RDMA: Ethernet MTU of the link (1500 gives an RDMA path MTU of 1024, 4200 gives
+    /// 4096); the target must offer at least the same.
+    #[arg(long, global = true, default_value_t = 1500)]
+    eth_mtu: usize,
+    /// NVMe/RDMA: microseconds the host's device keeps polling its UDP socket after a
+    /// datagram moved before it sleeps; 0 sleeps at once.
+    #[arg(long, global = true, default_value_t = 0)]
+    busy_poll: u64,
+    /// I/O queues (one connection each); bench workers are spread over them.
     #[arg(long, global = true, default_value_t = 1)]
     queues: u16,
     /// Entries of each I/O queue.
@@ -112,6 +129,44 @@ fn host(cli: &Cli) -> HostConfig {
     h
 }
 
+/// How queues reach the controller.
+enum Fabric {
+    Tcp,
+    /// The host's own soft-RoCE device.
+    Rdma(Hca),
+}
+
+impl Fabric {
+    fn new(cli: &Cli) -> Result<Fabric> {
+        let Some(local) = cli.rdma else {
+            return Ok(Fabric::Tcp);
+        };
+        let mut cfg = HcaConfig::new(vec![local]);
+        cfg.name = "rtgt-nvme".into();
+        cfg.eth_mtu = cli.eth_mtu;
+        cfg.busy_poll = Duration::from_micros(cli.busy_poll);
+        Ok(Fabric::Rdma(Hca::open(&cfg).map_err(e("RDMA device"))?))
+    }
+
+    /// Opens queue `qid` (of controller `cntlid`), `size` entries.
+    async fn queue(
+        &self,
+        cli: &Cli,
+        nqn: &str,
+        qid: u16,
+        cntlid: u16,
+        size: u16,
+    ) -> std::result::Result<Queue, NvmeError> {
+        let h = host(cli);
+        match self {
+            Fabric::Tcp => Queue::connect(cli.addr, &h, nqn, qid, cntlid, size).await,
+            Fabric::Rdma(hca) => {
+                Queue::connect_rdma(hca.cm(), cli.addr, &h, nqn, qid, cntlid, size).await
+            }
+        }
+    }
+}
+
 /// A controller with its I/O queues and the namespace's geometry.
 struct Open {
     admin: Queue,
@@ -120,9 +175,9 @@ struct Open {
     blocks: u64,
 }
 
-async fn open(cli: &Cli) -> Result<Open> {
-    let h = host(cli);
-    let admin = Queue::connect(cli.addr, &h, &cli.nqn, 0, 0, 32)
+async fn open(cli: &Cli, fabric: &Fabric) -> Result<Open> {
+    let admin = fabric
+        .queue(cli, &cli.nqn, 0, 0, 32)
         .await
         .map_err(e("connect"))?;
     let granted = admin.enable(cli.queues).await.map_err(e("enable"))?;
@@ -132,7 +187,8 @@ async fn open(cli: &Cli) -> Result<Open> {
         .map_err(e("identify namespace"))?;
     let mut io = Vec::new();
     for qid in 1..=granted.min(cli.queues).max(1) {
-        let q = Queue::connect(cli.addr, &h, &cli.nqn, qid, admin.cntlid, cli.queue_size)
+        let q = fabric
+            .queue(cli, &cli.nqn, qid, admin.cntlid, cli.queue_size)
             .await
             .map_err(e("connect I/O queue"))?;
         io.push(Arc::new(q));
@@ -178,8 +234,10 @@ async fn bench(cli: &Cli, o: &Open, rw: Rw, bs: u64, iodepth: usize, seconds: u6
 }
 
 async fn run(cli: Cli) -> Result<()> {
+    let fabric = Fabric::new(&cli)?;
     if let Cmd::Discover = cli.cmd {
-        let q = Queue::connect(cli.addr, &host(&cli), DISCOVERY_NQN, 0, 0, 32)
+        let q = fabric
+            .queue(&cli, DISCOVERY_NQN, 0, 0, 32)
             .await
             .map_err(e("connect"))?;
         q.enable(0).await.map_err(e("enable"))?;
@@ -191,7 +249,8 @@ async fn run(cli: Cli) -> Result<()> {
         }
         return Ok(());
     }
-    let o = open(&cli).await?;
+    let o = open(&cli, &fabric).await?;
+
     match &cli.cmd {
         Cmd::Discover => {}
         Cmd::Identify => {

@@ -243,7 +243,7 @@ impl Queue {
         let q = Queue {
             wire: Wire::Rdma(wire),
             next_cid: AtomicU16::new(1),
-            in_capsule: if qid == 0 { 0 } else { 8192 },
+            in_capsule: if qid == 0 { 0 } else { rdma::IN_CAPSULE_MAX },
             qid,
             cntlid: 0,
         };

@@ -36,6 +36,10 @@ fn rdma_err(e: impl std::fmt::Display) -> NvmeError {
 
 /// Bytes of a SEND posted inline.
 const INLINE: usize = 256;
+/// The most in-capsule data this host sends (what its I/O queues use).
+pub(super) const IN_CAPSULE_MAX: usize = 8192;
+/// Work request IDs of SENDs from a send slot: the slot in the low bits.
+const SLOT_WR: u64 = 1 << 62;
 
 /// A command in flight: its data region (kept registered until the completion) and, for a
 /// read, how much to take from it.
@@ -60,6 +64,11 @@ pub struct RdmaWire {
     entries: Semaphore,
     /// Memory regions of SENDs too large to go inline, until their completion.
     send_mrs: Mutex<HashMap<u64, Mr>>,
+    /// Registered send slots, one per queue entry, for capsules too large to go inline.
+    slots: Arc<Region>,
+    slots_mr: Mr,
+    slot_len: usize,
+    free_slots: Mutex<Vec<u32>>,
     next_wr: AtomicU64,
     /// The variant (low byte) of the next fast-registered key.
     variant: std::sync::atomic::AtomicU8,
@@ -95,6 +104,11 @@ impl RdmaWire {
         let recv_mr = pd
             .reg_mr(recv_region.clone(), Access::LOCAL_WRITE)
             .map_err(rdma_err)?;
+        let slot_len = SQE_LEN + IN_CAPSULE_MAX;
+        let send_slots = Arc::new(Region::zeroed(slots as usize * slot_len));
+        let slots_mr = pd
+            .reg_mr(send_slots.clone(), Access::LOCAL_WRITE)
+            .map_err(rdma_err)?;
         rtgt_transport::cm::prepare_qp(&qp).map_err(rdma_err)?;
         let wire = Arc::new(RdmaWire {
             pd,
@@ -105,6 +119,10 @@ impl RdmaWire {
             flights: Mutex::new(Some(HashMap::new())),
             entries: Semaphore::new(usize::from(size)),
             send_mrs: Mutex::new(HashMap::new()),
+            slots: send_slots,
+            slots_mr,
+            slot_len,
+            free_slots: Mutex::new((0..slots).collect()),
             next_wr: AtomicU64::new(1 << 32),
             variant: std::sync::atomic::AtomicU8::new(1),
             invalidate: cfg.invalidate,
@@ -126,7 +144,7 @@ impl RdmaWire {
         let params = ConnParams {
             private_data: req.to_bytes().to_vec(),
             // The controller reads write data from us; we read nothing from it.
-            responder_resources: 16,
+            responder_resources: 4,
             initiator_depth: 0,
             retry_count: 7,
             rnr_retry_count: 7,
@@ -217,7 +235,8 @@ impl RdmaWire {
                         }
                         let data = match f.read {
                             Some((region, len)) => {
-                                let d = region.to_vec()[..len].to_vec();
+                                let mut d = vec![0u8; len];
+                                region.read(0, &mut d);
                                 drop(f._mr);
                                 self.buffers.give(region);
                                 d
@@ -227,6 +246,8 @@ impl RdmaWire {
                         let _ = f.done.send(Ok(Completion { cqe, data }));
                         self.entries.add_permits(1);
                     }
+                } else if wc.wr_id & SLOT_WR != 0 {
+                    lock(&self.free_slots).push((wc.wr_id & !SLOT_WR) as u32);
                 } else {
                     lock(&self.send_mrs).remove(&wc.wr_id);
                 }
@@ -240,10 +261,21 @@ impl RdmaWire {
             return Err(NvmeError::Protocol("connection closed".into()));
         }
         let id = self.next_wr.fetch_add(1, Ordering::Relaxed);
+        let slot = (capsule.len() > INLINE && capsule.len() <= self.slot_len)
+            .then(|| lock(&self.free_slots).pop())
+            .flatten();
         let wr = if capsule.len() <= INLINE {
             let mut wr = SendWr::new(id, SendOp::Send, Vec::new());
             wr.flags = SendFlags::SIGNALED | SendFlags::INLINE;
             wr.inline_data = capsule;
+            wr
+        } else if let Some(slot) = slot {
+            // A registered slot: its SEND's completion gives it back.
+            let at = slot as usize * self.slot_len;
+            self.slots.write(at, &capsule);
+            let sge = self.slots_mr.sge(at, capsule.len() as u32);
+            let mut wr = SendWr::new(SLOT_WR | u64::from(slot), SendOp::Send, sge);
+            wr.flags = SendFlags::SIGNALED;
             wr
         } else {
             let len = capsule.len() as u32;
@@ -258,6 +290,9 @@ impl RdmaWire {
         };
         self.qp.post_send(wr).map_err(|e| {
             lock(&self.send_mrs).remove(&id);
+            if let Some(slot) = slot {
+                lock(&self.free_slots).push(slot);
+            }
             rdma_err(e)
         })
     }

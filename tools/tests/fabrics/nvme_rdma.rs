@@ -41,6 +41,17 @@ struct Rig {
 }
 
 async fn rig() -> Rig {
+    rig_with(0).await
+}
+
+/// A target and a host whose link has `fault_ppm` of every fault each way (0: none).
+async fn rig_with(fault_ppm: u32) -> Rig {
+    use rtgt_transport::netdev::fault::{FaultConfig, FaultInjector};
+    let faults = if fault_ppm > 0 {
+        FaultConfig::uniform(f64::from(fault_ppm) / 10_000.0)
+    } else {
+        FaultConfig::default()
+    };
     let pool = BufPool::new(32 << 20);
     let targets = Targets::new(pool.clone(), Limits::default());
     let host_nqn = HostConfig::default().host_nqn;
@@ -64,8 +75,11 @@ async fn rig() -> Rig {
     let (la, lb) = loopback::pair(1 << 16);
     let dt = Device::new(DeviceConfig::new("nvt", vec![ip(1)])).unwrap();
     let di = Device::new(DeviceConfig::new("nvi", vec![ip(2)])).unwrap();
-    let target = Arc::new(Hca::with_netdev(dt, la, CmLimits::default()).unwrap());
-    let host = Hca::with_netdev(di, lb, CmLimits::default()).unwrap();
+    let target = Arc::new(
+        Hca::with_netdev(dt, FaultInjector::new(la, faults, 7), CmLimits::default()).unwrap(),
+    );
+    let host =
+        Hca::with_netdev(di, FaultInjector::new(lb, faults, 13), CmLimits::default()).unwrap();
     let rdma = Provider::soft(target.clone(), &pool).unwrap();
     let mut listener = rdma.listen(dst).unwrap();
     let served = targets.clone();
@@ -318,4 +332,34 @@ async fn nvme_rdma_refuses_bad_requests_hosts_and_sgls() {
     );
     drop((io, admin));
     r.settled().await;
+}
+
+/// Every datagram both ways has a 1% chance each of being dropped, duplicated, corrupted,
+/// reordered or delayed: writes by RDMA READ and reads by RDMA WRITE on two queues still move
+/// every byte, through the queue pairs' retransmissions.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nvme_rdma_data_survives_a_lossy_link() {
+    let r = rig_with(10_000).await;
+    let cfg = HostConfig::default();
+    let admin = r.queue(&cfg, 0, 0, 32).await;
+    admin.enable(2).await.unwrap();
+    let queues = [
+        Arc::new(r.queue(&cfg, 1, admin.cntlid, 128).await),
+        Arc::new(r.queue(&cfg, 2, admin.cntlid, 128).await),
+    ];
+    let mut tasks = Vec::new();
+    for i in 0..16u64 {
+        let io = queues[i as usize % 2].clone();
+        tasks.push(tokio::spawn(async move {
+            for k in 0..8u64 {
+                let lba = i * 1024 + k * 128;
+                let data = pattern(65536, (i * 8 + k) as u8);
+                io.write(1, lba, data.clone(), BS, false).await.unwrap();
+                assert_eq!(io.read(1, lba, 128, BS).await.unwrap(), data);
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
 }

@@ -1,6 +1,6 @@
 #!/bin/bash
-# fio over iSCSI/TCP, then NVMe/TCP (the same backstore as namespace 1), then iSER, then SRP
-# (ib_srp) against one rtgtd null LUN: four jobs each
+# fio over iSCSI/TCP, then NVMe/TCP (the same backstore as namespace 1), then iSER, then
+# NVMe/RDMA (nvme-rdma on rxe0), then SRP (ib_srp) against one rtgtd null LUN: four jobs each
 # (4 KiB random read and write at QD32, 128 KiB sequential read and write at QD8), timed, raw
 # device, libaio with O_DIRECT; each job is framed by events so that the host can take rtgtd's
 # CPU time over it. The figures go to $LAB_OUT/bench.txt, one line per job. Then, rtgtd
@@ -88,6 +88,13 @@ iscsiadm -m session -P 1 | grep -q 'Iface Transport: iser' || lab_fail "session 
 dev=$(lab_iscsi_disk "$portal" "$TARGET_IQN" 0 60) || lab_fail "no disk over iSER"
 bench iser "$dev"
 iscsiadm "${node[@]}" --logout
+
+lab_step "NVMe/RDMA"
+modprobe nvme-rdma
+nvme connect -t rdma -a "$portal" -s 4420 -n "$NVME_NQN" >"$LAB_OUT/nvme-rdma-connect.txt"
+lab_retry 30 nvme_ns >/dev/null || lab_fail "no NVMe/RDMA namespace"
+bench nvme-rdma "$(nvme_ns)"
+nvme disconnect -n "$NVME_NQN" >/dev/null
 
 lab_step "SRP"
 lab_srp_add_target "$SRP_TARGET" || lab_fail "add_target failed"

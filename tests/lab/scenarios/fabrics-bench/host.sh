@@ -1,6 +1,6 @@
 # shellcheck shell=bash
 # Host side of fabrics-bench: rtgtd serving one null LUN over iSCSI/TCP, iSER and SRP, and
-# as an NVMe/TCP namespace, on the tap address; while the guest runs each fio job, rtgtd's CPU time is taken from /proc, and at
+# as an NVMe/TCP and NVMe/RDMA namespace, on the tap address; while the guest runs each fio job, rtgtd's CPU time is taken from /proc, and at
 # the end the guest's figures and the CPU time make one table with the ratios to TCP. Then
 # rtgtd stops and `rtgt-rdma perftest` serves the guest's ib_read_bw and ib_write_bw, the
 # guest's rxe alone, for the ratios of the 4 KiB rows (IOPS against messages a second) and
@@ -9,9 +9,9 @@
 RTGT_IQN=iqn.2025-01.io.rtgt.lab:bench
 NVME_NQN=nqn.2025-01.io.rtgt.lab:bench
 BENCH_WWN=6001405aabbccdd0011223344556677b
-# Seconds per fio job (4 fabrics x 4 jobs).
+# Seconds per fio job (5 fabrics x 4 jobs).
 BENCH_SECONDS=${LAB_BENCH_SECONDS:-10}
-BENCH_JOBS=16
+BENCH_JOBS=20
 # The rxe ceiling: message sizes of ib_read_bw / ib_write_bw and iterations at 128 KiB
 # (ten times as many at 4 KiB).
 CEILING_SIZES="4096 131072"
@@ -52,7 +52,9 @@ nvme:
     - nqn: $NVME_NQN
       allow_any_host: true
       namespaces: [{nsid: 1, backstore: null, share_with_scsi: true}]
-  ports: [{id: 1, transport: tcp, listen: '$LAB_HOST_IP:4420'}]
+  ports:
+    - {id: 1, transport: tcp, listen: '$LAB_HOST_IP:4420'}
+    - {id: 2, transport: rdma, listen: '$LAB_HOST_IP:4420'}
 YAML
     cp "$LAB_WORK/rtgt.yaml" "$LAB_RESULTS/rtgt.yaml"
     lab_start_daemon rtgtd "$RTGTD" --config "$LAB_WORK/rtgt.yaml" --state-dir "$LAB_WORK/state"
@@ -123,16 +125,24 @@ host_check() {
             iops[FNR] = $4; mbs[FNR] = $5; mean[FNR] = $6; p99[FNR] = $7
             cpg[FNR] = ($8 > 0) ? cpu[$1] / hz / ($8 / 1e9) : 0
             if ($2 == "tcp") { tiops[key] = $4; tcpg[key] = cpg[FNR] }
+            if ($2 == "iser") { iiops[key] = $4; icpg[key] = cpg[FNR] }
             n = FNR
         }
         END {
-            printf "%-6s %-18s %10s %9s %10s %10s %9s %8s %8s\n", "fabric", "workload", "IOPS",
+            printf "%-9s %-18s %10s %9s %10s %10s %9s %8s %8s\n", "fabric", "workload", "IOPS",
                 "MB/s", "mean us", "p99 us", "CPU s/GB", "IOPS/TCP", "CPU/TCP"
             for (i = 1; i <= n; i++) {
                 k = wl[i]
-                printf "%-6s %-18s %10.0f %9.1f %10.0f %10.0f %9.2f %7.2fx %7.2fx\n", fab[i], k,
+                printf "%-9s %-18s %10.0f %9.1f %10.0f %10.0f %9.2f %7.2fx %7.2fx\n", fab[i], k,
                     iops[i], mbs[i], mean[i], p99[i], cpg[i],
                     (tiops[k] > 0 ? iops[i] / tiops[k] : 0), (tcpg[k] > 0 ? cpg[i] / tcpg[k] : 0)
+            }
+            # NVMe/RDMA against iSER, its SCSI counterpart on the same rxe.
+            for (i = 1; i <= n; i++) {
+                k = wl[i]
+                if (fab[i] == "nvme-rdma" && iiops[k] > 0 && icpg[k] > 0)
+                    printf "nvme-rdma/iser %-18s IOPS %5.2fx, CPU per GB %5.2fx\n", k,
+                        iops[i] / iiops[k], cpg[i] / icpg[k]
             }
         }' "$LAB_WORK/cpu.txt" "$figures" | while IFS= read -r line; do lab_report "$line"; done
     # The 4 KiB and 128 KiB rows against the guest's rxe alone: reads move data to the guest
@@ -152,16 +162,16 @@ host_check() {
         END {
             printf "guest rxe alone (ib_*_bw): 4 KiB x32 receives %.0f/s, sends %.0f/s; 128 KiB receives %.1f MB/s, sends %.1f MB/s\n",
                 rate["read 4096"], rate["write 4096"], mbs["read 131072"], mbs["write 131072"]
-            split("tcp iser srp", fabs, " "); split("read write", dirs, " ")
-            for (i = 1; i <= 3; i++) for (j = 1; j <= 2; j++) {
+            nf = split("tcp nvme iser nvme-rdma srp", fabs, " "); split("read write", dirs, " ")
+            for (i = 1; i <= nf; i++) for (j = 1; j <= 2; j++) {
                 f = fabs[i] " " dirs[j]; c = rate[dirs[j] " 4096"]
                 if ((f in iops) && c > 0)
-                    printf "  %-5s 4 KiB   %-5s %6.0f IOPS = %4.2fx of the rxe alone\n", fabs[i], dirs[j], iops[f], iops[f] / c
+                    printf "  %-9s 4 KiB   %-5s %6.0f IOPS = %4.2fx of the rxe alone\n", fabs[i], dirs[j], iops[f], iops[f] / c
             }
-            for (i = 1; i <= 3; i++) for (j = 1; j <= 2; j++) {
+            for (i = 1; i <= nf; i++) for (j = 1; j <= 2; j++) {
                 f = fabs[i] " " dirs[j]; c = mbs[dirs[j] " 131072"]
                 if ((f in bw) && c > 0)
-                    printf "  %-5s 128 KiB %-5s %6.1f MB/s = %4.2fx of the rxe alone\n", fabs[i], dirs[j], bw[f], bw[f] / c
+                    printf "  %-9s 128 KiB %-5s %6.1f MB/s = %4.2fx of the rxe alone\n", fabs[i], dirs[j], bw[f], bw[f] / c
             }
         }' "$ceiling" "$figures" | while IFS= read -r line; do lab_report "$line"; done
 }
