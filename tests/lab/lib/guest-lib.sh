@@ -374,3 +374,51 @@ lab_fio_end() {
     grep -q 'err= 0' "$LAB_OUT/fio-$LAB_FIO_NAME.txt" || lab_fail "fio $LAB_FIO_NAME reported errors"
     grep -E 'write: IOPS|verify' "$LAB_OUT/fio-$LAB_FIO_NAME.txt" | head -3 || true
 }
+
+# lab_nvme_ns NQN: the block device name (nvmeXn1: the multipath head, not a path's hidden
+# nvmeXcYn1) of namespace 1 of subsystem NQN.
+lab_nvme_ns() {
+    local b
+    for b in /sys/block/nvme*n1; do
+        [[ ${b##*/} =~ ^nvme[0-9]+n1$ ]] || continue
+        [[ -e $b/device/subsysnqn && $(cat "$b/device/subsysnqn") == "$1" ]] || continue
+        echo "${b##*/}"
+        return 0
+    done
+    return 1
+}
+
+# lab_nvme_data DEV: ext4 with checksummed files across a remount, fio verify (randwrite and
+# randrw at 4k QD32, 64k QD1 and 1m QD32), then one job per CPU (each on its I/O queue).
+lab_nvme_data() {
+    local dev=$1 rw
+    lab_step "mkfs.ext4 and files"
+    lab_files_create "$dev"
+    lab_step "remount and verify sha256"
+    lab_files_verify "$dev" "after remount"
+    lab_step "fio verify: randwrite and randrw, bs 4k/64k/1m"
+    for rw in randwrite randrw; do
+        lab_fio_verify "$dev" "$rw-4k-qd32" "$rw" 4k 32 256m 8m
+        lab_fio_verify "$dev" "$rw-64k-qd1" "$rw" 64k 1 256m 8m
+        lab_fio_verify "$dev" "$rw-1m-qd32" "$rw" 1m 32 256m 32m
+    done
+    lab_step "fio verify: one job per CPU (each on its I/O queue)"
+    fio --name=queues --filename="$dev" --rw=randwrite --bs=16k --iodepth=16 --numjobs=2 \
+        --offset=256m --offset_increment=64m --size=32m --cpus_allowed=0-1 \
+        --cpus_allowed_policy=split --verify=crc32c --verify_fatal=1 --ioengine=libaio --direct=1 \
+        --group_reporting --eta=never --output="$LAB_OUT/fio-queues.txt" ||
+        { cat "$LAB_OUT/fio-queues.txt"; lab_fail "fio on two queues failed"; }
+    grep -q 'err= 0' "$LAB_OUT/fio-queues.txt" || lab_fail "fio on two queues reported errors"
+}
+
+# lab_nvme_crash DEV: fio on DEV while the host kills rtgtd with SIGKILL and starts it again
+# (events restart-kill, restarted-kill); the kernel reconnects, fio and the files verify.
+lab_nvme_crash() {
+    lab_step "rtgtd killed with SIGKILL under fio and restarted: the kernel reconnects"
+    lab_fio_start kill9 "$1" 40 320m 16m
+    lab_signal restart-kill
+    lab_wait restarted-kill 120 || lab_fail "host did not restart rtgtd"
+    lab_fio_end
+    dmesg | grep -iE 'nvme.*(reconnect|Successfully)' | tail -3 || true
+    lab_files_verify "$1" "after kill -9 restart"
+}

@@ -68,17 +68,9 @@ modprobe nvme-tcp
 mkdir -p /etc/nvme
 echo "nqn.2014-08.org.nvmexpress:uuid:0b1c2d3e-4f50-4617-8293-a4b5c6d7e8f9" >/etc/nvme/hostnqn
 nvme connect -t tcp -a "$portal" -s 4420 -n "$NVME_NQN" >"$LAB_OUT/nvme-connect.txt"
-nvme_ns() {
-    local b
-    for b in /sys/block/nvme*n1; do
-        [[ ${b##*/} =~ ^nvme[0-9]+n1$ && $(cat "$b/device/subsysnqn" 2>/dev/null) == "$NVME_NQN" ]] &&
-            echo "/dev/${b##*/}" && return 0
-    done
-    return 1
-}
-lab_retry 30 nvme_ns >/dev/null || lab_fail "no NVMe namespace"
+lab_retry 30 lab_nvme_ns "$NVME_NQN" >/dev/null || lab_fail "no NVMe namespace"
 dmesg | grep -E 'nvme.*mapped [0-9]+/' | tail -1 || true
-bench nvme "$(nvme_ns)"
+bench nvme "/dev/$(lab_nvme_ns "$NVME_NQN")"
 nvme disconnect -n "$NVME_NQN" >/dev/null
 
 lab_step "iSER"
@@ -92,8 +84,8 @@ iscsiadm "${node[@]}" --logout
 lab_step "NVMe/RDMA"
 modprobe nvme-rdma
 nvme connect -t rdma -a "$portal" -s 4420 -n "$NVME_NQN" >"$LAB_OUT/nvme-rdma-connect.txt"
-lab_retry 30 nvme_ns >/dev/null || lab_fail "no NVMe/RDMA namespace"
-bench nvme-rdma "$(nvme_ns)"
+lab_retry 30 lab_nvme_ns "$NVME_NQN" >/dev/null || lab_fail "no NVMe/RDMA namespace"
+bench nvme-rdma "/dev/$(lab_nvme_ns "$NVME_NQN")"
 nvme disconnect -n "$NVME_NQN" >/dev/null
 
 lab_step "SRP"

@@ -37,20 +37,8 @@ cat "$LAB_OUT/refused.txt"
 lab_step "connect over RDMA: two I/O queues, keep alive 5 s"
 nvme connect -t rdma -a "$addr" -s 4420 -n "$SUBNQN" --nr-io-queues=2 --keep-alive-tmo=5 \
     --reconnect-delay=1 --ctrl-loss-tmo=600 | tee "$LAB_OUT/connect.txt"
-ns=
-find_ns() {
-    local b
-    for b in /sys/block/nvme*n1; do
-        # The multipath head (nvmeXn1), not a path's hidden device (nvmeXcYn1).
-        [[ ${b##*/} =~ ^nvme[0-9]+n1$ ]] || continue
-        [[ -e $b/device/subsysnqn && $(cat "$b/device/subsysnqn") == "$SUBNQN" ]] || continue
-        ns=${b##*/}
-        return 0
-    done
-    return 1
-}
-lab_retry 30 find_ns || lab_fail "no namespace block device"
-find_ns
+lab_retry 30 lab_nvme_ns "$SUBNQN" >/dev/null || lab_fail "no namespace block device"
+ns=$(lab_nvme_ns "$SUBNQN")
 dev=/dev/$ns
 nvme list -v | tee "$LAB_OUT/list.txt"
 grep -q rdma "$LAB_OUT/list.txt" || lab_fail "the controller is not on rdma"
@@ -61,33 +49,9 @@ lab_step "namespace $dev: $bytes bytes, nguid $(cat "/sys/block/$ns/nguid")"
 dmesg | grep -E 'nvme.*mapped [0-9]+/' | tail -1 | tee "$LAB_OUT/queues.txt"
 grep -q 'mapped 2/' "$LAB_OUT/queues.txt" || lab_fail "the kernel did not map two I/O queues"
 
-lab_step "mkfs.ext4 and files"
-lab_files_create "$dev"
-lab_step "remount and verify sha256"
-lab_files_verify "$dev" "after remount"
+lab_nvme_data "$dev"
 
-lab_step "fio verify: randwrite and randrw, bs 4k/64k/1m (in-capsule and RDMA READ writes)"
-for rw in randwrite randrw; do
-    lab_fio_verify "$dev" "$rw-4k-qd32" "$rw" 4k 32 256m 8m
-    lab_fio_verify "$dev" "$rw-64k-qd1" "$rw" 64k 1 256m 8m
-    lab_fio_verify "$dev" "$rw-1m-qd32" "$rw" 1m 32 256m 32m
-done
-
-lab_step "fio verify: one job per CPU (each on its I/O queue)"
-fio --name=queues --filename="$dev" --rw=randwrite --bs=16k --iodepth=16 --numjobs=2 \
-    --offset=256m --offset_increment=64m --size=32m --cpus_allowed=0-1 \
-    --cpus_allowed_policy=split --verify=crc32c --verify_fatal=1 --ioengine=libaio --direct=1 \
-    --group_reporting --eta=never --output="$LAB_OUT/fio-queues.txt" ||
-    { cat "$LAB_OUT/fio-queues.txt"; lab_fail "fio on two queues failed"; }
-grep -q 'err= 0' "$LAB_OUT/fio-queues.txt" || lab_fail "fio on two queues reported errors"
-
-lab_step "rtgtd killed with SIGKILL under fio and restarted: the kernel reconnects"
-lab_fio_start kill9 "$dev" 40 320m 16m
-lab_signal restart-kill
-lab_wait restarted-kill 120 || lab_fail "host did not restart rtgtd"
-lab_fio_end
-dmesg | grep -iE 'nvme.*(reconnect|Successfully)' | tail -3 || true
-lab_files_verify "$dev" "after kill -9 restart"
+lab_nvme_crash "$dev"
 
 lab_step "disconnect"
 nvme disconnect -n "$SUBNQN" | tee "$LAB_OUT/disconnect.txt"
