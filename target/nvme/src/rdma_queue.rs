@@ -27,7 +27,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use rtgt_backstore::{run_inline, IoBuf};
-use rtgt_rdma_channel::cm::Request;
+use rtgt_rdma_channel::cm::{Connection, Request};
 use rtgt_rdma_channel::{self as rdma, Link, LinkError, Receiver, Remote, Rings, RxEvent};
 use rtgt_transport::cm::ConnParams;
 
@@ -103,6 +103,12 @@ pub async fn serve(targets: Arc<Targets>, req: Request, scope: Scope) {
     };
     let qp = ep.qp.clone();
     tokio::spawn(rdma::poll_send(link.clone(), ep.send_cq().clone()));
+    // From here on, however this future ends (its listener stopped drops it too), the queue
+    // pair goes to the error state and the connection is disconnected.
+    let mut open = Open {
+        link: link.clone(),
+        conn: None,
+    };
     let rx = Receiver::new(ep);
     let params = ConnParams {
         private_data: cm_rep(entries as u16).to_vec(),
@@ -114,10 +120,9 @@ pub async fn serve(targets: Arc<Targets>, req: Request, scope: Scope) {
         ..ConnParams::default()
     };
     let conn = match req.accept(&qp, params).await {
-        Ok(c) => c,
+        Ok(c) => open.conn.insert(c),
         Err(e) => {
             tracing::warn!(%peer, error = %e, "NVMe/RDMA: connection not established");
-            link.close();
             return;
         }
     };
@@ -134,13 +139,28 @@ pub async fn serve(targets: Arc<Targets>, req: Request, scope: Scope) {
         _ = conn.disconnected() => "the host disconnected",
         why = run.receive(rx) => why,
     };
-    link.close();
-    conn.disconnect();
+    drop(open);
     if let Some(q) = &run.queue {
         tracing::info!(%peer, cntlid = q.ctrl.cntlid, qid = q.qid, why, "NVMe/RDMA queue closed");
     }
     // The controller learns the queue is gone (the admin queue's end closes it).
     drop(run);
+}
+
+/// What a queue closes when it ends: its queue pair (to the error state, flushing what is
+/// posted) and its connection (DREQ).
+struct Open {
+    link: Arc<Link>,
+    conn: Option<Connection>,
+}
+
+impl Drop for Open {
+    fn drop(&mut self) {
+        self.link.close();
+        if let Some(c) = &self.conn {
+            c.disconnect();
+        }
+    }
 }
 
 /// A connection's receive side, before and after its Connect.

@@ -34,6 +34,8 @@ fn ip(last: u8) -> IpAddr {
 
 struct Rig {
     targets: Arc<Targets>,
+    /// The queues' tasks, as a listener keeps them.
+    tasks: Arc<std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>>,
     rdma: Provider,
     _target: Arc<Hca>,
     host: Hca,
@@ -83,18 +85,22 @@ async fn rig_with(fault_ppm: u32) -> Rig {
     let rdma = Provider::soft(target.clone(), &pool).unwrap();
     let mut listener = rdma.listen(dst).unwrap();
     let served = targets.clone();
+    let tasks = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let kept = tasks.clone();
     rdma.spawn(async move {
         while let Some(req) = listener.accept().await {
             let rt = req.runtime();
-            rt.spawn(rtgt_nvme::rdma_queue::serve(
+            let t = rt.spawn(rtgt_nvme::rdma_queue::serve(
                 served.clone(),
                 req,
                 Scope::All,
             ));
+            kept.lock().unwrap().push(t);
         }
     });
     Rig {
         targets,
+        tasks,
         rdma,
         _target: target,
         host,
@@ -362,4 +368,36 @@ async fn nvme_rdma_data_survives_a_lossy_link() {
     for t in tasks {
         t.await.unwrap();
     }
+}
+
+/// A queue whose task is stopped (as a listener stopping drops its queues) closes its queue
+/// pair and disconnects: the host sees its queue end and the target keeps no queue pair.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nvme_rdma_queues_end_with_their_tasks() {
+    let r = rig().await;
+    let cfg = HostConfig::default();
+    let admin = r.queue(&cfg, 0, 0, 32).await;
+    admin.enable(1).await.unwrap();
+    let io = r.queue(&cfg, 1, admin.cntlid, 32).await;
+    let data = pattern(65536, 3);
+    io.write(1, 0, data.clone(), BS, false).await.unwrap();
+    assert_eq!(io.read(1, 0, 128, BS).await.unwrap(), data);
+    let tasks: Vec<_> = r.tasks.lock().unwrap().drain(..).collect();
+    for t in tasks {
+        t.abort();
+    }
+    r.settled().await;
+    let mut ended = false;
+    for _ in 0..200 {
+        if io.read(1, 0, 8, BS).await.is_err() {
+            ended = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert!(
+        ended,
+        "the host's queue went on after the target stopped it"
+    );
+    assert!(r.targets.controllers().is_empty());
 }
