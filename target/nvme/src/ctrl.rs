@@ -17,7 +17,7 @@ use crate::fabrics::FabricsCmd;
 use crate::nvm::{self, Rw};
 use crate::queue::Transport;
 use crate::sqe::{sc, sct, Sqe, Status};
-use crate::subsys::{Namespace, Subsystem, Targets, DISCOVERY_NQN};
+use crate::subsys::{Limits, Namespace, Subsystem, Targets, DISCOVERY_NQN};
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
@@ -59,7 +59,41 @@ pub struct Reply {
     pub buf: Option<IoBuf>,
 }
 
+/// A reply's data for the host, clipped to what the command's SGL describes.
+#[derive(Debug)]
+pub enum Payload {
+    None,
+    Vec(Vec<u8>, usize),
+    Buf(IoBuf, usize),
+}
+
+impl Payload {
+    pub fn bytes(&self) -> &[u8] {
+        match self {
+            Payload::None => &[],
+            Payload::Vec(v, n) => &v[..*n],
+            Payload::Buf(b, n) => &b.as_slice()[..*n],
+        }
+    }
+}
+
 impl Reply {
+    /// Takes the reply's data (a read's buffer, else what the controller made), at most
+    /// `host_len` bytes of it.
+    pub fn take_payload(&mut self, host_len: usize) -> Payload {
+        match (self.buf.take(), self.data.take()) {
+            (Some(b), _) => {
+                let n = b.len().min(host_len);
+                Payload::Buf(b, n)
+            }
+            (None, Some(v)) => {
+                let n = v.len().min(host_len);
+                Payload::Vec(v, n)
+            }
+            (None, None) => Payload::None,
+        }
+    }
+
     fn ok() -> Reply {
         Reply::status(Status::SUCCESS)
     }
@@ -697,7 +731,11 @@ impl Controller {
                 .checked_add(u64::from(rw.blocks))
                 .is_some_and(|end| end <= info.num_blocks)
         };
-        let max = 4096u64 << self.targets.upgrade().map_or(8, |t| t.limits.mdts);
+        let max = self
+            .targets
+            .upgrade()
+            .map_or(Limits::default(), |t| t.limits)
+            .max_transfer() as u64;
         match sqe.opcode {
             nvm::opcode::FLUSH => done(ns.backstore.flush().await.map(|_| ()), false),
             nvm::opcode::READ | nvm::opcode::WRITE | nvm::opcode::COMPARE => {

@@ -31,7 +31,7 @@ use rtgt_rdma_channel::cm::{Connection, Request};
 use rtgt_rdma_channel::{self as rdma, Link, LinkError, Receiver, Remote, Rings, RxEvent};
 use rtgt_transport::cm::ConnParams;
 
-use crate::ctrl::{Attached, Controller, Reply};
+use crate::ctrl::{Attached, Controller, Payload, Reply};
 use crate::queue::{ConnectCmd, Scope, SqHead, Transport};
 use crate::rdma::{cm_rej, cm_rep, cm_status, CmReq};
 use crate::sqe::{sc, sct, Cqe, Sgl, Sqe, Status, CQE_LEN, SQE_LEN};
@@ -40,8 +40,6 @@ use crate::subsys::{connect_offset, ConnectRefused, Targets};
 /// RDMA READs a queue keeps in flight (the channel layer queues those beyond the host's
 /// responder resources).
 const READ_DEPTH: u32 = 64;
-/// Most RDMA READs asked of the host at once (bounded by its REQ's responder resources).
-const MAX_INITIATOR_DEPTH: u8 = 16;
 
 /// Checks a connection request's private data against the target's limits.
 fn check_request(targets: &Targets, private_data: &[u8]) -> Result<CmReq, u16> {
@@ -110,11 +108,11 @@ pub async fn serve(targets: Arc<Targets>, req: Request, scope: Scope) {
         conn: None,
     };
     let rx = Receiver::new(ep);
+    let (responder_resources, initiator_depth) = req.target_read_depths();
     let params = ConnParams {
         private_data: cm_rep(entries as u16).to_vec(),
-        // Linux's host issues no RDMA READs; ours are bounded by its responder resources.
-        responder_resources: req.initiator_depth().min(4),
-        initiator_depth: req.responder_resources().min(MAX_INITIATOR_DEPTH),
+        responder_resources,
+        initiator_depth,
         rnr_retry_count: 7,
         flow_control: true,
         ..ConnParams::default()
@@ -287,15 +285,8 @@ fn capsule(msg: &[u8]) -> Option<Sqe> {
 
 /// Sends a completion, with Invalidate of the command's key when its SGL asked for it.
 async fn send_cqe(link: &Link, sqe: &Sqe, cqe: Cqe) -> Result<(), LinkError> {
-    let invalidate = match sqe.sgl() {
-        Sgl::Keyed {
-            key,
-            invalidate: true,
-            ..
-        } => Some(key),
-        _ => None,
-    };
-    link.send(&[&cqe.to_bytes()], invalidate).await
+    link.send(&[&cqe.to_bytes()], sqe.sgl().invalidate_key())
+        .await
 }
 
 /// The data a command brings: from its capsule, or read from the host by RDMA READ. An
@@ -331,7 +322,7 @@ async fn data_out(
             Ok(Ok(Some(buf)))
         }
         Sgl::Keyed { addr, len, key, .. } => {
-            if len as usize > 4096usize << targets.limits.mdts {
+            if len as usize > targets.limits.max_transfer() {
                 return fail(sc::INVALID_FIELD);
             }
             let buf = targets.pool.get(len as usize).await;
@@ -390,21 +381,28 @@ impl Queue {
     }
 
     /// Writes the command's data for the host (if any) and sends its completion.
-    async fn respond(&self, sqe: &Sqe, reply: Reply) -> Result<(), LinkError> {
+    async fn respond(&self, sqe: &Sqe, mut reply: Reply) -> Result<(), LinkError> {
         let mut status = reply.status;
-        let data = match (reply.buf, reply.data) {
-            (Some(b), _) => Some(b),
-            (None, Some(v)) if !v.is_empty() => {
-                let mut b = self.targets.pool.get(v.len()).await;
-                b.as_mut_slice().copy_from_slice(&v);
+        // Data goes by RDMA WRITE, so only through a keyed SGL.
+        let keyed_len = match sqe.sgl() {
+            Sgl::Keyed { len, .. } => len as usize,
+            _ => usize::MAX,
+        };
+        let data = match reply.take_payload(keyed_len) {
+            Payload::Buf(mut b, n) => {
+                b.truncate(n);
+                Some(b)
+            }
+            Payload::Vec(v, n) if n > 0 => {
+                let mut b = self.targets.pool.get(n).await;
+                b.as_mut_slice().copy_from_slice(&v[..n]);
                 Some(b)
             }
             _ => None,
         };
-        if let Some(mut d) = data {
+        if let Some(d) = data {
             match sqe.sgl() {
                 Sgl::Keyed { addr, len, key, .. } => {
-                    d.truncate(len as usize);
                     if !d.is_empty() {
                         let to = Remote {
                             addr,

@@ -193,6 +193,18 @@ impl Sgl {
     }
 
     /// The length of the data it describes (`None` for an unknown descriptor).
+    /// The key a keyed SGL asks the completion to invalidate (SEND with Invalidate).
+    pub fn invalidate_key(&self) -> Option<u32> {
+        match *self {
+            Sgl::Keyed {
+                key,
+                invalidate: true,
+                ..
+            } => Some(key),
+            _ => None,
+        }
+    }
+
     pub fn data_len(&self) -> Option<u32> {
         match *self {
             Sgl::DataBlock { len, .. } | Sgl::Keyed { len, .. } | Sgl::Transport { len } => {

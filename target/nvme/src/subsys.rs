@@ -139,6 +139,13 @@ pub struct Limits {
     pub in_capsule: u32,
 }
 
+impl Limits {
+    /// The largest transfer of one command in bytes (MDTS); a longer one is Invalid Field.
+    pub fn max_transfer(&self) -> usize {
+        4096 << self.mdts
+    }
+}
+
 impl Default for Limits {
     fn default() -> Limits {
         Limits {

@@ -24,7 +24,7 @@ use tokio::io::{
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, Semaphore};
 
-use crate::ctrl::{Controller, Reply};
+use crate::ctrl::{Controller, Payload, Reply};
 pub use crate::queue::Scope;
 use crate::queue::{ConnectCmd, SqHead, Transport};
 use crate::sqe::{sc, sct, Cqe, Sgl, Sqe, Status};
@@ -41,22 +41,6 @@ struct Out {
     trailer: Option<[u8; 4]>,
     /// Ends the connection once sent.
     last: bool,
-}
-
-enum Payload {
-    None,
-    Vec(Vec<u8>, usize),
-    Buf(IoBuf, usize),
-}
-
-impl Payload {
-    fn bytes(&self) -> &[u8] {
-        match self {
-            Payload::None => &[],
-            Payload::Vec(v, n) => &v[..*n],
-            Payload::Buf(b, n) => &b.as_slice()[..*n],
-        }
-    }
 }
 
 /// A command waiting for its data (R2T sent).
@@ -82,19 +66,8 @@ struct Queue {
 
 impl Queue {
     /// Sends a command's data for the host (if any) and its response.
-    async fn respond(&self, sqe: &Sqe, reply: Reply) {
-        let host_len = sqe.sgl().data_len().unwrap_or(0) as usize;
-        let payload = match (reply.buf, reply.data) {
-            (Some(b), _) => {
-                let n = b.len().min(host_len);
-                Payload::Buf(b, n)
-            }
-            (None, Some(v)) => {
-                let n = v.len().min(host_len);
-                Payload::Vec(v, n)
-            }
-            (None, None) => Payload::None,
-        };
+    async fn respond(&self, sqe: &Sqe, mut reply: Reply) {
+        let payload = reply.take_payload(sqe.sgl().data_len().unwrap_or(0) as usize);
         let len = payload.bytes().len();
         if len > 0 && reply.status.is_success() {
             // No response capsule needed: nothing in it the host would not know.
@@ -521,7 +494,7 @@ async fn read_loop<R: AsyncRead + Unpin>(
                         spawn(queue, sqe, Some(buf), permit);
                     }
                     Sgl::Transport { len } => {
-                        let max = 4096usize << queue.targets.limits.mdts;
+                        let max = queue.targets.limits.max_transfer();
                         if !data.is_empty() || len as usize > max {
                             queue.fail(sqe.cid, sc::INVALID_FIELD).await;
                             continue;

@@ -387,6 +387,11 @@ enum ReqInner {
     },
 }
 
+/// RDMA READs a target serves for a host at once, at most.
+pub const TARGET_RESPONDER_RESOURCES: u8 = 4;
+/// RDMA READs a target keeps in flight towards a host, at most.
+pub const TARGET_INITIATOR_DEPTH: u8 = 16;
+
 /// A connection request, placed on the device that will own its QP.
 pub struct Request {
     peer: SocketAddr,
@@ -422,6 +427,17 @@ impl Request {
     /// The RDMA READs the peer issues in flight (the REQ's initiator depth).
     pub fn initiator_depth(&self) -> u8 {
         self.initiator_depth
+    }
+
+    /// What a target that RDMA READs the host's data answers in its REP: (responder
+    /// resources, initiator depth). The READs it serves are bounded by the REQ's initiator
+    /// depth and [`TARGET_RESPONDER_RESOURCES`] (hosts of SRP and NVMe/RDMA issue none), the
+    /// READs it issues by the REQ's responder resources and [`TARGET_INITIATOR_DEPTH`].
+    pub fn target_read_depths(&self) -> (u8, u8) {
+        (
+            self.initiator_depth.min(TARGET_RESPONDER_RESOURCES),
+            self.responder_resources.min(TARGET_INITIATOR_DEPTH),
+        )
     }
 
     /// The device the connection will run on.

@@ -22,10 +22,6 @@ use super::login::Limits;
 use super::port::SrpPort;
 use rtgt_scsi::core::{Registry, SrpTargetPort};
 
-/// RDMA READs a channel keeps in flight towards the initiator (bounded by what its REQ
-/// offers as responder resources).
-const MAX_INITIATOR_DEPTH: u8 = 16;
-
 /// A stable 64-bit identifier derived from the host (`/etc/machine-id`), the port name and
 /// `what`, so two appliances never collide and a restart keeps the identity. The top byte is
 /// cleared so the value never looks like an IEEE-assigned GUID of real hardware.
@@ -363,12 +359,11 @@ async fn connection(cr: Request, ports: Vec<Arc<SrpPort>>) {
             return;
         }
     };
+    let (responder_resources, initiator_depth) = cr.target_read_depths();
     let params = ConnParams {
         private_data: ch.login_rsp().to_bytes(),
-        // ib_srp asks for no RDMA READs of its own; the target's READs of data-out are
-        // bounded by the initiator's responder resources.
-        responder_resources: cr.initiator_depth().min(4),
-        initiator_depth: cr.responder_resources().min(MAX_INITIATOR_DEPTH),
+        responder_resources,
+        initiator_depth,
         rnr_retry_count: 7,
         flow_control: true,
         ..ConnParams::default()

@@ -181,31 +181,35 @@ impl Queue {
         let flights: Flights = Arc::new(Mutex::new(Some(HashMap::new())));
         let wr = Arc::new(AsyncMutex::new(wr));
         let reader = tokio::spawn(read_loop(rd, wr.clone(), flights.clone(), digests, maxh2c));
-        let q = Queue {
-            wire: Wire::Tcp(TcpWire {
-                wr,
-                flights,
-                digests,
-                reader,
-            }),
-            next_cid: AtomicU16::new(1),
-            // Linux's admin queues carry 8 KiB in capsules; I/O queues what IOCCSZ says.
-            in_capsule: 8192,
-            qid,
-            cntlid: 0,
-        };
-        q.send_connect(cfg, subnqn, cntlid, size).await
+        let wire = Wire::Tcp(TcpWire {
+            wr,
+            flights,
+            digests,
+            reader,
+        });
+        // Linux's admin queues carry 8 KiB in capsules; I/O queues what IOCCSZ says.
+        Queue::open(wire, 8192, cfg, subnqn, qid, cntlid, size).await
     }
 
-    /// Sends the queue's Connect; the queue, with the controller's ID, once it succeeded.
-    async fn send_connect(
-        mut self,
+    /// Sends the Connect of queue `qid` on `wire`; the queue, with the controller's ID, once
+    /// it succeeded.
+    #[allow(clippy::too_many_arguments)]
+    async fn open(
+        wire: Wire,
+        in_capsule: usize,
         cfg: &HostConfig,
         subnqn: &str,
+        qid: u16,
         cntlid: u16,
         size: u16,
     ) -> Result<Queue, NvmeError> {
-        let qid = self.qid;
+        let mut q = Queue {
+            wire,
+            next_cid: AtomicU16::new(1),
+            in_capsule,
+            qid,
+            cntlid: 0,
+        };
         let data = ConnectData {
             host_id: cfg.host_id,
             cntlid: if qid == 0 { CNTLID_DYNAMIC } else { cntlid },
@@ -219,11 +223,11 @@ impl Queue {
             cattr: if cfg.disable_sqflow { 1 << 2 } else { 0 },
             kato: if qid == 0 { cfg.kato } else { 0 },
         };
-        let c = self
+        let c = q
             .submit(cmd.to_sqe(0, [0; 16]), Some(data.to_bytes().to_vec()), 0)
             .await?;
-        self.cntlid = c.cqe.dw0 as u16;
-        Ok(self)
+        q.cntlid = c.cqe.dw0 as u16;
+        Ok(q)
     }
 
     /// Opens NVMe/RDMA queue `qid` through the connection manager `cm` (the soft-RoCE
@@ -240,14 +244,8 @@ impl Queue {
         size: u16,
     ) -> Result<Queue, NvmeError> {
         let wire = rdma::RdmaWire::connect(cm, addr, cfg, qid, cntlid, size).await?;
-        let q = Queue {
-            wire: Wire::Rdma(wire),
-            next_cid: AtomicU16::new(1),
-            in_capsule: if qid == 0 { 0 } else { rdma::IN_CAPSULE_MAX },
-            qid,
-            cntlid: 0,
-        };
-        q.send_connect(cfg, subnqn, cntlid, size).await
+        let in_capsule = if qid == 0 { 0 } else { rdma::IN_CAPSULE_MAX };
+        Queue::open(Wire::Rdma(wire), in_capsule, cfg, subnqn, qid, cntlid, size).await
     }
 
     /// Sends a command (its `dptr` is filled in here) with `out` to write, expecting up to

@@ -407,14 +407,7 @@ impl RdmaWire {
             .map_err(|_| NvmeError::Protocol("connection closed".into()))?
             .forget();
         let (tx, rx) = oneshot::channel();
-        let invalidate = match sqe.sgl() {
-            Sgl::Keyed {
-                key,
-                invalidate: true,
-                ..
-            } => Some(key),
-            _ => None,
-        };
+        let invalidate = sqe.sgl().invalidate_key();
         lock(&self.flights)
             .as_mut()
             .ok_or_else(|| NvmeError::Protocol("connection closed".into()))?
