@@ -324,3 +324,139 @@ async fn rtgtd_serves_nvme_tcp_from_its_configuration_and_the_api() {
     q.enable(0).await.unwrap();
     assert!(q.discovery_log().await.unwrap().is_empty());
 }
+
+/// The ANA state of namespace `nsid` as the controller of `q` reports it.
+async fn ana_state(q: &Queue, nsid: u32) -> u8 {
+    let (_, groups) = q.ana_log().await.unwrap();
+    let g = groups
+        .iter()
+        .find(|g| g.nsids == [nsid])
+        .unwrap_or_else(|| panic!("no ANA group holds namespace {nsid}: {groups:?}"));
+    assert_eq!(g.grpid, nsid);
+    g.state
+}
+
+fn ana_inaccessible(e: &NvmeError) -> bool {
+    matches!(e, NvmeError::Status(s) if (s.sct, s.sc, s.dnr) == (sct::PATH, sc::ANA_INACCESSIBLE, false))
+}
+
+/// Two NVMe/TCP ports in two ALUA target port groups over one namespace (a LUN too): the
+/// ANA log and I/O follow the groups' states, a failover through the API is an ANA change
+/// event, a port moved to another group changes what its controllers see, and a port may
+/// only name a group the alua section has.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rtgtd_reports_alua_groups_as_asymmetric_namespace_access() {
+    use rtgt_nvme::admin::{ana, event, log};
+    let (iscsi, p1, p2) = (free_port(), free_port(), free_port());
+    let yaml = format!(
+        "\
+backstores:
+  - {{name: d0, type: file, path: d0.img, size: 8MiB}}
+targets:
+  - name: {TARGET}
+    portal_groups:
+      - {{tag: 1, portals: ['127.0.0.1:{iscsi}'], alua_group: 1, allow_any_initiator: true, luns: [{{lun: 0, backstore: d0}}]}}
+alua:
+  transition_secs: 7
+  groups:
+    - {{id: 1}}
+    - {{id: 2, state: standby}}
+nvme:
+  subsystems:
+    - nqn: {SUB}
+      allow_any_host: true
+      namespaces: [{{nsid: 1, backstore: d0, share_with_scsi: true}}]
+  ports:
+    - {{id: 1, transport: tcp, listen: '127.0.0.1:{p1}', alua_group: 1}}
+    - {{id: 2, transport: tcp, listen: '127.0.0.1:{p2}', alua_group: 2}}
+api: {{listen: []}}
+"
+    );
+    let d = Rtgtd::start("nvme-ana", &yaml, p2);
+    let c = client(&d);
+    let host = HostConfig::default();
+    let open = |port: u16| {
+        let host = host.clone();
+        async move {
+            let addr: SocketAddr = ([127, 0, 0, 1], port).into();
+            let admin = Queue::connect(addr, &host, SUB, 0, 0, 32).await.unwrap();
+            admin.enable(1).await.unwrap();
+            let io = Queue::connect(addr, &host, SUB, 1, admin.cntlid, 32)
+                .await
+                .unwrap();
+            (std::sync::Arc::new(admin), io)
+        }
+    };
+    let (a, a_io) = open(p1).await;
+    let (b, b_io) = open(p2).await;
+
+    let id = a.identify_controller().await.unwrap();
+    assert_eq!(id.cmic & 0x08, 0x08, "ANA reporting");
+    assert_eq!((id.anatt, id.anacap), (7, ana::ANACAP));
+    assert_eq!(a.identify_namespace(1).await.unwrap().anagrpid, 1);
+    assert_eq!(ana_state(&a, 1).await, ana::OPTIMIZED);
+    assert_eq!(ana_state(&b, 1).await, ana::INACCESSIBLE);
+    a_io.write(1, 0, pattern(4096, 1), BS, false).await.unwrap();
+    let e = b_io.read(1, 0, 8, BS).await.expect_err("standby path");
+    assert!(ana_inaccessible(&e), "{e:?}");
+
+    // Failover through the API: group 2 active, then group 1 standby. The host that asked
+    // for ANA change notices hears of it; data written through one path reads back on the
+    // other.
+    b.async_event_config(1 << 11).await.unwrap();
+    let aer = {
+        let b = b.clone();
+        tokio::spawn(async move { b.async_event().await })
+    };
+    let put = |group: u16, state: &str| {
+        let _: serde_json::Value = c
+            .send(
+                "PUT",
+                &format!("/api/v1/alua/groups/{group}/state"),
+                &serde_json::json!({ "state": state }),
+            )
+            .unwrap();
+    };
+    put(2, "active_optimized");
+    let dw0 = tokio::time::timeout(Duration::from_secs(10), aer)
+        .await
+        .expect("an ANA change event")
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        dw0,
+        u32::from(event::NOTICE) | u32::from(event::ANA_CHANGE) << 8 | u32::from(log::ANA) << 16
+    );
+    assert_eq!(ana_state(&b, 1).await, ana::OPTIMIZED);
+    assert_eq!(b_io.read(1, 0, 8, BS).await.unwrap(), pattern(4096, 1));
+    put(1, "standby");
+    assert_eq!(ana_state(&a, 1).await, ana::INACCESSIBLE);
+    let e = a_io
+        .write(1, 8, pattern(512, 2), BS, false)
+        .await
+        .expect_err("standby path");
+    assert!(ana_inaccessible(&e), "{e:?}");
+    b_io.write(1, 8, pattern(512, 2), BS, false).await.unwrap();
+
+    // Port 1 moved into group 2: its controller sees group 2's state.
+    let mut cfg = get_config(&c);
+    cfg.nvme.ports[0].alua_group = Some(2);
+    apply(&c, &cfg).unwrap();
+    assert_eq!(ana_state(&a, 1).await, ana::OPTIMIZED);
+    assert_eq!(a_io.read(1, 8, 1, BS).await.unwrap(), pattern(512, 2));
+
+    // A group the section does not have: 422 naming the field.
+    let mut bad = get_config(&c);
+    bad.nvme.ports[1].alua_group = Some(9);
+    match apply(&c, &bad) {
+        Err(ClientError::Http {
+            status,
+            field,
+            message,
+        }) => {
+            assert_eq!((status, field.as_deref()), (422, Some("alua_group")));
+            assert!(message.contains("no group 9"), "{message}");
+        }
+        other => panic!("{other:?}"),
+    }
+}

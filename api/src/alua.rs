@@ -1,7 +1,9 @@
 //! The `alua` section: asymmetric logical unit access. Target port groups, each with an
 //! access state (per LUN when a gateway owns some LUNs and not others), the ports that
 //! belong to them (an iSCSI portal group with its iSER portals, an SRP target port) by
-//! their relative target port identifiers, and the ports other rtgtd processes serve.
+//! their relative target port identifiers, and the ports other rtgtd processes serve. NVMe
+//! ports name a group too (`nvme.ports[].alua_group`): namespaces report its state as their
+//! ANA state through them.
 //!
 //! Without groups every port is a group of its own, active/optimized, and initiators may
 //! change the states with SET TARGET PORT GROUPS. With groups, a port that names none is in
@@ -277,9 +279,16 @@ impl Alua {
     }
 
     /// The target port groups of `backstore`'s logical unit: each group with the local
-    /// ports whose LUNs map it and the group's remote ports, with the backstore's state.
-    /// Without groups: none (the logical unit learns them).
-    pub fn lu_config(&self, ports: &[TargetPort], backstore: &str) -> AluaConfig {
+    /// ports whose LUNs map it and the group's remote ports, and each group in `fabric_groups`
+    /// (the groups of NVMe ports when a namespace is on the backstore) even without SCSI
+    /// ports, with the backstore's state. Without groups: none (the logical unit learns
+    /// them).
+    pub fn lu_config(
+        &self,
+        ports: &[TargetPort],
+        backstore: &str,
+        fabric_groups: &[u16],
+    ) -> AluaConfig {
         let groups = self
             .effective()
             .iter()
@@ -292,7 +301,7 @@ impl Alua {
                     .map(|p| p.ids.relative_port)
                     .collect();
                 relative_ports.extend(&g.remote_ports);
-                if relative_ports.is_empty() {
+                if relative_ports.is_empty() && !fabric_groups.contains(&g.id) {
                     return None;
                 }
                 let own = g.backstores.iter().find(|b| b.backstore == backstore);
@@ -318,8 +327,7 @@ impl Alua {
     pub fn conflict<'a>(
         &self,
         old: &Alua,
-        ports: &[TargetPort],
-        backstores: impl Iterator<Item = &'a str>,
+        lus: impl Iterator<Item = (&'a str, AluaConfig)>,
     ) -> Option<String> {
         for g in &self.groups {
             if let Some(o) = old.group(g.id) {
@@ -331,8 +339,7 @@ impl Alua {
                 }
             }
         }
-        for b in backstores {
-            let lu = self.lu_config(ports, b);
+        for (b, lu) in lus {
             if lu.groups.is_empty() || lu.groups.iter().any(|g| g.state.is_active()) {
                 continue;
             }

@@ -14,6 +14,7 @@ use std::path::{Path, PathBuf};
 use crate::alua::{Alua, PortDecl, PortKey, TargetPort};
 use crate::fields::{is_default, is_false, is_true, yes};
 use crate::nvme::Nvme;
+use rtgt_scsi::AluaConfig;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use utoipa::ToSchema;
@@ -1351,11 +1352,33 @@ impl Config {
     /// Why this document cannot replace `old`, which is in force, though it is valid
     /// ([`Alua::conflict`]).
     pub fn conflict(&self, old: &Config) -> Option<String> {
+        let ports = self.target_ports();
         self.alua.conflict(
             &old.alua,
-            &self.target_ports(),
-            self.backstores.iter().map(|b| b.name.as_str()),
+            self.backstores
+                .iter()
+                .map(|b| (b.name.as_str(), self.lu_alua(&ports, &b.name))),
         )
+    }
+
+    /// The target port groups of `backstore`'s logical unit ([`Alua::lu_config`]), those of
+    /// the NVMe ports included when a namespace is on it.
+    pub fn lu_alua(&self, ports: &[TargetPort], backstore: &str) -> AluaConfig {
+        let mut nvme: Vec<u16> = Vec::new();
+        if self.nvme.exports(backstore) {
+            nvme = self.nvme_port_groups().into_values().collect();
+        }
+        self.alua.lu_config(ports, backstore, &nvme)
+    }
+
+    /// The target port group of each NVMe port, by port ID: its `alua_group`, or the default
+    /// group 0 (also when the `alua` section lists no groups).
+    pub fn nvme_port_groups(&self) -> std::collections::BTreeMap<u16, u16> {
+        self.nvme
+            .ports
+            .iter()
+            .map(|p| (p.id, p.alua_group.unwrap_or(0)))
+            .collect()
     }
 
     /// Checks what the types cannot: references, uniqueness, ranges. Returns the path of the
@@ -1561,7 +1584,18 @@ impl Config {
         };
         self.nvme
             .validate(&cx)
-            .map_err(|(f, m)| (format!("nvme.{f}"), m))
+            .map_err(|(f, m)| (format!("nvme.{f}"), m))?;
+        for (i, p) in self.nvme.ports.iter().enumerate() {
+            if let Some(g) = p.alua_group.filter(|g| *g != 0) {
+                if self.alua.group(g).is_none() {
+                    return Err((
+                        format!("nvme.ports[{i}].alua_group"),
+                        format!("the alua section has no group {g}"),
+                    ));
+                }
+            }
+        }
+        Ok(())
     }
 
     /// The RDMA/CM addresses iSER portals and SRP ports listen on, with what listens.
@@ -2400,7 +2434,7 @@ nvme:
         let ports = c.target_ports();
         let ids: Vec<PortIds> = ports.iter().map(|p| p.ids).collect();
         assert_eq!(ids, [PortIds::alone(1), PortIds::alone(2)]);
-        assert!(c.alua.lu_config(&ports, "disk0").groups.is_empty());
+        assert!(c.lu_alua(&ports, "disk0").groups.is_empty());
 
         let base = "backstores: [{name: a, type: null, size: 1M}, {name: b, type: null, size: 1M}]
 targets:
@@ -2427,7 +2461,7 @@ srp:
         // p0 names no group: the default group 0; its relative port skips 1, 2 (tags),
         // 3 (remote) and 40 (p1's own).
         assert_eq!(ids, [(1, 1), (2, 2), (4, 0), (40, 2)]);
-        let lu = c.alua.lu_config(&ports, "a");
+        let lu = c.lu_alua(&ports, "a");
         assert_eq!(lu.transition_secs, 5);
         let short: Vec<(u16, Vec<u16>, AccessState, bool, bool)> = lu
             .groups
@@ -2450,7 +2484,7 @@ srp:
                 (2, vec![2, 3, 7], AccessState::Standby, false, true),
             ]
         );
-        let lu = c.alua.lu_config(&ports, "b");
+        let lu = c.lu_alua(&ports, "b");
         assert_eq!(lu.groups.len(), 2, "no port of the default group maps b");
         assert_eq!(lu.groups[1].relative_ports, [40, 3, 7]);
         assert_eq!(lu.groups[1].state, AccessState::ActiveNonOptimized);

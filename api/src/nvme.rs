@@ -103,6 +103,12 @@ pub struct NvmePort {
     /// discovery log as the address the host asked through.
     #[schema(value_type = String, example = "0.0.0.0:4420")]
     pub listen: SocketAddr,
+    /// The target port group (of the `alua` section) the port is in: a namespace's
+    /// asymmetric access (ANA) state through it is the group's access state for the
+    /// namespace's backstore. When the section lists groups, a port that names none is in
+    /// the default group 0; without groups every namespace is optimized on every port.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub alua_group: Option<u16>,
 }
 
 /// Checks an NQN: `nqn.` and a date (`YYYY-MM.`) then a name, at most 223 bytes, no

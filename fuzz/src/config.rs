@@ -24,7 +24,7 @@ pub fn config_yaml(data: &[u8]) {
     // A valid document gives every logical unit target port groups its engine takes.
     let ports = config.target_ports();
     for b in &config.backstores {
-        let lu = config.alua.lu_config(&ports, &b.name);
+        let lu = config.lu_alua(&ports, &b.name);
         if let Err(e) = lu.validate() {
             panic!("backstore {}: {e}\n{saved}", b.name);
         }

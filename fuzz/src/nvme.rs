@@ -2,8 +2,8 @@
 //! and the Connect data.
 
 use rtgt_nvme::admin::{
-    discovery_log, ns_descriptors, parse_discovery_log, parse_ns_descriptors, GetLogPage,
-    IdController, IdNamespace,
+    ana_log, discovery_log, ns_descriptors, parse_ana_log, parse_discovery_log,
+    parse_ns_descriptors, GetLogPage, IdController, IdNamespace,
 };
 use rtgt_nvme::fabrics::{ConnectData, FabricsCmd, CONNECT_DATA_LEN};
 use rtgt_nvme::nvm::{dsm_ranges, Rw};
@@ -97,6 +97,12 @@ pub fn nvme_structures(data: &[u8]) {
             Some((gen, entries))
         );
     }
+    if let Some((chgcnt, groups)) = parse_ana_log(data) {
+        assert_eq!(
+            parse_ana_log(&ana_log(chgcnt, &groups, false)),
+            Some((chgcnt, groups))
+        );
+    }
     if let Ok(req) = CmReq::parse(data) {
         assert_eq!(CmReq::parse(&req.to_bytes()), Ok(req));
     }
@@ -145,6 +151,7 @@ pub fn nvme_tcp_queue(data: &[u8]) {
             eui64: [0; 8],
             uuid: [2; 16],
             read_only: false,
+            access: None,
         });
         // Controller 1 of the seeds' host, enabled with four I/O queues, for streams that
         // connect an I/O queue.
@@ -155,7 +162,7 @@ pub fn nvme_tcp_queue(data: &[u8]) {
             subsys_nqn: "nqn.2025-01.io.rtgt:default".into(),
             host_nqn: host_nqn.into(),
         };
-        let ctrl = t.connect(0, 31, 0, &cd).expect("controller 1");
+        let ctrl = t.connect(0, 31, 0, &cd, Some(1)).expect("controller 1");
         let set = |c: FabricsCmd| c.to_sqe(1, [0; 16]);
         let cc = set(FabricsCmd::PropertySet {
             eight: false,
@@ -173,7 +180,7 @@ pub fn nvme_tcp_queue(data: &[u8]) {
             t.clone(),
             target,
             None,
-            rtgt_nvme::tcp_queue::Scope::All,
+            rtgt_nvme::tcp_queue::Scope::Port(1),
         ));
         let (mut rd, mut wr) = tokio::io::split(host);
         let input = data.to_vec();

@@ -535,6 +535,77 @@ pub fn discovery_log(genctr: u64, entries: &[DiscoveryEntry]) -> Vec<u8> {
     b
 }
 
+/// Asymmetric namespace access states (NVMe Base 2.0, 8.1.3), as the ANA log reports them.
+pub mod ana {
+    pub const OPTIMIZED: u8 = 0x01;
+    pub const NON_OPTIMIZED: u8 = 0x02;
+    pub const INACCESSIBLE: u8 = 0x03;
+    pub const PERSISTENT_LOSS: u8 = 0x04;
+    pub const CHANGE: u8 = 0x0f;
+    /// Get Log Page LSP bit of the ANA log: return groups only (no namespace lists).
+    pub const RGO: u8 = 0x01;
+    /// ANACAP: every state reported, and a namespace's group never changes while it is
+    /// attached.
+    pub const ANACAP: u8 = 0x1f | 0x40;
+}
+
+/// One ANA group descriptor of the ANA log page.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AnaGroup {
+    pub grpid: u32,
+    pub chgcnt: u64,
+    pub state: u8,
+    /// The namespaces in the group (left out of the page with [`ana::RGO`]).
+    pub nsids: Vec<u32>,
+}
+
+/// Length of the ANA log page header and of a group descriptor without its namespaces.
+const ANA_HEADER_LEN: usize = 16;
+const ANA_GROUP_LEN: usize = 32;
+
+/// The ANA log page (NVMe Base 2.0, 5.16.1.12): change count, groups; with `groups_only`
+/// (LSP RGO) every group's namespace list is left out.
+pub fn ana_log(chgcnt: u64, groups: &[AnaGroup], groups_only: bool) -> Vec<u8> {
+    let mut b = vec![0u8; ANA_HEADER_LEN];
+    put64(&mut b, 0, chgcnt);
+    put16(&mut b, 8, groups.len() as u16);
+    for g in groups {
+        let nsids: &[u32] = if groups_only { &[] } else { &g.nsids };
+        let at = b.len();
+        b.resize(at + ANA_GROUP_LEN + 4 * nsids.len(), 0);
+        put32(&mut b, at, g.grpid);
+        put32(&mut b, at + 4, nsids.len() as u32);
+        put64(&mut b, at + 8, g.chgcnt);
+        b[at + 16] = g.state & 0x0f;
+        for (i, n) in nsids.iter().enumerate() {
+            put32(&mut b, at + ANA_GROUP_LEN + 4 * i, *n);
+        }
+    }
+    b
+}
+
+/// The change count and groups of an ANA log page (as many whole groups as `b` holds).
+pub fn parse_ana_log(b: &[u8]) -> Option<(u64, Vec<AnaGroup>)> {
+    if b.len() < ANA_HEADER_LEN {
+        return None;
+    }
+    let mut groups = Vec::new();
+    let mut at = ANA_HEADER_LEN;
+    for _ in 0..le16(b, 8) {
+        let head = b.get(at..at + ANA_GROUP_LEN)?;
+        let n = le32(head, 4) as usize;
+        let list = b.get(at + ANA_GROUP_LEN..at + ANA_GROUP_LEN + 4 * n)?;
+        groups.push(AnaGroup {
+            grpid: le32(head, 0),
+            chgcnt: le64(head, 8),
+            state: head[16] & 0x0f,
+            nsids: list.chunks_exact(4).map(|c| le32(c, 0)).collect(),
+        });
+        at += ANA_GROUP_LEN + 4 * n;
+    }
+    Some((le64(b, 0), groups))
+}
+
 /// The generation counter and entries of a discovery log page (as many whole entries as
 /// `b` holds, up to the number of records).
 pub fn parse_discovery_log(b: &[u8]) -> Option<(u64, Vec<DiscoveryEntry>)> {

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use rtgt_backstore::{BackstoreError, IoBuf, IoErrorKind};
 use tokio::sync::Notify;
 
-use crate::admin::{self, cns, feature, log, nidt, IdController, IdNamespace, IDENTIFY_LEN};
+use crate::admin::{self, ana, cns, feature, log, nidt, IdController, IdNamespace, IDENTIFY_LEN};
 use crate::fabrics::FabricsCmd;
 use crate::nvm::{self, Rw};
 use crate::queue::Transport;
@@ -135,8 +135,10 @@ struct State {
     changed_ns: Vec<u32>,
     /// Events (completion DW0) waiting for a request.
     events: VecDeque<u32>,
-    /// An event of this type was reported and its log not read yet: masked.
-    masked: bool,
+    /// Log pages whose event was reported and not read yet: their events are masked.
+    masked: Vec<u8>,
+    /// ANA changes so far (the ANA log's change count).
+    ana_chgcnt: u64,
 }
 
 /// What a controller has done, for the API and metrics.
@@ -204,6 +206,10 @@ pub struct Controller {
     addrs: Mutex<Option<(std::net::SocketAddr, std::net::SocketAddr)>>,
     /// The admin queue's transport.
     transport: std::sync::OnceLock<Transport>,
+    /// The port the admin queue came through (`None`: a discovery-only listener).
+    port: Option<u16>,
+    /// That port's target port group.
+    port_group: AtomicU16,
 }
 
 impl Controller {
@@ -213,6 +219,7 @@ impl Controller {
         host_nqn: String,
         host_id: [u8; 16],
         kato_ms: u32,
+        port: Option<u16>,
         targets: Weak<Targets>,
     ) -> Arc<Controller> {
         let ctrl = Arc::new(Controller {
@@ -234,6 +241,8 @@ impl Controller {
             created: Instant::now(),
             addrs: Mutex::new(None),
             transport: std::sync::OnceLock::new(),
+            port,
+            port_group: AtomicU16::new(0),
         });
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             rt.spawn(keep_alive(Arc::downgrade(&ctrl)));
@@ -245,6 +254,36 @@ impl Controller {
         match &self.kind {
             Kind::Io(s) => &s.nqn,
             Kind::Discovery => DISCOVERY_NQN,
+        }
+    }
+
+    /// The port the controller's admin queue came through.
+    pub fn port(&self) -> Option<u16> {
+        self.port
+    }
+
+    /// The target port group of the controller's port.
+    fn port_group(&self) -> u16 {
+        self.port_group.load(Ordering::Relaxed)
+    }
+
+    /// The controller's port is now in target port group `group`.
+    pub(crate) fn set_port_group(&self, group: u16) {
+        self.port_group.store(group, Ordering::Relaxed);
+    }
+
+    /// Tells the host that the access state of its namespaces may have changed (an ANA
+    /// change event, if it asked to hear of them: Asynchronous Event Configuration bit 11).
+    pub fn ana_changed(&self) {
+        if !matches!(self.kind, Kind::Io(_)) {
+            return;
+        }
+        let mut st = lock(&self.state);
+        st.ana_chgcnt += 1;
+        let wanted = st.aec & 1 << 11 != 0;
+        drop(st);
+        if wanted {
+            self.post_event(admin::event::NOTICE, admin::event::ANA_CHANGE, log::ANA);
         }
     }
 
@@ -328,10 +367,10 @@ impl Controller {
     /// of its kind is reported and not yet cleared by reading the log.
     pub fn post_event(&self, ty: u8, info: u8, lid: u8) {
         let mut st = lock(&self.state);
-        if st.masked || st.events.len() >= EVENT_LIMIT {
+        if st.masked.contains(&lid) || st.events.len() >= EVENT_LIMIT {
             return;
         }
-        st.masked = true;
+        st.masked.push(lid);
         st.events
             .push_back(u32::from(ty) | u32::from(info) << 8 | u32::from(lid) << 16);
         drop(st);
@@ -522,7 +561,11 @@ impl Controller {
     }
 
     fn id_controller(&self) -> IdController {
-        let limits = self.targets.upgrade().map(|t| t.limits).unwrap_or_default();
+        let (limits, anatt) = self
+            .targets
+            .upgrade()
+            .map(|t| (t.limits, t.ana_transition_secs()))
+            .unwrap_or_default();
         let (serial, model, nn) = match &self.kind {
             Kind::Io(s) => (
                 s.serial.clone(),
@@ -536,13 +579,13 @@ impl Controller {
             serial,
             model,
             firmware: env!("CARGO_PKG_VERSION").into(),
-            // Several ports and controllers may reach a namespace.
-            cmic: if io { 0x03 } else { 0 },
+            // Several ports and controllers may reach a namespace; ANA reporting.
+            cmic: if io { 0x0b } else { 0 },
             mdts: limits.mdts,
             cntlid: self.cntlid,
             ver: VERSION,
-            // Namespace attribute notices; discovery log changes.
-            oaes: if io { 1 << 8 } else { 1 << 31 },
+            // Namespace attribute and ANA change notices; discovery log changes.
+            oaes: if io { 1 << 8 | 1 << 11 } else { 1 << 31 },
             // 128-bit host identifiers.
             ctratt: 1,
             cntrltype: if io { 1 } else { 2 },
@@ -551,6 +594,11 @@ impl Controller {
             // Extended data for Get Log Page (offsets).
             lpa: 0x04,
             kas: KAS,
+            anatt: if io { anatt } else { 0 },
+            anacap: if io { ana::ANACAP } else { 0 },
+            // Every namespace is a group of its own: as many groups as namespaces.
+            anagrpmax: if io { nn } else { 0 },
+            nanagrpid: if io { nn } else { 0 },
             maxcmd: limits.queue_size,
             nn,
             // Compare, Dataset Management, Write Zeroes.
@@ -589,13 +637,34 @@ impl Controller {
                 }
                 if !g.rae {
                     st.changed_ns.clear();
-                    st.masked = false;
+                    st.masked.retain(|l| *l != g.lid);
                 }
                 b
             }
+            (log::ANA, Kind::Io(s)) => {
+                let group = self.port_group();
+                let mut st = lock(&self.state);
+                if !g.rae {
+                    st.masked.retain(|l| *l != g.lid);
+                }
+                let chgcnt = st.ana_chgcnt;
+                drop(st);
+                let groups: Vec<admin::AnaGroup> = s
+                    .nsids()
+                    .into_iter()
+                    .filter_map(|n| s.namespace(n))
+                    .map(|ns| admin::AnaGroup {
+                        grpid: ns.ana_group(),
+                        chgcnt,
+                        state: ns.ana_state(group),
+                        nsids: vec![ns.nsid],
+                    })
+                    .collect();
+                admin::ana_log(chgcnt, &groups, g.lsp & ana::RGO != 0)
+            }
             (log::DISCOVERY, Kind::Discovery) => {
                 if !g.rae {
-                    lock(&self.state).masked = false;
+                    lock(&self.state).masked.retain(|l| *l != g.lid);
                 }
                 match self.targets.upgrade() {
                     Some(t) => t.discovery_log(&self.host_nqn, self.addrs().map(|a| a.1.ip())),
@@ -724,6 +793,21 @@ impl Controller {
         let Some(ns) = s.namespace(sqe.nsid) else {
             return Reply::error(sc::INVALID_NAMESPACE);
         };
+        if ns.access.is_some() {
+            // Through another controller's port the namespace may be reachable: no DNR.
+            let path = |code| {
+                Reply::status(Status {
+                    dnr: false,
+                    ..Status::error(sct::PATH, code)
+                })
+            };
+            match ns.ana_state(self.port_group()) {
+                ana::OPTIMIZED | ana::NON_OPTIMIZED => {}
+                ana::PERSISTENT_LOSS => return path(sc::ANA_PERSISTENT_LOSS),
+                ana::CHANGE => return path(sc::ANA_TRANSITION),
+                _ => return path(sc::ANA_INACCESSIBLE),
+            }
+        }
         let info = ns.backstore.info();
         let bs = u64::from(info.block_size);
         let in_range = |rw: &Rw| {
@@ -910,6 +994,7 @@ fn id_namespace(ns: &Namespace) -> IdNamespace {
         // Deallocated blocks read zeroes; Write Zeroes may deallocate.
         dlfeat: if info.thin { 0x09 } else { 0 },
         nsattr: u8::from(info.read_only || ns.read_only),
+        anagrpid: ns.ana_group(),
         nguid: ns.nguid,
         eui64: ns.eui64,
         lbads: info.block_size.trailing_zeros() as u8,

@@ -12,8 +12,8 @@ use crate::subsys::{ConnectRefused, Targets, DISCOVERY_NQN};
 /// What a listener serves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Scope {
-    /// Every subsystem the host is admitted to, and discovery (a port).
-    All,
+    /// Every subsystem the host is admitted to, and discovery: the port with this ID.
+    Port(u16),
     /// Only the discovery subsystem (a discovery listener, e.g. TCP port 8009).
     Discovery,
 }
@@ -100,7 +100,11 @@ impl ConnectCmd {
         let r = if scope == Scope::Discovery && cd.subsys_nqn != DISCOVERY_NQN {
             Err(ConnectRefused::unknown_subsystem())
         } else {
-            targets.connect(self.qid, self.sqsize, self.kato, &cd)
+            let port = match scope {
+                Scope::Port(id) => Some(id),
+                Scope::Discovery => None,
+            };
+            targets.connect(self.qid, self.sqsize, self.kato, &cd, port)
         };
         if let Err(refused) = &r {
             tracing::warn!(host = %cd.host_nqn, subsystem = %cd.subsys_nqn, qid = self.qid,

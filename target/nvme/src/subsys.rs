@@ -6,6 +6,11 @@
 //! the next free ID, and an I/O queue's Connect names it, from the same host, for the same
 //! subsystem. The well-known discovery subsystem answers every host with the subsystems that
 //! host may use, on every port.
+//!
+//! Asymmetric namespace access: every namespace is an ANA group of its own (its group ID is
+//! its namespace ID), and its state through a controller is what its [`Access`] says of the
+//! target port group of the port the controller's admin queue came through; a namespace
+//! without one is optimized everywhere.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard, RwLock, Weak};
@@ -28,6 +33,14 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// Where a namespace's asymmetric access state comes from: the access state of its
+/// logical unit's target port groups (the ALUA groups SCSI ports share).
+pub trait Access: Send + Sync {
+    /// The ANA state ([`crate::admin::ana`]) of the namespace through a port of target port
+    /// group `group`.
+    fn state(&self, group: u16) -> u8;
+}
+
 /// A namespace: a backstore with the identifiers hosts know it by.
 pub struct Namespace {
     pub nsid: u32,
@@ -38,6 +51,22 @@ pub struct Namespace {
     /// Write protected whatever the backstore allows (NSATTR bit 0; writes fail with
     /// Namespace Is Write Protected).
     pub read_only: bool,
+    /// Its access state per target port group; `None`: optimized through every port.
+    pub access: Option<Arc<dyn Access>>,
+}
+
+impl Namespace {
+    /// Its ANA group's ID (every namespace is a group of its own).
+    pub fn ana_group(&self) -> u32 {
+        self.nsid
+    }
+
+    /// Its ANA state through a port of target port group `group`.
+    pub fn ana_state(&self, group: u16) -> u8 {
+        self.access
+            .as_ref()
+            .map_or(crate::admin::ana::OPTIMIZED, |a| a.state(group))
+    }
 }
 
 impl std::fmt::Debug for Namespace {
@@ -202,6 +231,10 @@ pub struct Targets {
     me: Weak<Targets>,
     subsystems: RwLock<BTreeMap<String, Arc<Subsystem>>>,
     ports: RwLock<Vec<Port>>,
+    /// The target port group of each port (by port ID); a port not listed is in group 0.
+    port_groups: RwLock<BTreeMap<u16, u16>>,
+    /// ANA transition time, in seconds (Identify Controller ANATT).
+    ana_transition_secs: std::sync::atomic::AtomicU8,
     controllers: Mutex<BTreeMap<u16, Weak<Controller>>>,
     pub limits: Limits,
     pub pool: Arc<BufPool>,
@@ -215,6 +248,8 @@ impl Targets {
             me: me.clone(),
             subsystems: RwLock::new(BTreeMap::new()),
             ports: RwLock::new(Vec::new()),
+            port_groups: RwLock::new(BTreeMap::new()),
+            ana_transition_secs: std::sync::atomic::AtomicU8::new(0),
             controllers: Mutex::new(BTreeMap::new()),
             limits,
             pool,
@@ -260,6 +295,63 @@ impl Targets {
             *cur = ports;
             drop(cur);
             self.changed();
+        }
+    }
+
+    /// Sets each port's target port group (by port ID) and the ANA transition time; the
+    /// controllers on a port that changed group hear of an ANA change.
+    pub fn set_port_groups(&self, groups: BTreeMap<u16, u16>, transition_secs: u8) {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.ana_transition_secs.store(transition_secs, Relaxed);
+        let moved: Vec<u16> = {
+            let mut cur = self.port_groups.write().unwrap_or_else(|e| e.into_inner());
+            let moved = cur
+                .keys()
+                .chain(groups.keys())
+                .filter(|p| cur.get(p).copied().unwrap_or(0) != groups.get(p).copied().unwrap_or(0))
+                .copied()
+                .collect();
+            *cur = groups;
+            moved
+        };
+        for c in self.controllers() {
+            if let Some(p) = c.port().filter(|p| moved.contains(p)) {
+                c.set_port_group(self.port_group(p));
+                c.ana_changed();
+            }
+        }
+    }
+
+    /// The target port group of port `port`.
+    pub fn port_group(&self, port: u16) -> u16 {
+        self.port_groups
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&port)
+            .copied()
+            .unwrap_or(0)
+    }
+
+    pub fn ana_transition_secs(&self) -> u8 {
+        self.ana_transition_secs
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Tells the I/O controllers of every subsystem with a namespace `which` picks that its
+    /// access state may have changed (an ANA change event).
+    pub fn ana_changed(&self, which: impl Fn(&Namespace) -> bool) {
+        for s in self.subsystems() {
+            let hit = s
+                .namespaces
+                .read()
+                .unwrap_or_else(|e| e.into_inner())
+                .values()
+                .any(|n| which(n));
+            if hit {
+                for c in self.controllers_of(&s.nqn) {
+                    c.ana_changed();
+                }
+            }
         }
     }
 
@@ -377,13 +469,15 @@ impl Targets {
 
     /// A queue's Connect: for the admin queue (`qid` 0) a new controller; for an I/O queue
     /// the controller `data.cntlid` names, which must be this host's on this subsystem.
-    /// `sqsize` is zero based; `kato` in milliseconds (admin queue).
+    /// `sqsize` is zero based; `kato` in milliseconds (admin queue); `port` the port the
+    /// queue came through (`None`: a discovery-only listener).
     pub fn connect(
         &self,
         qid: u16,
         sqsize: u16,
         kato: u32,
         data: &ConnectData,
+        port: Option<u16>,
     ) -> Result<Arc<Controller>, ConnectRefused> {
         use connect_offset::{CNTLID, QID, SQSIZE};
         if sqsize == 0 || sqsize >= self.limits.queue_size {
@@ -436,8 +530,13 @@ impl Targets {
             data.host_nqn.clone(),
             data.host_id,
             kato,
+            port,
             self.me.clone(),
         );
+        // Under the controllers' lock, as [`Targets::set_port_groups`] updates them.
+        if let Some(p) = port {
+            ctrl.set_port_group(self.port_group(p));
+        }
         ctrls.insert(cntlid, Arc::downgrade(&ctrl));
         Ok(ctrl)
     }

@@ -27,6 +27,7 @@ fn targets() -> Arc<Targets> {
         eui64: [0; 8],
         uuid: [0x11; 16],
         read_only: false,
+        access: None,
     });
     t.add_port(Port {
         id: 1,
@@ -115,28 +116,31 @@ async fn connect_admits_only_what_the_subsystem_allows() {
         e.dw0
     };
     let e = t
-        .connect(0, 31, 0, &data(OTHER, SUB, CNTLID_DYNAMIC))
+        .connect(0, 31, 0, &data(OTHER, SUB, CNTLID_DYNAMIC), Some(1))
         .expect_err("not on the list");
     assert_eq!(e.status.sc, fstatus::CONNECT_INVALID_HOST);
     assert_eq!(
-        invalid(t.connect(0, 31, 0, &data(HOST, "nqn.x:none", CNTLID_DYNAMIC))),
+        invalid(t.connect(0, 31, 0, &data(HOST, "nqn.x:none", CNTLID_DYNAMIC), Some(1))),
         256
     );
     assert_eq!(
-        invalid(t.connect(0, 0, 0, &data(HOST, SUB, CNTLID_DYNAMIC))),
+        invalid(t.connect(0, 0, 0, &data(HOST, SUB, CNTLID_DYNAMIC), Some(1))),
         44 | 1 << 16
     );
-    assert_eq!(invalid(t.connect(0, 31, 0, &data(HOST, SUB, 3))), 16);
+    assert_eq!(
+        invalid(t.connect(0, 31, 0, &data(HOST, SUB, 3), Some(1))),
+        16
+    );
     let a = t
-        .connect(0, 31, 0, &data(HOST, SUB, CNTLID_DYNAMIC))
+        .connect(0, 31, 0, &data(HOST, SUB, CNTLID_DYNAMIC), Some(1))
         .unwrap();
     let b = t
-        .connect(0, 31, 0, &data(HOST, SUB, CNTLID_DYNAMIC))
+        .connect(0, 31, 0, &data(HOST, SUB, CNTLID_DYNAMIC), Some(1))
         .unwrap();
     assert_eq!((a.cntlid, b.cntlid), (1, 2));
     // I/O queues: only those Set Features allocated, only for the same host.
     assert_eq!(
-        invalid(t.connect(1, 127, 0, &data(HOST, SUB, a.cntlid))),
+        invalid(t.connect(1, 127, 0, &data(HOST, SUB, a.cntlid), Some(1))),
         42 | 1 << 16
     );
     enable(&a).await;
@@ -148,19 +152,27 @@ async fn connect_admits_only_what_the_subsystem_allows() {
     );
     let r = run(&a, 0, &nq, None).await;
     assert_eq!(r.dw0, 3 | 3 << 16);
-    let io = t.connect(4, 127, 0, &data(HOST, SUB, a.cntlid)).unwrap();
+    let io = t
+        .connect(4, 127, 0, &data(HOST, SUB, a.cntlid), Some(1))
+        .unwrap();
     assert!(Arc::ptr_eq(&io, &a));
     assert_eq!(
-        invalid(t.connect(5, 127, 0, &data(HOST, SUB, a.cntlid))),
+        invalid(t.connect(5, 127, 0, &data(HOST, SUB, a.cntlid), Some(1))),
         42 | 1 << 16
     );
-    assert_eq!(invalid(t.connect(1, 127, 0, &data(HOST, SUB, 9))), 16);
+    assert_eq!(
+        invalid(t.connect(1, 127, 0, &data(HOST, SUB, 9), Some(1))),
+        16
+    );
     // A closed controller takes no more queues; its ID is free again once it is gone.
     a.close();
-    assert_eq!(invalid(t.connect(1, 127, 0, &data(HOST, SUB, 1))), 16);
+    assert_eq!(
+        invalid(t.connect(1, 127, 0, &data(HOST, SUB, 1), Some(1))),
+        16
+    );
     drop((a, io));
     let c = t
-        .connect(0, 31, 0, &data(HOST, SUB, CNTLID_DYNAMIC))
+        .connect(0, 31, 0, &data(HOST, SUB, CNTLID_DYNAMIC), Some(1))
         .unwrap();
     assert_eq!(c.cntlid, 1);
     assert_eq!(t.controllers().len(), 2);
@@ -170,7 +182,7 @@ async fn connect_admits_only_what_the_subsystem_allows() {
 async fn properties_identify_and_features() {
     let t = targets();
     let c = t
-        .connect(0, 31, 0, &data(HOST, SUB, CNTLID_DYNAMIC))
+        .connect(0, 31, 0, &data(HOST, SUB, CNTLID_DYNAMIC), Some(1))
         .unwrap();
     let get = |offset, eight| FabricsCmd::PropertyGet { eight, offset }.to_sqe(2, [0; 16]);
     // Nothing but fabrics commands before CC.EN.
@@ -305,7 +317,7 @@ async fn properties_identify_and_features() {
 async fn nvm_io_against_the_namespace() {
     let t = targets();
     let c = t
-        .connect(0, 31, 0, &data(HOST, SUB, CNTLID_DYNAMIC))
+        .connect(0, 31, 0, &data(HOST, SUB, CNTLID_DYNAMIC), Some(1))
         .unwrap();
     enable(&c).await;
     let block: Vec<u8> = (0..4096u32).map(|i| (i % 251) as u8).collect();
@@ -432,7 +444,7 @@ async fn nvm_io_against_the_namespace() {
 async fn asynchronous_events_and_keep_alive() {
     let t = targets();
     let c = t
-        .connect(0, 31, 0, &data(HOST, SUB, CNTLID_DYNAMIC))
+        .connect(0, 31, 0, &data(HOST, SUB, CNTLID_DYNAMIC), Some(1))
         .unwrap();
     enable(&c).await;
     let aec = sqe(
@@ -504,7 +516,13 @@ async fn the_discovery_controller_lists_what_the_host_may_use() {
         let host = host.to_string();
         async move {
             let c = t
-                .connect(0, 31, 0, &data(&host, DISCOVERY_NQN, CNTLID_DYNAMIC))
+                .connect(
+                    0,
+                    31,
+                    0,
+                    &data(&host, DISCOVERY_NQN, CNTLID_DYNAMIC),
+                    Some(1),
+                )
                 .unwrap();
             enable(&c).await;
             let id = sqe(admin::opcode::IDENTIFY, 0, 4096, [1, 0, 0, 0, 0, 0]);
@@ -542,4 +560,178 @@ async fn the_discovery_controller_lists_what_the_host_may_use() {
     );
     // Statuses a transport may build for itself.
     assert!(!Status::error(sct::GENERIC, sc::INTERNAL_ERROR).is_success());
+}
+
+/// Access states per target port group, as a test sets them.
+struct Groups(std::sync::Mutex<std::collections::BTreeMap<u16, u8>>);
+
+impl crate::subsys::Access for Groups {
+    fn state(&self, group: u16) -> u8 {
+        self.0
+            .lock()
+            .unwrap()
+            .get(&group)
+            .copied()
+            .unwrap_or(admin::ana::INACCESSIBLE)
+    }
+}
+
+#[tokio::test]
+async fn asymmetric_namespace_access_per_port_group() {
+    use admin::ana;
+    let t = targets();
+    let s = t.subsystem(SUB).unwrap();
+    let groups = Arc::new(Groups(std::sync::Mutex::new(
+        [(1, ana::OPTIMIZED), (2, ana::INACCESSIBLE)].into(),
+    )));
+    s.add_namespace(Namespace {
+        nsid: 2,
+        backstore: Arc::new(RamBackstore::new(1 << 20, 512)),
+        nguid: [0x61; 16],
+        eui64: [0; 8],
+        uuid: [0x12; 16],
+        read_only: false,
+        access: Some(groups.clone()),
+    });
+    // Port 1 in group 1, port 2 in group 2, port 3 in none (group 0).
+    t.set_port_groups([(1, 1), (2, 2)].into(), 15);
+    let connect = |port| {
+        let c = t
+            .connect(0, 31, 0, &data(HOST, SUB, CNTLID_DYNAMIC), Some(port))
+            .unwrap();
+        async move {
+            enable(&c).await;
+            let nq = sqe(admin::opcode::SET_FEATURES, 0, 0, [0x07, 0, 0, 0, 0, 0]);
+            good(&run(&c, 0, &nq, None).await);
+            c
+        }
+    };
+    let (a, b, z) = (connect(1).await, connect(2).await, connect(3).await);
+
+    let id = sqe(admin::opcode::IDENTIFY, 0, 4096, [1, 0, 0, 0, 0, 0]);
+    let ic = IdController::parse(&out(&run(&a, 0, &id, None).await)).unwrap();
+    assert_eq!(ic.cmic & 0x08, 0x08, "ANA reporting");
+    assert_eq!(ic.oaes & 1 << 11, 1 << 11, "ANA change notices");
+    assert_eq!((ic.anatt, ic.anacap), (15, ana::ANACAP));
+    assert!(ic.anagrpmax >= 2 && ic.nanagrpid >= 2);
+    let idns = sqe(admin::opcode::IDENTIFY, 2, 4096, [0, 0, 0, 0, 0, 0]);
+    let ns = IdNamespace::parse(&out(&run(&a, 0, &idns, None).await)).unwrap();
+    assert_eq!((ns.anagrpid, ns.nmic), (2, 1));
+
+    let (c10, c11) = admin::GetLogPage::cdw(log::ANA, 4096);
+    let log_of = |c: Arc<Controller>, lsp: u32| async move {
+        let page = sqe(
+            admin::opcode::GET_LOG_PAGE,
+            0xffff_ffff,
+            4096,
+            [c10 | lsp << 8, c11, 0, 0, 0, 0],
+        );
+        admin::parse_ana_log(&out(&run(&c, 0, &page, None).await)).unwrap()
+    };
+    let states = |g: &[admin::AnaGroup]| -> Vec<(u32, u8, Vec<u32>)> {
+        g.iter()
+            .map(|g| (g.grpid, g.state, g.nsids.clone()))
+            .collect()
+    };
+    // Namespace 1 has no access states: optimized everywhere.
+    let (_, g) = log_of(a.clone(), 0).await;
+    assert_eq!(
+        states(&g),
+        [(1, ana::OPTIMIZED, vec![1]), (2, ana::OPTIMIZED, vec![2])]
+    );
+    let (_, g) = log_of(b.clone(), 0).await;
+    assert_eq!(
+        states(&g),
+        [
+            (1, ana::OPTIMIZED, vec![1]),
+            (2, ana::INACCESSIBLE, vec![2])
+        ]
+    );
+    let (_, g) = log_of(z.clone(), ana::RGO.into()).await;
+    assert_eq!(
+        states(&g),
+        [(1, ana::OPTIMIZED, vec![]), (2, ana::INACCESSIBLE, vec![])],
+        "groups only"
+    );
+
+    // I/O: through port 1 it works; through port 2 a path error without DNR.
+    let write = |nsid| {
+        let mut w = rw(nvm::opcode::WRITE, 0, 1);
+        w.nsid = nsid;
+        w
+    };
+    good(&run(&a, 1, &write(2), Some(&[5; 512])).await);
+    let r = run(&b, 1, &write(2), Some(&[5; 512])).await;
+    assert_eq!(
+        (r.status.sct, r.status.sc, r.status.dnr),
+        (sct::PATH, sc::ANA_INACCESSIBLE, false)
+    );
+    good(&run(&b, 1, &write(1), Some(&[5; 512])).await);
+
+    // A failover: the host that asked to hear of ANA changes gets one event, masked until
+    // it reads the log; the change count grows.
+    let aec = sqe(
+        admin::opcode::SET_FEATURES,
+        0,
+        0,
+        [0x0b, 1 << 11, 0, 0, 0, 0],
+    );
+    good(&run(&b, 0, &aec, None).await);
+    let aer = sqe(admin::opcode::ASYNC_EVENT_REQUEST, 0, 0, [0; 6]);
+    let pending = {
+        let (b, aer) = (b.clone(), aer.clone());
+        tokio::spawn(async move { b.execute(0, &aer, None).await })
+    };
+    let (before, _) = log_of(b.clone(), 0).await;
+    *groups.0.lock().unwrap() = [(1, ana::INACCESSIBLE), (2, ana::OPTIMIZED)].into();
+    t.ana_changed(|n| n.nsid == 2);
+    let r = tokio::time::timeout(Duration::from_secs(10), pending)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        r.dw0,
+        u32::from(admin::event::NOTICE)
+            | u32::from(admin::event::ANA_CHANGE) << 8
+            | u32::from(log::ANA) << 16
+    );
+    // Masked: a second change posts nothing until the log is read.
+    t.ana_changed(|n| n.nsid == 2);
+    let second = {
+        let (b, aer) = (b.clone(), aer.clone());
+        tokio::spawn(async move { b.execute(0, &aer, None).await })
+    };
+    for _ in 0..10 {
+        tokio::task::yield_now().await;
+    }
+    assert!(!second.is_finished(), "masked until the log is read");
+    let (after, g) = log_of(b.clone(), 0).await;
+    assert_eq!(after, before + 2);
+    assert_eq!(states(&g)[1], (2, ana::OPTIMIZED, vec![2]));
+    good(&run(&b, 1, &write(2), Some(&[6; 512])).await);
+    let r = run(&a, 1, &write(2), Some(&[6; 512])).await;
+    assert_eq!(status(&r), (sct::PATH, sc::ANA_INACCESSIBLE));
+    // Read: unmasked; the next change is posted.
+    t.ana_changed(|n| n.nsid == 2);
+    tokio::time::timeout(Duration::from_secs(10), second)
+        .await
+        .expect("the next change is posted")
+        .unwrap();
+    // A port moved to another group is an ANA change for the controllers on it.
+    let third = {
+        let (b, aer) = (b.clone(), aer.clone());
+        tokio::spawn(async move { b.execute(0, &aer, None).await })
+    };
+    let _ = log_of(b.clone(), 0).await;
+    t.set_port_groups([(1, 1), (2, 1)].into(), 15);
+    tokio::time::timeout(Duration::from_secs(10), third)
+        .await
+        .expect("the port's group changed")
+        .unwrap();
+    let (_, g) = log_of(b.clone(), 0).await;
+    assert_eq!(states(&g)[1], (2, ana::INACCESSIBLE, vec![2]));
+    // Namespace 1's controllers of a subsystem without access states hear nothing.
+    let (za, _) = log_of(z.clone(), 0).await;
+    t.ana_changed(|n| n.nsid == 7);
+    assert_eq!(log_of(z.clone(), 0).await.0, za);
 }

@@ -470,7 +470,7 @@ pub(crate) fn set_alua(
     devices: &BTreeMap<String, Arc<Device>>,
 ) {
     for (name, dev) in devices {
-        if let Err(e) = dev.set_alua(&config.alua.lu_config(ports, name)) {
+        if let Err(e) = dev.set_alua(&config.lu_alua(ports, name)) {
             warn!(backstore = %name, error = %e, "target port groups not changed");
         }
     }

@@ -311,7 +311,7 @@ impl DaemonControl {
         let objects = self.objects.lock().await;
         self.nvme
             .sync(
-                &config.nvme,
+                &config,
                 &objects.backstores,
                 &objects.devices,
                 bound,
@@ -724,7 +724,7 @@ impl DaemonControl {
         nvme_changed.extend(reopened.iter().cloned());
         self.nvme
             .sync(
-                &new.nvme,
+                &new,
                 &objects.backstores,
                 &objects.devices,
                 nvme_bound,

@@ -3,21 +3,27 @@
 //! (NVMe/TCP, and NVMe/RDMA through RDMA/CM on the daemon's RDMA provider) and discovery
 //! addresses. An apply binds new listeners first (that can fail), then
 //! [`NvmeService::sync`] changes the rest, which cannot.
+//!
+//! Asymmetric namespace access follows ALUA: a namespace's ANA state through a port is the
+//! access state of its logical unit's target port group that the port is in (`alua_group`),
+//! and every change of those states (the configuration, the API, SET TARGET PORT GROUPS,
+//! another gateway) is an ANA change event for the controllers of its subsystems.
 
 use std::collections::{BTreeMap, HashSet};
 use std::hash::{Hash, Hasher};
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 
+use rtgt_api::config::Config;
 use rtgt_api::nvme::{Nvme, NvmeSubsystem, NvmeTransport};
 use rtgt_api::{ControlError, SessionView};
 use rtgt_backstore::{Backstore, BufPool};
-use rtgt_nvme::admin::trtype;
+use rtgt_nvme::admin::{ana, trtype};
 use rtgt_nvme::ctrl::{Controller, Kind};
 use rtgt_nvme::queue::Scope;
-use rtgt_nvme::subsys::{Limits, Namespace, Port, Subsystem, Targets};
+use rtgt_nvme::subsys::{Access, Limits, Namespace, Port, Subsystem, Targets};
 use rtgt_rdma_channel::cm::Provider;
-use rtgt_scsi::Device;
+use rtgt_scsi::{AccessState, Device};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::{JoinHandle, JoinSet};
@@ -66,6 +72,39 @@ pub struct NvmeService {
     targets: Arc<Targets>,
     rdma: Option<Provider>,
     listeners: Mutex<BTreeMap<Key, Listener>>,
+    /// The logical units whose target port group states the namespaces follow, each with
+    /// the task that turns their changes into ANA change events.
+    followed: Mutex<Vec<(Weak<Device>, tokio::task::AbortHandle)>>,
+}
+
+/// A namespace's access states: its logical unit's target port groups.
+struct LuAccess(Arc<Device>);
+
+impl Access for LuAccess {
+    fn state(&self, group: u16) -> u8 {
+        match self.0.access_state(group) {
+            AccessState::ActiveOptimized => ana::OPTIMIZED,
+            AccessState::ActiveNonOptimized => ana::NON_OPTIMIZED,
+            AccessState::Standby | AccessState::Unavailable => ana::INACCESSIBLE,
+            AccessState::Offline => ana::PERSISTENT_LOSS,
+            AccessState::Transitioning => ana::CHANGE,
+        }
+    }
+}
+
+/// Tells the controllers of the subsystems with a namespace on `store` of every change of
+/// its logical unit's target port group states; ends with the logical unit.
+async fn follow_alua(
+    targets: Weak<Targets>,
+    store: Weak<dyn Backstore>,
+    mut changes: watch::Receiver<u64>,
+) {
+    while changes.changed().await.is_ok() {
+        let Some(t) = targets.upgrade() else {
+            return;
+        };
+        t.ana_changed(|ns| std::ptr::addr_eq(Arc::as_ptr(&ns.backstore), store.as_ptr()));
+    }
 }
 
 /// A serial number for a subsystem that has none configured: stable across restarts,
@@ -99,6 +138,7 @@ fn namespace(nsid: u32, store: &Arc<dyn Backstore>, dev: Option<&Arc<Device>>) -
         eui64: [0; 8],
         uuid,
         read_only,
+        access: dev.map(|d| Arc::new(LuAccess(d.clone())) as Arc<dyn Access>),
     }
 }
 
@@ -109,6 +149,7 @@ impl NvmeService {
             targets: Targets::new(pool, Limits::default()),
             rdma,
             listeners: Mutex::new(BTreeMap::new()),
+            followed: Mutex::new(Vec::new()),
         }
     }
 
@@ -119,7 +160,7 @@ impl NvmeService {
             .ports
             .iter()
             .filter(|p| p.transport == NvmeTransport::Tcp || self.rdma.is_some())
-            .map(|p| ((p.transport, p.listen), Scope::All));
+            .map(|p| ((p.transport, p.listen), Scope::Port(p.id)));
         let discovery = nvme
             .discovery_listen
             .iter()
@@ -175,29 +216,30 @@ impl NvmeService {
         let task = match (socket, &self.rdma) {
             (Socket::Tcp(l), _) => tokio::spawn(serve_tcp(l, key.1, targets, scope, stop_rx)),
             // On the device's engine thread (if it has one), as the queues it accepts.
-            (Socket::Rdma(l), Some(rdma)) => rdma.spawn(serve_rdma(l, targets, stop_rx)),
+            (Socket::Rdma(l), Some(rdma)) => rdma.spawn(serve_rdma(l, targets, scope, stop_rx)),
             (Socket::Rdma(_), None) => unreachable!("an RDMA listener needs the provider"),
         };
         let what = match scope {
-            Scope::All => "port listening",
+            Scope::Port(_) => "port listening",
             Scope::Discovery => "discovery listening",
         };
         info!(listener = %key.1, "{} {what}", fabric(key.0));
         lock(&self.listeners).insert(key, Listener { scope, stop, task });
     }
 
-    /// Makes the subsystems, namespaces and ports match `nvme`, starts the listeners
-    /// `bound` and stops those no longer wanted. `reopened` are backstores opened anew by
-    /// this change (their namespaces take the new store), `resized` those whose capacity
-    /// changed (hosts hear of both).
+    /// Makes the subsystems, namespaces and ports match the `nvme` section of `config`
+    /// (and the ports' target port groups its `alua` section), starts the listeners `bound`
+    /// and stops those no longer wanted. `changed` are backstores opened anew or resized by
+    /// this change (their namespaces take the new store; hosts hear of it).
     pub async fn sync(
         &self,
-        nvme: &Nvme,
+        config: &Config,
         stores: &BTreeMap<String, Arc<dyn Backstore>>,
         devices: &BTreeMap<String, Arc<Device>>,
         bound: Vec<Bound>,
         changed: &HashSet<String>,
     ) {
+        let nvme = &config.nvme;
         let t = &self.targets;
         for old in t.subsystems() {
             let keep = nvme.subsystems.iter().find(|s| s.nqn == old.nqn);
@@ -244,6 +286,8 @@ impl NvmeService {
                 }
             }
         }
+        self.follow(nvme, stores, devices);
+        t.set_port_groups(config.nvme_port_groups(), config.alua.transition_secs);
         if self.rdma.is_none() {
             for p in nvme
                 .ports
@@ -308,6 +352,40 @@ impl NvmeService {
                     warn!(listener = %key.1, error = %e, "{} listener could not start", fabric(key.0))
                 }
             }
+        }
+    }
+
+    /// Follows the target port group states of every logical unit a namespace is on.
+    fn follow(
+        &self,
+        nvme: &Nvme,
+        stores: &BTreeMap<String, Arc<dyn Backstore>>,
+        devices: &BTreeMap<String, Arc<Device>>,
+    ) {
+        let mut followed = lock(&self.followed);
+        followed.retain(|(d, task)| d.strong_count() > 0 && !task.is_finished());
+        let names: HashSet<&str> = nvme
+            .subsystems
+            .iter()
+            .flat_map(|s| &s.namespaces)
+            .map(|n| n.backstore.as_str())
+            .collect();
+        for name in names {
+            let (Some(dev), Some(store)) = (devices.get(name), stores.get(name)) else {
+                continue;
+            };
+            if followed
+                .iter()
+                .any(|(d, _)| std::ptr::eq(d.as_ptr(), Arc::as_ptr(dev)))
+            {
+                continue;
+            }
+            let task = tokio::spawn(follow_alua(
+                Arc::downgrade(&self.targets),
+                Arc::downgrade(store),
+                dev.alua_changes(),
+            ));
+            followed.push((Arc::downgrade(dev), task.abort_handle()));
         }
     }
 
@@ -471,6 +549,7 @@ async fn serve_tcp(
 async fn serve_rdma(
     mut listener: rtgt_rdma_channel::cm::Listener,
     targets: Arc<Targets>,
+    scope: Scope,
     mut stop_rx: watch::Receiver<bool>,
 ) {
     let mut conns = JoinSet::new();
@@ -480,7 +559,7 @@ async fn serve_rdma(
             r = listener.accept(), if conns.len() < MAX_CONNECTIONS => match r {
                 Some(req) => {
                     let rt = req.runtime();
-                    conns.spawn_on(rtgt_nvme::rdma_queue::serve(targets.clone(), req, Scope::All), &rt);
+                    conns.spawn_on(rtgt_nvme::rdma_queue::serve(targets.clone(), req, scope), &rt);
                 }
                 None => break,
             },

@@ -449,9 +449,14 @@ impl Alua {
     /// The state of the group `nexus` reaches the logical unit through: a port in no
     /// group of a configured set is unavailable.
     pub(crate) fn state_of(&self, nexus: &Nexus) -> AccessState {
+        self.group_state(nexus.port_group)
+    }
+
+    /// The state of group `group`; a group not in a configured set is unavailable.
+    pub(crate) fn group_state(&self, group: u16) -> AccessState {
         self.groups
             .iter()
-            .find(|(g, _)| g.id == nexus.port_group)
+            .find(|(g, _)| g.id == group)
             .map_or(self.outside(), |(g, _)| g.state)
     }
 

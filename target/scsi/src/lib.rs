@@ -39,7 +39,7 @@ mod tests;
 use std::collections::{BTreeMap, HashMap};
 use std::os::fd::RawFd;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 
 use rtgt_backstore::{Backstore, BackstoreError, BufPool, IoBuf, IoErrorKind, SharedState};
@@ -437,6 +437,10 @@ pub struct Device {
     hw_read_only: bool,
     /// TPGS of standard INQUIRY data ([`AluaConfig::tpgs`]); it changes with the groups.
     tpgs: AtomicU8,
+    /// The target port groups are learned (none configured): every one active/optimized.
+    alua_learns: AtomicBool,
+    /// Counts the changes of target port group states, for other fabrics to follow.
+    alua_changes: tokio::sync::watch::Sender<u64>,
     state: Mutex<DevState>,
     /// Held while a shared reservation state is read and taken in.
     pr_refresh: tokio::sync::Mutex<()>,
@@ -629,6 +633,8 @@ impl Device {
             num_blocks: AtomicU64::new(info.num_blocks),
             hw_read_only: info.read_only || config.read_only,
             tpgs: AtomicU8::new(config.alua.tpgs()),
+            alua_learns: AtomicBool::new(config.alua.groups.is_empty()),
+            alua_changes: tokio::sync::watch::Sender::new(0),
             state: Mutex::new(DevState {
                 nexuses: HashMap::new(),
                 mode: defaults,
@@ -987,6 +993,7 @@ impl Device {
             return false;
         }
         st.post_all(UnitAttention::AsymmetricAccessChanged, except);
+        self.alua_moved();
         tracing::info!(device = %self.config.name, "target port group states changed");
         true
     }
@@ -1015,6 +1022,7 @@ impl Device {
             let moved = st.alua.set(wanted, how, one);
             if moved {
                 st.post_all(UnitAttention::AsymmetricAccessChanged, except);
+                self.alua_moved();
             }
             return Ok(moved);
         };
@@ -1075,12 +1083,22 @@ impl Device {
             .map(|(id, n)| (*id, n.port_group, n.relative_port))
             .collect();
         nexuses.sort_unstable();
+        let group_states = |st: &DevState| -> Vec<(u16, AccessState)> {
+            st.alua.states().iter().map(|g| (g.id, g.state)).collect()
+        };
+        let before = group_states(&st);
         let (moved, ordered) = st
             .alua
             .reconfigure(config, nexuses.into_iter().map(|(_, g, p)| (g, p)));
+        self.alua_learns
+            .store(config.groups.is_empty(), Ordering::Relaxed);
         if moved {
             st.post_all(UnitAttention::AsymmetricAccessChanged, None);
             tracing::info!(device = %self.config.name, "target port group states changed");
+        }
+        // Groups without SCSI ports (NVMe ports') change no port's state, but are followed.
+        if moved || group_states(&st) != before {
+            self.alua_moved();
         }
         let tpgs = st.alua.tpgs();
         if self.tpgs.swap(tpgs, Ordering::Relaxed) != tpgs {
@@ -1114,6 +1132,27 @@ impl Device {
                     "the target port group states could not be shared");
             }
         });
+    }
+
+    /// The access state of target port group `group` now: active/optimized for every group
+    /// while groups are learned (without taking the state's lock), unavailable for a group
+    /// the configured ones do not have.
+    pub fn access_state(&self, group: u16) -> AccessState {
+        if self.alua_learns.load(Ordering::Relaxed) {
+            return AccessState::ActiveOptimized;
+        }
+        self.lock().alua.group_state(group)
+    }
+
+    /// A counter that grows with every change of a target port group's state (the
+    /// configuration, the API, SET TARGET PORT GROUPS, another gateway): for fabrics that
+    /// tell their hosts in their own way.
+    pub fn alua_changes(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.alua_changes.subscribe()
+    }
+
+    fn alua_moved(&self) {
+        self.alua_changes.send_modify(|n| *n += 1);
     }
 
     /// The target port groups as they are now (learned ones included).

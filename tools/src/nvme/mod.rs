@@ -451,6 +451,47 @@ impl Queue {
             .ok_or_else(|| protocol("bad discovery log"))
     }
 
+    /// The ANA log page: change count and groups (with their namespaces).
+    pub async fn ana_log(&self) -> Result<(u64, Vec<admin::AnaGroup>), NvmeError> {
+        let (c10, c11) = admin::GetLogPage::cdw(admin::log::ANA, 4096);
+        let c = self
+            .submit(
+                Self::command(
+                    admin::opcode::GET_LOG_PAGE,
+                    0xffff_ffff,
+                    [c10, c11, 0, 0, 0, 0],
+                ),
+                None,
+                4096,
+            )
+            .await?;
+        admin::parse_ana_log(&c.data).ok_or_else(|| protocol("bad ANA log"))
+    }
+
+    /// Set Features Asynchronous Event Configuration: the notices to hear of.
+    pub async fn async_event_config(&self, notices: u32) -> Result<(), NvmeError> {
+        let fid = u32::from(admin::feature::ASYNC_EVENT_CONFIG);
+        self.submit(
+            Self::command(admin::opcode::SET_FEATURES, 0, [fid, notices, 0, 0, 0, 0]),
+            None,
+            0,
+        )
+        .await?;
+        Ok(())
+    }
+
+    /// An Asynchronous Event Request: completes with the event (DW0) when one comes.
+    pub async fn async_event(&self) -> Result<u32, NvmeError> {
+        let c = self
+            .submit(
+                Self::command(admin::opcode::ASYNC_EVENT_REQUEST, 0, [0; 6]),
+                None,
+                0,
+            )
+            .await?;
+        Ok(c.cqe.dw0)
+    }
+
     /// Enables the controller (CC.EN) and asks for `io_queues` I/O queues; returns how many
     /// it allocated.
     pub async fn enable(&self, io_queues: u16) -> Result<u16, NvmeError> {

@@ -30,6 +30,7 @@ async fn target() -> (SocketAddr, Arc<Targets>) {
         eui64: [0; 8],
         uuid: [0x22; 16],
         read_only: false,
+        access: None,
     });
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -43,7 +44,11 @@ async fn target() -> (SocketAddr, Arc<Targets>) {
     let served = t.clone();
     tokio::spawn(async move {
         while let Ok((s, _)) = listener.accept().await {
-            tokio::spawn(rtgt_nvme::tcp_queue::serve(served.clone(), s, Scope::All));
+            tokio::spawn(rtgt_nvme::tcp_queue::serve(
+                served.clone(),
+                s,
+                Scope::Port(1),
+            ));
         }
     });
     (addr, t)

@@ -65,6 +65,7 @@ async fn rig_with(fault_ppm: u32) -> Rig {
         eui64: [0; 8],
         uuid: [0x23; 16],
         read_only: false,
+        access: None,
     });
     let dst = SocketAddr::new(ip(1), PORT);
     targets.add_port(Port {
@@ -93,7 +94,7 @@ async fn rig_with(fault_ppm: u32) -> Rig {
             let t = rt.spawn(rtgt_nvme::rdma_queue::serve(
                 served.clone(),
                 req,
-                Scope::All,
+                Scope::Port(1),
             ));
             kept.lock().unwrap().push(t);
         }
