@@ -5,15 +5,16 @@
 //! across the gateways (and a gateway restarted after a rename of the image), PREEMPT AND
 //! ABORT through one ends the preempted nexus's commands on the other before it completes,
 //! the target port group states are one for both (SET TARGET PORT GROUPS through one, a
-//! failback through the other's API), a
-//! resize with the cluster's
-//! tools reaches initiators of both gateways as CAPACITY DATA HAS CHANGED, and while the
-//! cluster is out of reach commands end with NOT READY and service resumes after.
+//! failback through the other's API; an NVMe host of one hears of each as an ANA change), a
+//! resize with the cluster's tools reaches initiators of both gateways as CAPACITY DATA HAS
+//! CHANGED (and the NVMe host as a namespace change), and while the cluster is out of reach
+//! commands end with NOT READY and service resumes after.
 
 #[path = "ceph/mod.rs"]
 mod ceph;
 mod common;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -21,18 +22,22 @@ use ceph::TestCluster;
 use common::{free_port, skip_or_fail, Rtgtd, TEST_IQN};
 use rtgt_api::client::Client;
 use rtgt_iscsi::pdu::tmf;
+use rtgt_nvme::admin::{ana, event, log};
 use rtgt_tools::iscsi::{LoginConfig, ScsiResult, Session, SubmitOptions};
+use rtgt_tools::nvme::{HostConfig, Queue};
 
 const WWN: &str = "6001405aabbccdd0011223344556677c";
+const NQN: &str = "nqn.2025-01.io.rtgt:rbd";
 
-fn gateway(c: &TestCluster, group: u16, port: u16) -> String {
-    gateway_of(c, "lun", group, port)
+fn gateway(c: &TestCluster, group: u16, port: u16, nvme: u16) -> String {
+    gateway_of(c, "lun", group, port, nvme)
 }
 
 /// Gateway `group` (1 or 2) of the image: both are configured alike, group 1
 /// active/optimized and group 2 active/non-optimized, both allowing SET TARGET PORT GROUPS,
-/// each with its own port and the other's as a remote port.
-fn gateway_of(c: &TestCluster, image: &str, group: u16, port: u16) -> String {
+/// each with its own port and the other's as a remote port; the image is also namespace 1 of
+/// an NVMe subsystem on NVMe/TCP port `nvme`, in the gateway's group.
+fn gateway_of(c: &TestCluster, image: &str, group: u16, port: u16, nvme: u16) -> String {
     let remote = |g: u16| match g == group {
         true => String::new(),
         false => format!(", remote_ports: [{g}]"),
@@ -54,6 +59,12 @@ alua:
   groups:
     - {{id: 1, explicit: true{r1}}}
     - {{id: 2, state: active_non_optimized, explicit: true{r2}}}
+nvme:
+  subsystems:
+    - nqn: {NQN}
+      allow_any_host: true
+      namespaces: [{{nsid: 1, backstore: d0, share_with_scsi: true}}]
+  ports: [{{id: {group}, transport: tcp, listen: '127.0.0.1:{nvme}', alua_group: {group}}}]
 policy: {{backstore_roots: ['{dir}']}}
 ",
         conf = c.conf().display(),
@@ -61,6 +72,31 @@ policy: {{backstore_roots: ['{dir}']}}
         r1 = remote(1),
         r2 = remote(2),
     )
+}
+
+/// The ANA state of namespace 1 through the controller of `q`.
+async fn ana_state(q: &Queue) -> u8 {
+    let (_, groups) = q.ana_log().await.unwrap();
+    assert_eq!(groups.len(), 1, "{groups:?}");
+    assert_eq!(groups[0].nsids, [1]);
+    groups[0].state
+}
+
+/// Waits for an asynchronous event notice of type `info` about log page `lid` (others that
+/// come first are passed over).
+async fn next_event(events: &mut tokio::sync::mpsc::UnboundedReceiver<u32>, info: u8, lid: u8) {
+    let want = u32::from(event::NOTICE) | u32::from(info) << 8 | u32::from(lid) << 16;
+    let wait = async {
+        while let Some(e) = events.recv().await {
+            if e == want {
+                return;
+            }
+        }
+        panic!("the admin queue ended");
+    };
+    tokio::time::timeout(Duration::from_secs(30), wait)
+        .await
+        .unwrap_or_else(|_| panic!("no event {want:#x}"));
 }
 
 async fn connect(port: u16, isid: u8) -> Session {
@@ -160,12 +196,31 @@ fn two_gateways_serve_one_rbd_image() {
         Err(e) => return skip_or_fail(e),
     };
     c.create_image("lun", 32);
-    let (p1, p2) = (free_port(), free_port());
-    let _g1 = Rtgtd::start("rbd-gw1", &gateway(&c, 1, p1), p1);
-    let _g2 = Rtgtd::start("rbd-gw2", &gateway(&c, 2, p2), p2);
+    let (p1, p2, n1, n2) = (free_port(), free_port(), free_port(), free_port());
+    let _g1 = Rtgtd::start("rbd-gw1", &gateway(&c, 1, p1, n1), p1);
+    let _g2 = Rtgtd::start("rbd-gw2", &gateway(&c, 2, p2, n2), p2);
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
         let (a, b) = (connect(p1, 1).await, connect(p2, 2).await);
+        // An NVMe host on A's NVMe port (group 1), hearing of ANA and namespace changes.
+        let host = HostConfig::default();
+        let nv_addr = ([127, 0, 0, 1], n1).into();
+        let nv = Arc::new(Queue::connect(nv_addr, &host, NQN, 0, 0, 32).await.unwrap());
+        nv.enable(1).await.unwrap();
+        nv.async_event_config(1 << 8 | 1 << 11).await.unwrap();
+        let mut events = {
+            let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+            let nv = nv.clone();
+            tokio::spawn(async move {
+                while let Ok(e) = nv.async_event().await {
+                    if tx.send(e).is_err() {
+                        return;
+                    }
+                }
+            });
+            rx
+        };
+        assert_eq!(ana_state(&nv).await, ana::OPTIMIZED);
         let (mut ua_a, mut ua_b) = (Vec::new(), Vec::new());
         assert_eq!(
             capacity(&run(&a, &READ_CAPACITY16, None, 32, &mut ua_a).await),
@@ -328,6 +383,9 @@ fn two_gateways_serve_one_rbd_image() {
             ua_a.contains(&(0x2a, 0x06)),
             "ASYMMETRIC ACCESS STATE CHANGED: {ua_a:?}"
         );
+        // A's NVMe host hears of it as an ANA change: its path is non-optimized now.
+        next_event(&mut events, event::ANA_CHANGE, log::ANA).await;
+        assert_eq!(ana_state(&nv).await, ana::NON_OPTIMIZED);
         let r = run(&b, &rw10(0x2a, 200, 1), Some(&[6u8; 512]), 0, &mut ua_b).await;
         assert!(r.is_good(), "{r:?}");
         lock_is(&_g2, true).await;
@@ -338,7 +396,7 @@ fn two_gateways_serve_one_rbd_image() {
         // active/optimized.
         drop(_g2);
         c.rbd(&["rename", "rbd/lun", "rbd/renamed"]);
-        let _g2 = Rtgtd::start("rbd-gw2b", &gateway_of(&c, "renamed", 2, p2), p2);
+        let _g2 = Rtgtd::start("rbd-gw2b", &gateway_of(&c, "renamed", 2, p2, n2), p2);
         let b = connect(p2, 2).await;
         assert_eq!(
             keys(&run(&b, &READ_KEYS, None, 256, &mut ua_b).await),
@@ -362,6 +420,8 @@ fn two_gateways_serve_one_rbd_image() {
             ua_b.contains(&(0x2a, 0x06)),
             "ASYMMETRIC ACCESS STATE CHANGED: {ua_b:?}"
         );
+        next_event(&mut events, event::ANA_CHANGE, log::ANA).await;
+        assert_eq!(ana_state(&nv).await, ana::OPTIMIZED);
         let (cdb, p) = prout(3, 0, 0xb, 0);
         assert!(
             run(&b, &cdb, Some(&p), 0, &mut ua_b).await.is_good(),
@@ -388,6 +448,14 @@ fn two_gateways_serve_one_rbd_image() {
             seen_a && seen_b,
             "CAPACITY DATA HAS CHANGED through both gateways"
         );
+        // And A's NVMe host as a namespace change, with the new size.
+        next_event(
+            &mut events,
+            event::NAMESPACE_CHANGED,
+            log::CHANGED_NAMESPACES,
+        )
+        .await;
+        assert_eq!(nv.identify_namespace(1).await.unwrap().nsze, 48 << 11);
 
         // The cluster out of reach: NOT READY after the configured 3 s, not a hang.
         c.pause(true);

@@ -175,6 +175,8 @@ pub struct IdController {
     pub awupf: u16,
     /// SGL support.
     pub sgls: u32,
+    /// Maximum number of allowed namespaces (Linux's multipath wants it, 1..=NN, with ANA).
+    pub mnan: u32,
     pub subnqn: String,
     /// I/O command capsule size and response capsule size, in 16-byte units.
     pub ioccsz: u32,
@@ -265,6 +267,7 @@ impl IdController {
         put16(&mut b, 526, self.awun);
         put16(&mut b, 528, self.awupf);
         put32(&mut b, 536, self.sgls);
+        put32(&mut b, 540, self.mnan);
         put_nqn(&mut b, 768, &self.subnqn);
         put32(&mut b, 1792, self.ioccsz);
         put32(&mut b, 1796, self.iorcsz);
@@ -310,6 +313,7 @@ impl IdController {
             awun: le16(b, 526),
             awupf: le16(b, 528),
             sgls: le32(b, 536),
+            mnan: le32(b, 540),
             subnqn: nqn(b, 768),
             ioccsz: le32(b, 1792),
             iorcsz: le32(b, 1796),
@@ -659,6 +663,7 @@ mod tests {
             awun: 0,
             awupf: 0,
             sgls: 0x0010_0005,
+            mnan: 1024,
             subnqn: "nqn.2025-01.io.rtgt:default".into(),
             ioccsz: 4 + 512,
             iorcsz: 1,
@@ -674,6 +679,10 @@ mod tests {
         assert_eq!(&b[320..322], &[5, 0]);
         assert_eq!((b[512], b[513], b[516]), (0x66, 0x44, 0x00));
         assert_eq!(&b[516..520], &1024u32.to_le_bytes());
+        // ANATT, ANACAP, ANAGRPMAX, NANAGRPID; MNAN.
+        assert_eq!((b[342], b[343]), (10, 0x47));
+        assert_eq!(&b[344..352], &[32, 0, 0, 0, 32, 0, 0, 0]);
+        assert_eq!(&b[540..544], &1024u32.to_le_bytes());
         assert_eq!(&b[768..795], b"nqn.2025-01.io.rtgt:default");
         assert_eq!(&b[1792..1796], &516u32.to_le_bytes());
         assert_eq!(IdController::parse(&b), Some(c));

@@ -599,6 +599,7 @@ impl Controller {
             // Every namespace is a group of its own: as many groups as namespaces.
             anagrpmax: if io { nn } else { 0 },
             nanagrpid: if io { nn } else { 0 },
+            mnan: nn,
             maxcmd: limits.queue_size,
             nn,
             // Compare, Dataset Management, Write Zeroes.

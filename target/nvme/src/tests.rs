@@ -614,6 +614,10 @@ async fn asymmetric_namespace_access_per_port_group() {
     assert_eq!(ic.oaes & 1 << 11, 1 << 11, "ANA change notices");
     assert_eq!((ic.anatt, ic.anacap), (15, ana::ANACAP));
     assert!(ic.anagrpmax >= 2 && ic.nanagrpid >= 2);
+    assert!(
+        ic.mnan >= 2 && ic.mnan <= ic.nn,
+        "Linux wants 1..=NN with ANA"
+    );
     let idns = sqe(admin::opcode::IDENTIFY, 2, 4096, [0, 0, 0, 0, 0, 0]);
     let ns = IdNamespace::parse(&out(&run(&a, 0, &idns, None).await)).unwrap();
     assert_eq!((ns.anagrpid, ns.nmic), (2, 1));

@@ -93,17 +93,47 @@ impl Access for LuAccess {
 }
 
 /// Tells the controllers of the subsystems with a namespace on `store` of every change of
-/// its logical unit's target port group states; ends with the logical unit.
-async fn follow_alua(
+/// its logical unit's target port group states (an ANA change) and of every resize made
+/// outside rtgtd (another gateway, the cluster's tools: a namespace change, Identify then
+/// reports the new size); ends with the logical unit.
+async fn follow_lu(
     targets: Weak<Targets>,
     store: Weak<dyn Backstore>,
-    mut changes: watch::Receiver<u64>,
+    mut alua: watch::Receiver<u64>,
+    mut sizes: Option<watch::Receiver<u64>>,
 ) {
-    while changes.changed().await.is_ok() {
-        let Some(t) = targets.upgrade() else {
-            return;
+    let on_store = |ns: &Namespace| std::ptr::addr_eq(Arc::as_ptr(&ns.backstore), store.as_ptr());
+    loop {
+        let resized = async {
+            match sizes.as_mut() {
+                Some(s) => s.changed().await.is_ok(),
+                None => std::future::pending().await,
+            }
         };
-        t.ana_changed(|ns| std::ptr::addr_eq(Arc::as_ptr(&ns.backstore), store.as_ptr()));
+        tokio::select! {
+            r = alua.changed() => {
+                let (Ok(()), Some(t)) = (r, targets.upgrade()) else {
+                    return;
+                };
+                t.ana_changed(on_store);
+            }
+            more = resized => {
+                if !more {
+                    sizes = None;
+                    continue;
+                }
+                let Some(t) = targets.upgrade() else {
+                    return;
+                };
+                for s in t.subsystems() {
+                    for nsid in s.nsids() {
+                        if s.namespace(nsid).is_some_and(|ns| on_store(&ns)) {
+                            t.namespace_changed(&s.nqn, nsid);
+                        }
+                    }
+                }
+            }
+        }
     }
 }
 
@@ -355,7 +385,8 @@ impl NvmeService {
         }
     }
 
-    /// Follows the target port group states of every logical unit a namespace is on.
+    /// Follows the target port group states and outside resizes of every logical unit a
+    /// namespace is on.
     fn follow(
         &self,
         nvme: &Nvme,
@@ -380,10 +411,11 @@ impl NvmeService {
             {
                 continue;
             }
-            let task = tokio::spawn(follow_alua(
+            let task = tokio::spawn(follow_lu(
                 Arc::downgrade(&self.targets),
                 Arc::downgrade(store),
                 dev.alua_changes(),
+                store.capacity_changes(),
             ));
             followed.push((Arc::downgrade(dev), task.abort_handle()));
         }

@@ -2,9 +2,11 @@
 # The kernel's nvme-tcp and nvme-cli against rtgtd: discovery on port 8009, a host NQN not
 # on the subsystem's list refused, connect with two I/O queues and a 5 s keep alive, the
 # namespace's size and identifiers, ext4 with checksummed files across a remount, fio verify
-# (one job, then one per CPU and so per I/O queue), kill -9 and restart of rtgtd under fio
-# with the kernel's reconnect, the link cut until rtgtd's keep alive timer ends the
-# controller, reconnect and verify, disconnect.
+# (one job, then one per CPU and so per I/O queue), a second path through the port in the
+# other ALUA group (the kernel's native multipath with ANA: optimized and non-optimized
+# paths, then an ANA failover and failback through rtgtd's API under fio), kill -9 and
+# restart of rtgtd under fio with the kernel's reconnect of both paths, the link cut until
+# rtgtd's keep alive timer ends the controllers, reconnect and verify, disconnect.
 set -euo pipefail
 addr=$LAB_HOST_IP
 
@@ -46,6 +48,46 @@ grep -q 'mapped 2/' "$LAB_OUT/queues.txt" || lab_fail "the kernel did not map tw
 
 lab_nvme_data "$dev"
 
+# nvme_path ADDR: the hidden path device (nvmeXcYn1) of namespace 1 through ADDR.
+nvme_path() {
+    local b
+    for b in /sys/block/nvme*c*n1; do
+        [[ $(cat "$b/device/subsysnqn") == "$SUBNQN" ]] || continue
+        grep -q "traddr=$1," "$b/device/address" || continue
+        echo "${b##*/}"
+        return 0
+    done
+    return 1
+}
+
+# ana_is PATH STATE: the kernel's ANA state of PATH is STATE.
+ana_is() { [[ $(cat "/sys/block/$1/ana_state") == "$2" ]]; }
+
+lab_step "ANA: a second path through $IP2 (port 2, ALUA group 2: non-optimized)"
+[[ $(cat /sys/module/nvme_core/parameters/multipath) == Y ]] || lab_fail "the kernel's NVMe multipath is off"
+nvme connect -t tcp -a "$IP2" -s 4420 -n "$SUBNQN" --nr-io-queues=2 --keep-alive-tmo=5 \
+    --reconnect-delay=1 --ctrl-loss-tmo=600 | tee "$LAB_OUT/connect-2.txt"
+lab_retry 30 nvme_path "$IP2" >/dev/null || lab_fail "no second path"
+path1=$(nvme_path "$addr") path2=$(nvme_path "$IP2")
+[[ $(lab_nvme_ns "$SUBNQN") == "$ns" ]] || lab_fail "the second path is not under $dev"
+lab_retry 30 ana_is "$path1" optimized || lab_fail "$path1: $(cat "/sys/block/$path1/ana_state")"
+lab_retry 30 ana_is "$path2" non-optimized || lab_fail "$path2: $(cat "/sys/block/$path2/ana_state")"
+[[ $(cat "/sys/block/$path1/ana_grpid") == 1 ]] || lab_fail "ANA group of namespace 1"
+nvme list-subsys "$dev" | tee "$LAB_OUT/list-subsys.txt"
+
+lab_step "ANA failover and failback through rtgtd's API under fio"
+lab_fio_start ana "$dev" 40 416m 16m
+lab_signal ana-failover
+lab_wait ana-failed-over 120 || lab_fail "the host did not fail over"
+lab_retry 30 ana_is "$path1" inaccessible || lab_fail "$path1 after the failover: $(cat "/sys/block/$path1/ana_state")"
+ana_is "$path2" non-optimized || lab_fail "$path2 after the failover: $(cat "/sys/block/$path2/ana_state")"
+nvme list-subsys "$dev" | tee "$LAB_OUT/list-subsys-failover.txt"
+sleep 5
+lab_signal ana-failback
+lab_wait ana-failed-back 120 || lab_fail "the host did not fail back"
+lab_retry 30 ana_is "$path1" optimized || lab_fail "$path1 after the failback: $(cat "/sys/block/$path1/ana_state")"
+lab_fio_end
+
 lab_nvme_crash "$dev"
 
 lab_step "link cut until rtgtd's keep alive timer closes the controller, then back"
@@ -58,5 +100,6 @@ lab_files_verify "$dev" "after the keep alive expiry and reconnect"
 
 lab_step "disconnect"
 nvme disconnect -n "$SUBNQN" | tee "$LAB_OUT/disconnect.txt"
+grep -q "2 controller" "$LAB_OUT/disconnect.txt" || lab_fail "both paths' controllers were not disconnected"
 lab_retry 30 bash -c "! test -e /sys/block/$ns" || lab_fail "namespace still present after disconnect"
 lab_step "rtgt-nvme-tcp done"
