@@ -17,7 +17,8 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use rtgt_backstore::IoBuf;
+use bytes::Buf;
+use rtgt_backstore::{run_inline, IoBuf};
 use tokio::io::{
     AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, ReadHalf, WriteHalf,
 };
@@ -401,7 +402,9 @@ async fn write_loop<W: AsyncWrite + Unpin>(mut wr: W, mut rx: mpsc::Receiver<Out
             buf.extend_from_slice(&o.head);
             let data = o.data.bytes();
             if data.len() > 16 << 10 {
-                if wr.write_all(&buf).await.is_err() || wr.write_all(data).await.is_err() {
+                // What is queued and the data in one vectored write, the data not copied.
+                let mut both = Buf::chain(&buf[..], data);
+                if wr.write_all_buf(&mut both).await.is_err() {
                     return;
                 }
                 buf.clear();
@@ -571,7 +574,8 @@ async fn read_loop<R: AsyncRead + Unpin>(
     }
 }
 
-/// Runs a command in a task of its own and answers it; the entry is free once answered.
+/// Runs a command and answers it, in the receive loop as far as it goes without waiting and
+/// in a task of its own from there ([`run_inline`]); the entry is free once answered.
 fn spawn(
     queue: &Arc<Queue>,
     sqe: Sqe,
@@ -579,7 +583,7 @@ fn spawn(
     permit: tokio::sync::OwnedSemaphorePermit,
 ) {
     let q = queue.clone();
-    tokio::spawn(async move {
+    run_inline(async move {
         let reply = q.ctrl.execute(q.qid, &sqe, data).await;
         q.respond(&sqe, reply).await;
         drop(permit);

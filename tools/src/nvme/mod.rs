@@ -12,6 +12,7 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU16, Ordering};
 use std::sync::{Arc, Mutex};
 
+use bytes::Buf;
 use rtgt_nvme::admin::{self, IdController, IdNamespace};
 use rtgt_nvme::ctrl::property;
 use rtgt_nvme::fabrics::{ConnectData, FabricsCmd};
@@ -19,7 +20,7 @@ use rtgt_nvme::nvm::{self, Rw};
 use rtgt_nvme::sqe::{Cqe, Sgl, Sqe, Status, PSDT_SGL};
 use rtgt_nvme::subsys::CNTLID_DYNAMIC;
 use rtgt_nvme::tcp::{self, CommonHeader, Digests, Header, CH_LEN};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
 use tokio::sync::{oneshot, Mutex as AsyncMutex};
@@ -101,7 +102,7 @@ fn protocol(m: impl Into<String>) -> NvmeError {
     NvmeError::Protocol(m.into())
 }
 
-async fn read_pdu(rd: &mut OwnedReadHalf) -> Result<Vec<u8>, NvmeError> {
+async fn read_pdu<R: AsyncRead + Unpin>(rd: &mut R) -> Result<Vec<u8>, NvmeError> {
     let mut ch = [0u8; CH_LEN];
     rd.read_exact(&mut ch).await?;
     let c = CommonHeader::parse(&ch).ok_or_else(|| protocol("short header"))?;
@@ -563,7 +564,7 @@ fn rw(slba: u64, blocks: u32, fua: bool) -> [u32; 3] {
 }
 
 async fn read_loop(
-    mut rd: OwnedReadHalf,
+    rd: OwnedReadHalf,
     wr: Arc<AsyncMutex<OwnedWriteHalf>>,
     flights: Flights,
     digests: Digests,
@@ -574,6 +575,8 @@ async fn read_loop(
             let _ = f.done.send(Err(e()));
         }
     };
+    // Many small PDUs (responses) per read from the socket.
+    let mut rd = BufReader::with_capacity(64 << 10, rd);
     loop {
         let b = match read_pdu(&mut rd).await {
             Ok(b) => b,
@@ -655,10 +658,12 @@ async fn read_loop(
                         last: at + n == offset + length,
                         success: false,
                     };
-                    if w.write_all(&h.to_pdu(digests, &out[at..at + n], 0))
-                        .await
-                        .is_err()
-                    {
+                    // Header, data (not copied) and digest in one vectored write.
+                    let data = &out[at..at + n];
+                    let (head, trailer) = h.encode(digests, data, 0);
+                    let trailer = trailer.as_ref().map_or(&[][..], |t| &t[..]);
+                    let mut pdu = Buf::chain(Buf::chain(&head[..], data), trailer);
+                    if w.write_all_buf(&mut pdu).await.is_err() {
                         break;
                     }
                     at += n;
