@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use common::{free_port, prerequisite, run, skip_or_fail};
+use common::{free_port, prerequisite, rtgtctl_bin, run, skip_or_fail};
 use rtgt_api::client::{segment, Client, ClientError};
 use rtgt_api::config::Config;
 use rtgt_api::{ChangeReport, SessionView};
@@ -1278,32 +1278,8 @@ fn rdma_transports_live() {
     hca.shutdown();
 }
 
-/// rtgtctl (a binary of rtgt-api) next to rtgtd, built when missing.
-fn rtgtctl_bin() -> PathBuf {
-    let bin = Path::new(env!("CARGO_BIN_EXE_rtgtd")).with_file_name("rtgtctl");
-    let built = Command::new(env!("CARGO"))
-        .args(["build", "-q", "-p", "rtgt-api", "--bin", "rtgtctl"])
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .status()
-        .expect("run cargo");
-    assert!(built.success(), "cannot build rtgtctl");
-    bin
-}
-
 fn rtgtctl(d: &Daemon, args: &[&str]) -> (bool, String, String) {
-    static BIN: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
-    let out = Command::new(BIN.get_or_init(rtgtctl_bin))
-        .arg("--socket")
-        .arg(d.dir.join("rtgtd.sock"))
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .expect("run rtgtctl");
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    common::rtgtctl(&d.dir.join("rtgtd.sock"), args)
 }
 
 #[test]
@@ -1544,7 +1520,7 @@ struct Call {
 /// Every operation of the OpenAPI document, with bodies that work, in an order in which
 /// each call succeeds for the admin: creations before the reads, updates and deletions of
 /// what they created.
-fn every_route(srp_listen: &str, portal: u16, extra_portal: u16) -> Vec<Call> {
+fn every_route(srp_listen: &str, portal: u16, extra_portal: u16, nvme_port: u16) -> Vec<Call> {
     use serde_json::json;
     let t = "iqn.2025-01.io.rtgt:probe";
     let ini = "iqn.2025-01.io.rtgt:probe-host";
@@ -1553,6 +1529,10 @@ fn every_route(srp_listen: &str, portal: u16, extra_portal: u16) -> Vec<Call> {
     let g = format!("{tp}/tpgs/2");
     let a = format!("{g}/acls/{}", segment(ini));
     let s = "/api/v1/srp/ports/probe";
+    let nqn = "nqn.2025-01.io.rtgt:probe";
+    let n = format!("/api/v1/nvme/subsystems/{}", segment(nqn));
+    let host = "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-0000-0000-0000000000ab";
+    let sub = json!({"nqn": nqn, "namespaces": []});
     let bs = json!({"name": "probe", "type": "ramdisk", "size": "8MiB"});
     let mut bs2 = bs.clone();
     bs2["size"] = json!("16MiB");
@@ -1822,6 +1802,60 @@ fn every_route(srp_listen: &str, portal: u16, extra_portal: u16) -> Vec<Call> {
             "/api/v1/sessions/iscsi-999999",
             None,
         ),
+        c("GET", "/api/v1/nvme", "/api/v1/nvme", None),
+        c("PUT", "/api/v1/nvme", "/api/v1/nvme", Some(&json!({}))),
+        c(
+            "GET",
+            "/api/v1/nvme/subsystems",
+            "/api/v1/nvme/subsystems",
+            None,
+        ),
+        c(
+            "POST",
+            "/api/v1/nvme/subsystems",
+            "/api/v1/nvme/subsystems",
+            Some(&sub),
+        ),
+        c("GET", "/api/v1/nvme/subsystems/{nqn}", &n, None),
+        c("PUT", "/api/v1/nvme/subsystems/{nqn}", &n, Some(&sub)),
+        c(
+            "POST",
+            "/api/v1/nvme/subsystems/{nqn}/namespaces",
+            &format!("{n}/namespaces"),
+            Some(&json!({"nsid": 1, "backstore": "probe"})),
+        ),
+        c(
+            "POST",
+            "/api/v1/nvme/subsystems/{nqn}/hosts",
+            &format!("{n}/hosts"),
+            Some(&json!({ "nqn": host })),
+        ),
+        c(
+            "DELETE",
+            "/api/v1/nvme/subsystems/{nqn}/hosts/{host}",
+            &format!("{n}/hosts/{}", segment(host)),
+            None,
+        ),
+        c(
+            "DELETE",
+            "/api/v1/nvme/subsystems/{nqn}/namespaces/{nsid}",
+            &format!("{n}/namespaces/1"),
+            None,
+        ),
+        c("GET", "/api/v1/nvme/ports", "/api/v1/nvme/ports", None),
+        c(
+            "POST",
+            "/api/v1/nvme/ports",
+            "/api/v1/nvme/ports",
+            Some(&json!({"id": 9, "transport": "tcp", "listen": format!("127.0.0.1:{nvme_port}")})),
+        ),
+        c(
+            "DELETE",
+            "/api/v1/nvme/ports/{id}",
+            "/api/v1/nvme/ports/9",
+            None,
+        ),
+        c("DELETE", "/api/v1/nvme/subsystems/{nqn}", &n, None),
         c("GET", "/api/v1/config", "/api/v1/config", None),
         c("GET", "/api/v1/config", "/api/v1/config?secrets=true", None),
         c("DELETE", "/api/v1/targets/{target}", &tp, None),
@@ -1919,7 +1953,7 @@ fn every_route_refuses_the_unprivileged() {
     );
     let d = Daemon::start("unprivileged", &config);
     let srp_listen = format!("{rdma_ip}:{}", free_port());
-    let calls = every_route(&srp_listen, free_port(), free_port());
+    let calls = every_route(&srp_listen, free_port(), free_port(), free_port());
 
     // The plan covers every operation the API documents.
     let doc = rtgt_api::server::openapi();
@@ -2081,6 +2115,7 @@ fn every_route_refuses_the_unprivileged() {
     let after: Config = d.client().get("/api/v1/config").unwrap();
     assert_eq!(after.backstores.len(), 2);
     assert!(after.srp.is_empty() && after.targets.len() == 1);
+    assert_eq!(after.nvme, rtgt_api::nvme::Nvme::default());
     assert!(!d.log().contains(&admin) && !d.log().contains(&reader));
 }
 

@@ -460,3 +460,90 @@ api: {{listen: []}}
         other => panic!("{other:?}"),
     }
 }
+
+/// Subsystems, namespaces, hosts and ports made through rtgtctl (and so the REST API's
+/// `/api/v1/nvme` resources), each live for a host at once; bad requests get the API's
+/// answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rtgtctl_manages_nvme_subsystems_and_ports() {
+    const NQN: &str = "nqn.2025-01.io.rtgt:ctl";
+    let (iscsi, port, disc) = (free_port(), free_port(), free_port());
+    let host = HostConfig::default();
+    let d = Rtgtd::start("nvme-ctl", &config(iscsi, port, disc, &host.host_nqn), port);
+    let sock = d.dir.join("rtgtd.sock");
+    let ctl = |args: &[&str]| {
+        let (ok, out, err) = common::rtgtctl(&sock, args);
+        assert!(ok, "rtgtctl {args:?}: {err}");
+        out
+    };
+    let fails = |args: &[&str]| {
+        let (ok, _, err) = common::rtgtctl(&sock, args);
+        assert!(!ok, "rtgtctl {args:?} succeeded");
+        err
+    };
+    let port2 = free_port();
+    let listen = format!("127.0.0.1:{port2}");
+    ctl(&["nvme", "create", NQN, "--host", &host.host_nqn]);
+    ctl(&["nvme", "add-namespace", NQN, "1", "r1"]);
+    ctl(&["nvme", "add-port", "7", &listen]);
+    let out = ctl(&["nvme", "list"]);
+    assert!(
+        out.contains(NQN) && out.contains("1=r1") && out.contains(&listen),
+        "{out}"
+    );
+
+    // Live: a host connects through the new port and uses the new namespace.
+    let addr: SocketAddr = listen.parse().unwrap();
+    let admin = Queue::connect(addr, &host, NQN, 0, 0, 32).await.unwrap();
+    admin.enable(1).await.unwrap();
+    assert_eq!(admin.active_namespaces().await.unwrap(), [1]);
+    let io = Queue::connect(addr, &host, NQN, 1, admin.cntlid, 32)
+        .await
+        .unwrap();
+    io.write(1, 0, pattern(4096, 9), 4096, false).await.unwrap();
+    assert_eq!(io.read(1, 0, 1, 4096).await.unwrap(), pattern(4096, 9));
+
+    // A second namespace, then removed again; the subsystem's JSON shows what is there.
+    ctl(&["nvme", "add-namespace", NQN, "2", "ro"]);
+    assert_eq!(admin.active_namespaces().await.unwrap(), [1, 2]);
+    ctl(&["nvme", "remove-namespace", NQN, "2"]);
+    assert_eq!(admin.active_namespaces().await.unwrap(), [1]);
+    let s: serde_json::Value =
+        serde_json::from_str(&ctl(&["--json", "nvme", "show", NQN])).unwrap();
+    assert_eq!(s["hosts"][0], host.host_nqn.as_str());
+    assert_eq!(s["namespaces"].as_array().unwrap().len(), 1);
+
+    // Bad requests: a namespace ID taken, an unknown backstore, a port ID taken, an unknown
+    // subsystem, a malformed NQN.
+    assert!(fails(&["nvme", "add-namespace", NQN, "1", "r1"]).contains("409"));
+    assert!(fails(&["nvme", "add-namespace", NQN, "3", "nope"]).contains("422"));
+    assert!(fails(&["nvme", "add-port", "7", "127.0.0.1:1"]).contains("409"));
+    assert!(fails(&["nvme", "show", "nqn.2025-01.io.rtgt:none"]).contains("404"));
+    assert!(fails(&["nvme", "create", "iqn.2025-01.io.rtgt:x"]).contains("422"));
+
+    // The host removed: its controller closes and it cannot come back; the port removed:
+    // nothing listens there; the subsystem deleted.
+    ctl(&[
+        "nvme",
+        "add-host",
+        NQN,
+        "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-0000-0000-0000000000cc",
+    ]);
+    ctl(&["nvme", "remove-host", NQN, &host.host_nqn]);
+    wait_for("the controller to close", || {
+        !nvme_sessions(&client(&d))
+            .iter()
+            .any(|s| s.initiator == host.host_nqn && s.target == NQN)
+    })
+    .await;
+    let e = Queue::connect(addr, &host, NQN, 0, 0, 32)
+        .await
+        .err()
+        .expect("refused");
+    assert!(invalid_host(&e), "{e:?}");
+    ctl(&["nvme", "remove-port", "7"]);
+    assert!(tokio::net::TcpStream::connect(addr).await.is_err());
+    ctl(&["nvme", "delete", NQN]);
+    assert!(!ctl(&["nvme", "list"]).contains(NQN));
+    drop(io);
+}

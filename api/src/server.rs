@@ -34,6 +34,7 @@ use crate::config::{
     Acl, ApiConfig, Auth, Backstore, Config, Lun, MappedLun, Policy, PortAcl, PortalGroup, Target,
 };
 use crate::control::{AluaView, ChangeReport, Control, ControlError, RdmaView, SessionView};
+use crate::nvme::{Nvme, NvmeNamespace, NvmePort, NvmeSubsystem};
 use crate::resource::{
     each_kind, operation_id, request_name, template, Args, EachKind, Part, PathArgs, PortKind,
     Verb, API_PREFIX, OPERATIONS,
@@ -391,6 +392,35 @@ impl Api {
                 "/discovery/auth",
                 get(get_discovery_auth).put(put_discovery_auth),
             )
+            .route("/nvme", get(get_nvme).put(put_nvme))
+            .route(
+                "/nvme/subsystems",
+                get(list_subsystems).post(create_subsystem),
+            )
+            .route(
+                "/nvme/subsystems/{nqn}",
+                get(get_subsystem)
+                    .put(replace_subsystem)
+                    .delete(delete_subsystem),
+            )
+            .route(
+                "/nvme/subsystems/{nqn}/namespaces",
+                axum::routing::post(add_namespace),
+            )
+            .route(
+                "/nvme/subsystems/{nqn}/namespaces/{nsid}",
+                axum::routing::delete(delete_namespace),
+            )
+            .route(
+                "/nvme/subsystems/{nqn}/hosts",
+                axum::routing::post(add_host),
+            )
+            .route(
+                "/nvme/subsystems/{nqn}/hosts/{host}",
+                axum::routing::delete(delete_host),
+            )
+            .route("/nvme/ports", get(list_nvme_ports).post(add_nvme_port))
+            .route("/nvme/ports/{id}", axum::routing::delete(delete_nvme_port))
             .route("/alua", get(get_alua).put(put_alua))
             .route("/alua/states", get(list_alua_states))
             .route(
@@ -1430,6 +1460,285 @@ async fn put_discovery_auth(State(st): St, Body(a): Body<Auth>) -> Res<axum::Jso
     Ok(axum::Json(redact_auth(&a)))
 }
 
+// ---- NVMe over Fabrics ----
+//
+// The `nvme` section whole, its subsystems (with their namespaces and allowed hosts) and its
+// ports. Every change goes through the same apply as the configuration's: validated first
+// (422 naming the field), live after.
+
+#[utoipa::path(get, path = "/api/v1/nvme", tag = "nvme",
+    responses((status = 200, body = Nvme), (status = 401, body = ErrorBody)))]
+async fn get_nvme(State(st): St) -> Res<axum::Json<Nvme>> {
+    read(&st, |c| Ok(std::mem::take(&mut c.nvme)))
+}
+
+/// Replaces the `nvme` section.
+#[utoipa::path(put, path = "/api/v1/nvme", tag = "nvme", request_body = Nvme,
+    responses((status = 200, body = Nvme), (status = 400, body = ErrorBody),
+        (status = 401, body = ErrorBody), (status = 409, body = ErrorBody),
+        (status = 413, body = ErrorBody), (status = 415, body = ErrorBody),
+        (status = 422, body = ErrorBody)))]
+async fn put_nvme(State(st): St, Body(n): Body<Nvme>) -> Res<axum::Json<Nvme>> {
+    st.api
+        .change("set nvme", |c| {
+            c.nvme = n.clone();
+            Ok(())
+        })
+        .await?;
+    Ok(axum::Json(n))
+}
+
+fn subsystem_mut<'a>(c: &'a mut Config, nqn: &str) -> Res<&'a mut NvmeSubsystem> {
+    c.nvme
+        .subsystems
+        .iter_mut()
+        .find(|s| s.nqn == nqn)
+        .ok_or_else(|| ApiError::not_found(format!("no NVMe subsystem {nqn:?}")))
+}
+
+#[utoipa::path(get, path = "/api/v1/nvme/subsystems", tag = "nvme",
+    responses((status = 200, body = Vec<NvmeSubsystem>), (status = 401, body = ErrorBody)))]
+async fn list_subsystems(State(st): St) -> Res<axum::Json<Vec<NvmeSubsystem>>> {
+    read(&st, |c| Ok(std::mem::take(&mut c.nvme.subsystems)))
+}
+
+#[utoipa::path(post, path = "/api/v1/nvme/subsystems", tag = "nvme", request_body = NvmeSubsystem,
+    responses((status = 201, body = NvmeSubsystem), (status = 400, body = ErrorBody),
+        (status = 401, body = ErrorBody), (status = 409, body = ErrorBody),
+        (status = 413, body = ErrorBody), (status = 415, body = ErrorBody),
+        (status = 422, body = ErrorBody)))]
+async fn create_subsystem(State(st): St, Body(s): Body<NvmeSubsystem>) -> Res<Response> {
+    let (s, _) = st
+        .api
+        .change("create NVMe subsystem", |c| {
+            if c.nvme.subsystems.iter().any(|x| x.nqn == s.nqn) {
+                return Err(ApiError::conflict(
+                    "nqn",
+                    format!("NVMe subsystem {:?} exists", s.nqn),
+                ));
+            }
+            c.nvme.subsystems.push(s.clone());
+            Ok(s)
+        })
+        .await?;
+    Ok(created(s))
+}
+
+#[utoipa::path(get, path = "/api/v1/nvme/subsystems/{nqn}", tag = "nvme",
+    params(("nqn" = String, Path, description = "Subsystem NQN")),
+    responses((status = 200, body = NvmeSubsystem), (status = 400, body = ErrorBody),
+        (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)))]
+async fn get_subsystem(
+    State(st): St,
+    PathParams(nqn): PathParams<String>,
+) -> Res<axum::Json<NvmeSubsystem>> {
+    read(&st, |c| subsystem_mut(c, &nqn).map(|s| s.clone()))
+}
+
+/// Replaces a subsystem: its hosts and namespaces as given (controllers of hosts no longer
+/// admitted close; hosts hear of namespaces added and removed).
+#[utoipa::path(put, path = "/api/v1/nvme/subsystems/{nqn}", tag = "nvme", request_body = NvmeSubsystem,
+    params(("nqn" = String, Path, description = "Subsystem NQN")),
+    responses((status = 200, body = NvmeSubsystem), (status = 400, body = ErrorBody),
+        (status = 401, body = ErrorBody), (status = 404, body = ErrorBody),
+        (status = 409, body = ErrorBody), (status = 413, body = ErrorBody),
+        (status = 415, body = ErrorBody), (status = 422, body = ErrorBody)))]
+async fn replace_subsystem(
+    State(st): St,
+    PathParams(nqn): PathParams<String>,
+    Body(s): Body<NvmeSubsystem>,
+) -> Res<axum::Json<NvmeSubsystem>> {
+    if s.nqn != nqn {
+        return Err(ApiError::invalid("nqn", "the NQN cannot change"));
+    }
+    let (s, _) = st
+        .api
+        .change("replace NVMe subsystem", |c| {
+            *subsystem_mut(c, &nqn)? = s.clone();
+            Ok(s)
+        })
+        .await?;
+    Ok(axum::Json(s))
+}
+
+/// Removes a subsystem; its controllers close.
+#[utoipa::path(delete, path = "/api/v1/nvme/subsystems/{nqn}", tag = "nvme",
+    params(("nqn" = String, Path, description = "Subsystem NQN")),
+    responses((status = 204), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody),
+        (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
+async fn delete_subsystem(State(st): St, PathParams(nqn): PathParams<String>) -> Res<Response> {
+    st.api
+        .change("delete NVMe subsystem", |c| {
+            subsystem_mut(c, &nqn)?;
+            c.nvme.subsystems.retain(|s| s.nqn != nqn);
+            Ok(())
+        })
+        .await?;
+    Ok(no_content())
+}
+
+/// Adds a namespace to a subsystem (its hosts hear of it).
+#[utoipa::path(post, path = "/api/v1/nvme/subsystems/{nqn}/namespaces", tag = "nvme",
+    request_body = NvmeNamespace,
+    params(("nqn" = String, Path, description = "Subsystem NQN")),
+    responses((status = 201, body = NvmeNamespace), (status = 400, body = ErrorBody),
+        (status = 401, body = ErrorBody), (status = 404, body = ErrorBody),
+        (status = 409, body = ErrorBody), (status = 413, body = ErrorBody),
+        (status = 415, body = ErrorBody), (status = 422, body = ErrorBody)))]
+async fn add_namespace(
+    State(st): St,
+    PathParams(nqn): PathParams<String>,
+    Body(n): Body<NvmeNamespace>,
+) -> Res<Response> {
+    let (n, _) = st
+        .api
+        .change("add NVMe namespace", |c| {
+            let s = subsystem_mut(c, &nqn)?;
+            if s.namespaces.iter().any(|x| x.nsid == n.nsid) {
+                return Err(ApiError::conflict(
+                    "nsid",
+                    format!("{nqn} has namespace {}", n.nsid),
+                ));
+            }
+            s.namespaces.push(n.clone());
+            Ok(n)
+        })
+        .await?;
+    Ok(created(n))
+}
+
+/// Removes a namespace from a subsystem (its hosts hear of it).
+#[utoipa::path(delete, path = "/api/v1/nvme/subsystems/{nqn}/namespaces/{nsid}", tag = "nvme",
+    params(("nqn" = String, Path, description = "Subsystem NQN"),
+        ("nsid" = u32, Path, description = "Namespace ID")),
+    responses((status = 204), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody),
+        (status = 404, body = ErrorBody)))]
+async fn delete_namespace(
+    State(st): St,
+    PathParams((nqn, nsid)): PathParams<(String, u32)>,
+) -> Res<Response> {
+    st.api
+        .change("remove NVMe namespace", |c| {
+            let s = subsystem_mut(c, &nqn)?;
+            let before = s.namespaces.len();
+            s.namespaces.retain(|n| n.nsid != nsid);
+            if s.namespaces.len() == before {
+                return Err(ApiError::not_found(format!(
+                    "{nqn} has no namespace {nsid}"
+                )));
+            }
+            Ok(())
+        })
+        .await?;
+    Ok(no_content())
+}
+
+/// A host NQN to admit.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+struct NvmeHost {
+    #[schema(example = "nqn.2014-08.org.nvmexpress:uuid:5a1e0b2c-7d3f-4e21-9a6b-0c1d2e3f4a5b")]
+    nqn: String,
+}
+
+/// Admits a host to a subsystem (one that admitted any host then admits only those listed).
+#[utoipa::path(post, path = "/api/v1/nvme/subsystems/{nqn}/hosts", tag = "nvme",
+    request_body = NvmeHost,
+    params(("nqn" = String, Path, description = "Subsystem NQN")),
+    responses((status = 201, body = NvmeHost), (status = 400, body = ErrorBody),
+        (status = 401, body = ErrorBody), (status = 404, body = ErrorBody),
+        (status = 409, body = ErrorBody), (status = 413, body = ErrorBody),
+        (status = 415, body = ErrorBody), (status = 422, body = ErrorBody)))]
+async fn add_host(
+    State(st): St,
+    PathParams(nqn): PathParams<String>,
+    Body(h): Body<NvmeHost>,
+) -> Res<Response> {
+    let (h, _) = st
+        .api
+        .change("admit NVMe host", |c| {
+            let s = subsystem_mut(c, &nqn)?;
+            if s.hosts.contains(&h.nqn) {
+                return Err(ApiError::conflict(
+                    "nqn",
+                    format!("{nqn} admits {} already", h.nqn),
+                ));
+            }
+            s.allow_any_host = false;
+            s.hosts.push(h.nqn.clone());
+            Ok(h)
+        })
+        .await?;
+    Ok(created(h))
+}
+
+/// No longer admits a host: its controllers close at once.
+#[utoipa::path(delete, path = "/api/v1/nvme/subsystems/{nqn}/hosts/{host}", tag = "nvme",
+    params(("nqn" = String, Path, description = "Subsystem NQN"),
+        ("host" = String, Path, description = "Host NQN")),
+    responses((status = 204), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody),
+        (status = 404, body = ErrorBody)))]
+async fn delete_host(
+    State(st): St,
+    PathParams((nqn, host)): PathParams<(String, String)>,
+) -> Res<Response> {
+    st.api
+        .change("remove NVMe host", |c| {
+            let s = subsystem_mut(c, &nqn)?;
+            if !s.hosts.contains(&host) {
+                return Err(ApiError::not_found(format!("{nqn} does not list {host}")));
+            }
+            s.hosts.retain(|h| *h != host);
+            Ok(())
+        })
+        .await?;
+    Ok(no_content())
+}
+
+#[utoipa::path(get, path = "/api/v1/nvme/ports", tag = "nvme",
+    responses((status = 200, body = Vec<NvmePort>), (status = 401, body = ErrorBody)))]
+async fn list_nvme_ports(State(st): St) -> Res<axum::Json<Vec<NvmePort>>> {
+    read(&st, |c| Ok(std::mem::take(&mut c.nvme.ports)))
+}
+
+/// Adds a port: it listens once the change is applied (a taken address is a 409).
+#[utoipa::path(post, path = "/api/v1/nvme/ports", tag = "nvme", request_body = NvmePort,
+    responses((status = 201, body = NvmePort), (status = 400, body = ErrorBody),
+        (status = 401, body = ErrorBody), (status = 409, body = ErrorBody),
+        (status = 413, body = ErrorBody), (status = 415, body = ErrorBody),
+        (status = 422, body = ErrorBody)))]
+async fn add_nvme_port(State(st): St, Body(p): Body<NvmePort>) -> Res<Response> {
+    let (p, _) = st
+        .api
+        .change("add NVMe port", |c| {
+            if c.nvme.ports.iter().any(|x| x.id == p.id) {
+                return Err(ApiError::conflict("id", format!("port {} exists", p.id)));
+            }
+            c.nvme.ports.push(p.clone());
+            Ok(p)
+        })
+        .await?;
+    Ok(created(p))
+}
+
+/// Removes a port: its listener stops and its connections end.
+#[utoipa::path(delete, path = "/api/v1/nvme/ports/{id}", tag = "nvme",
+    params(("id" = u16, Path, description = "Port ID")),
+    responses((status = 204), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody),
+        (status = 404, body = ErrorBody)))]
+async fn delete_nvme_port(State(st): St, PathParams(id): PathParams<u16>) -> Res<Response> {
+    st.api
+        .change("remove NVMe port", |c| {
+            if !c.nvme.ports.iter().any(|p| p.id == id) {
+                return Err(ApiError::not_found(format!("no NVMe port {id}")));
+            }
+            c.nvme.ports.retain(|p| p.id != id);
+            Ok(())
+        })
+        .await?;
+    Ok(no_content())
+}
+
 // ---- ALUA ----
 
 #[utoipa::path(get, path = "/api/v1/alua", tag = "alua",
@@ -1837,11 +2146,14 @@ impl utoipa::Modify for BearerAuth {
         get_tpg_auth, put_tpg_auth, get_acl_auth, put_acl_auth, get_discovery_auth, put_discovery_auth,
         add_mapped_lun, delete_mapped_lun,
         get_alua, put_alua, list_alua_states, put_alua_state,
+        get_nvme, put_nvme, list_subsystems, create_subsystem, get_subsystem, replace_subsystem,
+        delete_subsystem, add_namespace, delete_namespace, add_host, delete_host,
+        list_nvme_ports, add_nvme_port, delete_nvme_port,
         list_sessions, delete_session, get_rdma,
         export_config, apply_config,
         health, ready, metrics, openapi_json,
     ),
-    components(schemas(ErrorBody, Status, Portal, ApiConfig, AluaStateChange)),
+    components(schemas(ErrorBody, Status, Portal, ApiConfig, AluaStateChange, NvmeHost)),
     modifiers(&PortDocs, &BearerAuth),
     security(("bearer" = []))
 )]
@@ -1867,6 +2179,9 @@ mod tests {
             "/api/v1/srp/ports/{name}/acls/{initiator}",
             "/api/v1/srp/ports/{name}/luns/{lun}",
             "/api/v1/config",
+            "/api/v1/nvme/subsystems/{nqn}/namespaces/{nsid}",
+            "/api/v1/nvme/subsystems/{nqn}/hosts/{host}",
+            "/api/v1/nvme/ports/{id}",
             "/metrics",
         ] {
             assert!(doc.paths.paths.contains_key(p), "{p} missing");

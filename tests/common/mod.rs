@@ -255,3 +255,33 @@ pub async fn run(
     }
     panic!("unit attentions do not stop");
 }
+
+/// rtgtctl (a binary of rtgt-api) next to rtgtd, built when missing.
+pub fn rtgtctl_bin() -> PathBuf {
+    let bin = Path::new(env!("CARGO_BIN_EXE_rtgtd")).with_file_name("rtgtctl");
+    let built = Command::new(env!("CARGO"))
+        .args(["build", "-q", "-p", "rtgt-api", "--bin", "rtgtctl"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .status()
+        .expect("run cargo");
+    assert!(built.success(), "cannot build rtgtctl");
+    bin
+}
+
+/// Runs rtgtctl against the API socket `socket`: whether it succeeded, its output and its
+/// errors.
+pub fn rtgtctl(socket: &Path, args: &[&str]) -> (bool, String, String) {
+    static BIN: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    let out = Command::new(BIN.get_or_init(rtgtctl_bin))
+        .arg("--socket")
+        .arg(socket)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run rtgtctl");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}

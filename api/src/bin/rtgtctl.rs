@@ -10,6 +10,7 @@ use rtgt_api::config::{
     Acl, Auth, Backstore, BackstoreKind, ByteSize, Chap, Config, Lun, MappedLun, Port, PortalGroup,
     RbdImage, SrpAcl, SrpPort, Target, REDACTED,
 };
+use rtgt_api::nvme::{Nvme, NvmeNamespace, NvmePort, NvmeSubsystem, NvmeTransport};
 use rtgt_api::resource::PortPath;
 use rtgt_api::server::Portal;
 use rtgt_api::{AluaView, ChangeReport, SessionView};
@@ -80,6 +81,9 @@ enum Cmd {
     /// ALUA target port groups and their access states.
     #[command(subcommand)]
     Alua(AluaCmd),
+    /// NVMe over Fabrics subsystems, their namespaces and hosts, and ports.
+    #[command(subcommand)]
+    Nvme(NvmeCmd),
     /// Applies a configuration document (YAML or JSON): only what differs changes.
     Apply {
         /// The document; `-` reads standard input.
@@ -396,6 +400,115 @@ enum AluaCmd {
         #[arg(long)]
         preferred: Option<bool>,
     },
+}
+
+#[derive(Subcommand, Debug)]
+enum NvmeCmd {
+    /// The subsystems with their namespaces and hosts, and the ports.
+    List,
+    /// One subsystem.
+    Show {
+        nqn: String,
+    },
+    /// Creates a subsystem (any host admitted unless --host is given).
+    Create {
+        nqn: String,
+        /// A host NQN to admit (repeatable).
+        #[arg(long = "host")]
+        hosts: Vec<String>,
+        /// Serial number (1 to 20 characters); derived from the host and NQN when absent.
+        #[arg(long)]
+        serial: Option<String>,
+    },
+    /// Deletes a subsystem: its controllers close.
+    Delete {
+        nqn: String,
+    },
+    /// Adds a namespace on a backstore (hosts hear of it).
+    AddNamespace {
+        nqn: String,
+        nsid: u32,
+        backstore: String,
+        /// The backstore is a SCSI LUN too.
+        #[arg(long)]
+        share_with_scsi: bool,
+    },
+    RemoveNamespace {
+        nqn: String,
+        nsid: u32,
+    },
+    /// Admits a host NQN (a subsystem that admitted any host then admits only those listed).
+    AddHost {
+        nqn: String,
+        host: String,
+    },
+    /// No longer admits a host: its controllers close.
+    RemoveHost {
+        nqn: String,
+        host: String,
+    },
+    /// Adds a port (every port serves every subsystem).
+    AddPort {
+        id: u16,
+        /// Address and port, e.g. 0.0.0.0:4420.
+        listen: std::net::SocketAddr,
+        /// tcp or rdma.
+        #[arg(long, default_value = "tcp", value_parser = parse_nvme_transport)]
+        transport: NvmeTransport,
+        /// Target port group: namespaces report its access state as their ANA state.
+        #[arg(long)]
+        alua_group: Option<u16>,
+    },
+    /// Removes a port: its listener stops.
+    RemovePort {
+        id: u16,
+    },
+}
+
+fn parse_nvme_transport(s: &str) -> Result<NvmeTransport, String> {
+    match s {
+        "tcp" => Ok(NvmeTransport::Tcp),
+        "rdma" => Ok(NvmeTransport::Rdma),
+        _ => Err(format!("{s:?}: expected tcp or rdma")),
+    }
+}
+
+fn print_subsystems(json: bool, v: &[NvmeSubsystem]) {
+    print_list(json, v, &["NQN", "NAMESPACES", "HOSTS"], |s| {
+        vec![
+            s.nqn.clone(),
+            joined(&s.namespaces, |n| format!("{}={}", n.nsid, n.backstore)),
+            if s.allow_any_host {
+                "any".into()
+            } else {
+                joined(&s.hosts, |h| h.clone())
+            },
+        ]
+    });
+}
+
+fn print_nvme_ports(json: bool, v: &[NvmePort]) {
+    print_list(
+        json,
+        v,
+        &["PORT", "TRANSPORT", "LISTEN", "ALUA_GROUP"],
+        |p| {
+            vec![
+                p.id.to_string(),
+                match p.transport {
+                    NvmeTransport::Tcp => "tcp",
+                    NvmeTransport::Rdma => "rdma",
+                }
+                .into(),
+                p.listen.to_string(),
+                p.alua_group.map_or_else(|| "-".into(), |g| g.to_string()),
+            ]
+        },
+    );
+}
+
+fn subsystem_path(nqn: &str) -> String {
+    format!("/api/v1/nvme/subsystems/{}", segment(nqn))
 }
 
 fn parse_kind(s: &str) -> Result<BackstoreKind, String> {
@@ -972,6 +1085,77 @@ fn run(args: Args, ctx: &mut Context) -> Result<(), ClientError> {
                 c.add_acl(&srp_port(&name), &acl)?;
             }
             SrpCmd::RemoveAcl { name, initiator } => c.remove_acl(&srp_port(&name), &initiator)?,
+        },
+        Cmd::Nvme(cmd) => match cmd {
+            NvmeCmd::List => {
+                let n: Nvme = c.get("/api/v1/nvme")?;
+                if json {
+                    print_json(&n);
+                } else {
+                    print_subsystems(false, &n.subsystems);
+                    println!();
+                    print_nvme_ports(false, &n.ports);
+                }
+            }
+            NvmeCmd::Show { nqn } => {
+                let s: NvmeSubsystem = c.get(&subsystem_path(&nqn))?;
+                print_object(json, &s);
+            }
+            NvmeCmd::Create { nqn, hosts, serial } => {
+                let s = NvmeSubsystem {
+                    nqn,
+                    serial,
+                    allow_any_host: hosts.is_empty(),
+                    hosts,
+                    namespaces: Vec::new(),
+                };
+                let v = c.send("POST", "/api/v1/nvme/subsystems", &s)?;
+                let s: NvmeSubsystem = serde_json::from_value(v)?;
+                print_subsystems(json, &[s]);
+            }
+            NvmeCmd::Delete { nqn } => c.delete(&subsystem_path(&nqn))?,
+            NvmeCmd::AddNamespace {
+                nqn,
+                nsid,
+                backstore,
+                share_with_scsi,
+            } => {
+                let n = NvmeNamespace {
+                    nsid,
+                    backstore,
+                    share_with_scsi,
+                };
+                c.send("POST", &format!("{}/namespaces", subsystem_path(&nqn)), &n)?;
+            }
+            NvmeCmd::RemoveNamespace { nqn, nsid } => {
+                c.delete(&format!("{}/namespaces/{nsid}", subsystem_path(&nqn)))?
+            }
+            NvmeCmd::AddHost { nqn, host } => {
+                let body = serde_json::json!({ "nqn": host });
+                c.send("POST", &format!("{}/hosts", subsystem_path(&nqn)), &body)?;
+            }
+            NvmeCmd::RemoveHost { nqn, host } => c.delete(&format!(
+                "{}/hosts/{}",
+                subsystem_path(&nqn),
+                segment(&host)
+            ))?,
+            NvmeCmd::AddPort {
+                id,
+                listen,
+                transport,
+                alua_group,
+            } => {
+                let p = NvmePort {
+                    id,
+                    transport,
+                    listen,
+                    alua_group,
+                };
+                let v = c.send("POST", "/api/v1/nvme/ports", &p)?;
+                let p: NvmePort = serde_json::from_value(v)?;
+                print_nvme_ports(json, &[p]);
+            }
+            NvmeCmd::RemovePort { id } => c.delete(&format!("/api/v1/nvme/ports/{id}"))?,
         },
         Cmd::Sessions(cmd) => match cmd {
             SessionCmd::List => {
