@@ -205,6 +205,23 @@ async fn rtgtd_serves_nvme_tcp_from_its_configuration_and_the_api() {
         )),
         "{metrics}"
     );
+    // Each queue's own counters: the I/O queue wrote and read 64 KiB at least, the admin
+    // queue moved no namespace data.
+    let queue_value = |name: &str, qid: u16| -> u64 {
+        let key = format!(
+            "{name}{{session=\"nvme-{}\",subsystem=\"{SUB}\",qid=\"{qid}\"}} ",
+            admin.cntlid
+        );
+        let line = metrics
+            .lines()
+            .find(|l| l.starts_with(&key))
+            .unwrap_or_else(|| panic!("no {key}in {metrics}"));
+        line[key.len()..].parse().unwrap()
+    };
+    assert!(queue_value("rtgt_nvme_queue_written_bytes_total", 1) >= 64 << 10);
+    assert!(queue_value("rtgt_nvme_queue_read_bytes_total", 1) >= 64 << 10);
+    assert_eq!(queue_value("rtgt_nvme_queue_written_bytes_total", 0), 0);
+    assert!(queue_value("rtgt_nvme_queue_commands_total", 0) >= 2);
 
     // A namespace added live: the host sees it.
     let mut cfg = get_config(&c);

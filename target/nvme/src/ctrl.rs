@@ -141,10 +141,11 @@ struct State {
     ana_chgcnt: u64,
 }
 
-/// What a controller has done, for the API and metrics.
+/// What one queue (or, for commands run outside one, the controller) has done: its own
+/// counters, so that a controller's queues share no cache line on the data path.
 #[derive(Debug, Default)]
-pub struct Stats {
-    /// Commands executed, admin and I/O.
+pub struct QueueStats {
+    /// Commands executed.
     pub commands: AtomicU64,
     /// Bytes written by the host (I/O data to the controller).
     pub bytes_in: AtomicU64,
@@ -152,12 +153,30 @@ pub struct Stats {
     pub bytes_out: AtomicU64,
     /// Commands executing now.
     pub outstanding: AtomicU32,
+}
+
+/// What a controller has done, its queues' counters summed, for the API and metrics.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Stats {
+    pub commands: u64,
+    pub bytes_in: u64,
+    pub bytes_out: u64,
+    pub outstanding: u32,
     /// Queues connected now (admin and I/O).
-    pub queues: AtomicU32,
+    pub queues: u32,
+}
+
+impl Stats {
+    fn add(&mut self, q: &QueueStats) {
+        self.commands += q.commands.load(Ordering::Relaxed);
+        self.bytes_in += q.bytes_in.load(Ordering::Relaxed);
+        self.bytes_out += q.bytes_out.load(Ordering::Relaxed);
+        self.outstanding += q.outstanding.load(Ordering::Relaxed);
+    }
 }
 
 /// Counts a command as outstanding while it lives.
-struct InFlight<'a>(&'a Stats);
+struct InFlight<'a>(&'a QueueStats);
 
 impl Drop for InFlight<'_> {
     fn drop(&mut self) {
@@ -165,16 +184,37 @@ impl Drop for InFlight<'_> {
     }
 }
 
-/// A queue attached to its controller ([`Controller::attach`]).
+/// A queue attached to its controller ([`Controller::attach`]), with its counters.
 #[derive(Debug)]
 pub struct Attached {
     ctrl: Arc<Controller>,
     qid: u16,
+    stats: Arc<QueueStats>,
+}
+
+impl Attached {
+    /// The queue's counters, for the transport to execute its commands on
+    /// ([`Controller::execute_on`]).
+    pub fn stats(&self) -> Arc<QueueStats> {
+        self.stats.clone()
+    }
 }
 
 impl Drop for Attached {
     fn drop(&mut self) {
-        self.ctrl.stats.queues.fetch_sub(1, Ordering::Relaxed);
+        {
+            let mut queues = lock(&self.ctrl.queues);
+            queues.retain(|(_, q)| !Arc::ptr_eq(q, &self.stats));
+        }
+        // What the queue did stays in the controller's totals.
+        let r = &self.ctrl.retired;
+        let s = &self.stats;
+        r.commands
+            .fetch_add(s.commands.load(Ordering::Relaxed), Ordering::Relaxed);
+        r.bytes_in
+            .fetch_add(s.bytes_in.load(Ordering::Relaxed), Ordering::Relaxed);
+        r.bytes_out
+            .fetch_add(s.bytes_out.load(Ordering::Relaxed), Ordering::Relaxed);
         if self.qid == 0 {
             self.ctrl.close();
         }
@@ -199,7 +239,10 @@ pub struct Controller {
     event: Notify,
     closed: AtomicBool,
     close: Notify,
-    pub stats: Stats,
+    /// The counters of the queues attached now, by queue ID.
+    queues: Mutex<Vec<(u16, Arc<QueueStats>)>>,
+    /// The counters of queues gone, and of commands run outside a queue.
+    retired: QueueStats,
     /// When the host created it (the admin queue's Connect).
     pub created: Instant,
     /// The admin queue's peer and local addresses, when the transport knows them.
@@ -237,7 +280,8 @@ impl Controller {
             event: Notify::new(),
             closed: AtomicBool::new(false),
             close: Notify::new(),
-            stats: Stats::default(),
+            queues: Mutex::new(Vec::new()),
+            retired: QueueStats::default(),
             created: Instant::now(),
             addrs: Mutex::new(None),
             transport: std::sync::OnceLock::new(),
@@ -301,7 +345,8 @@ impl Controller {
         addrs: Option<(std::net::SocketAddr, std::net::SocketAddr)>,
         transport: Transport,
     ) -> Attached {
-        self.stats.queues.fetch_add(1, Ordering::Relaxed);
+        let stats = Arc::new(QueueStats::default());
+        lock(&self.queues).push((qid, stats.clone()));
         if qid == 0 {
             *lock(&self.addrs) = addrs;
             let _ = self.transport.set(transport);
@@ -309,7 +354,29 @@ impl Controller {
         Attached {
             ctrl: self.clone(),
             qid,
+            stats,
         }
+    }
+
+    /// What the controller has done: its queues' counters and those of queues gone.
+    pub fn stats(&self) -> Stats {
+        let queues = lock(&self.queues);
+        let mut s = Stats {
+            queues: queues.len() as u32,
+            ..Stats::default()
+        };
+        s.add(&self.retired);
+        for (_, q) in queues.iter() {
+            s.add(q);
+        }
+        s
+    }
+
+    /// The counters of each queue attached now, by queue ID.
+    pub fn queue_stats(&self) -> Vec<(u16, Arc<QueueStats>)> {
+        let mut v = lock(&self.queues).clone();
+        v.sort_by_key(|(qid, _)| *qid);
+        v
     }
 
     /// The admin queue's transport (TCP until it attached).
@@ -395,9 +462,21 @@ impl Controller {
         }
     }
 
-    /// Executes a command of queue `qid`; `data` is what the host sent with it.
+    /// Executes a command of queue `qid`, counted with the controller's own counters;
+    /// `data` is what the host sent with it.
     pub async fn execute(&self, qid: u16, sqe: &Sqe, data: Option<IoBuf>) -> Reply {
-        let stats = &self.stats;
+        self.execute_on(&self.retired, qid, sqe, data).await
+    }
+
+    /// Executes a command of queue `qid` counted on `stats` (the queue's, from
+    /// [`Attached::stats`]).
+    pub async fn execute_on(
+        &self,
+        stats: &QueueStats,
+        qid: u16,
+        sqe: &Sqe,
+        data: Option<IoBuf>,
+    ) -> Reply {
         stats.outstanding.fetch_add(1, Ordering::Relaxed);
         let _in_flight = InFlight(stats);
         stats.commands.fetch_add(1, Ordering::Relaxed);

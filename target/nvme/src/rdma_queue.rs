@@ -31,7 +31,7 @@ use rtgt_rdma_channel::cm::{Connection, Request};
 use rtgt_rdma_channel::{self as rdma, Link, LinkError, Receiver, Remote, Rings, RxEvent};
 use rtgt_transport::cm::ConnParams;
 
-use crate::ctrl::{Attached, Controller, Payload, Reply};
+use crate::ctrl::{Attached, Controller, Payload, QueueStats, Reply};
 use crate::queue::{ConnectCmd, Scope, SqHead, Transport};
 use crate::rdma::{cm_rej, cm_rep, cm_status, CmReq};
 use crate::sqe::{sc, sct, Cqe, Sgl, Sqe, Status, CQE_LEN, SQE_LEN};
@@ -248,6 +248,7 @@ impl Run {
         match cmd.admit(&self.targets, self.scope, data, Transport::Rdma) {
             Ok(ctrl) => {
                 let size = cmd.sqsize + 1;
+                let attached = ctrl.attach(cmd.qid, Some(self.addrs), Transport::Rdma);
                 let q = Arc::new(Queue {
                     targets: self.targets.clone(),
                     link: link.clone(),
@@ -256,6 +257,7 @@ impl Run {
                     sq: SqHead::new(size),
                     entries: u32::from(size),
                     outstanding: AtomicU32::new(0),
+                    stats: attached.stats(),
                 });
                 if answer(Status::SUCCESS, u32::from(ctrl.cntlid))
                     .await
@@ -263,7 +265,7 @@ impl Run {
                 {
                     return false;
                 }
-                self.attached = Some(ctrl.attach(cmd.qid, Some(self.addrs), Transport::Rdma));
+                self.attached = Some(attached);
                 tracing::info!(peer = %self.addrs.0, cntlid = ctrl.cntlid, qid = cmd.qid,
                     host = %ctrl.host_nqn, "NVMe/RDMA queue connected");
                 self.queue = Some(q);
@@ -347,6 +349,8 @@ struct Queue {
     /// The queue's entries: the most commands the host may have outstanding.
     entries: u32,
     outstanding: AtomicU32,
+    /// The queue's counters.
+    stats: Arc<QueueStats>,
 }
 
 impl Queue {
@@ -372,7 +376,11 @@ impl Queue {
     async fn command(self: Arc<Self>, sqe: Sqe, msg: Bytes) {
         let in_capsule = self.targets.limits.in_capsule;
         let reply = match data_out(&self.link, &self.targets, &sqe, &msg, in_capsule).await {
-            Ok(Ok(data)) => self.ctrl.execute(self.qid, &sqe, data).await,
+            Ok(Ok(data)) => {
+                self.ctrl
+                    .execute_on(&self.stats, self.qid, &sqe, data)
+                    .await
+            }
             Ok(Err(status)) => Reply::status(status),
             Err(_) => return,
         };

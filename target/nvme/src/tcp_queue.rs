@@ -25,7 +25,7 @@ use tokio::io::{
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, Semaphore};
 
-use crate::ctrl::{Controller, Payload, Reply};
+use crate::ctrl::{Controller, Payload, QueueStats, Reply};
 pub use crate::queue::Scope;
 use crate::queue::{ConnectCmd, SqHead, Transport};
 use crate::sqe::{sc, sct, Cqe, Sgl, Sqe, Status};
@@ -63,6 +63,8 @@ struct Queue {
     /// The host disabled SQ flow control (Connect CATTR bit 2): a read that succeeds ends
     /// with a C2HData PDU whose SUCCESS flag stands for its response capsule.
     sqhd_disabled: bool,
+    /// The queue's counters (once attached).
+    stats: Arc<QueueStats>,
 }
 
 impl Queue {
@@ -240,14 +242,15 @@ pub async fn serve_stream<S>(
     }
 
     // The first command: Connect.
-    let Some(((queue, rx), permits)) =
+    let Some(((mut queue, rx), permits)) =
         connect(&targets, &mut rd, &mut wr, digests, max_data, scope).await
     else {
         return;
     };
-    let queue = Arc::new(queue);
     let tx_ctrl = queue.ctrl.clone();
     let attached = tx_ctrl.attach(queue.qid, addrs, Transport::Tcp);
+    queue.stats = attached.stats();
+    let queue = Arc::new(queue);
     let peer = addrs.map(|a| a.0);
     tracing::info!(peer = ?peer, cntlid = tx_ctrl.cntlid, qid = queue.qid,
         host = %tx_ctrl.host_nqn, "NVMe/TCP queue connected");
@@ -370,6 +373,7 @@ async fn connect<S: AsyncRead + AsyncWrite>(
                     tx,
                     sq: SqHead::new(size),
                     sqhd_disabled: cmd.sqflow_disabled(),
+                    stats: Arc::default(),
                 };
                 return Some(((q, rx), Arc::new(Semaphore::new(usize::from(size)))));
             }
@@ -584,7 +588,7 @@ fn spawn(
 ) {
     let q = queue.clone();
     run_inline(async move {
-        let reply = q.ctrl.execute(q.qid, &sqe, data).await;
+        let reply = q.ctrl.execute_on(&q.stats, q.qid, &sqe, data).await;
         q.respond(&sqe, reply).await;
         drop(permit);
     });

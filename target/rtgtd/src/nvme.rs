@@ -492,21 +492,13 @@ impl NvmeService {
             fn(&rtgt_nvme::ctrl::Stats) -> u64,
         );
         let series: [Series; 5] = [
-            ("rtgt_nvme_queues", "gauge", |s| {
-                s.queues.load(Relaxed).into()
-            }),
+            ("rtgt_nvme_queues", "gauge", |s| s.queues.into()),
             ("rtgt_nvme_outstanding_commands", "gauge", |s| {
-                s.outstanding.load(Relaxed).into()
+                s.outstanding.into()
             }),
-            ("rtgt_nvme_commands_total", "counter", |s| {
-                s.commands.load(Relaxed)
-            }),
-            ("rtgt_nvme_written_bytes_total", "counter", |s| {
-                s.bytes_in.load(Relaxed)
-            }),
-            ("rtgt_nvme_read_bytes_total", "counter", |s| {
-                s.bytes_out.load(Relaxed)
-            }),
+            ("rtgt_nvme_commands_total", "counter", |s| s.commands),
+            ("rtgt_nvme_written_bytes_total", "counter", |s| s.bytes_in),
+            ("rtgt_nvme_read_bytes_total", "counter", |s| s.bytes_out),
         ];
         let io: Vec<_> = ctrls
             .iter()
@@ -515,17 +507,53 @@ impl NvmeService {
         if io.is_empty() {
             return out;
         }
+        let stats: Vec<_> = io.iter().map(|c| c.stats()).collect();
         for (name, kind, value) in series {
             let _ = writeln!(out, "# TYPE {name} {kind}");
-            for c in &io {
+            for (c, st) in io.iter().zip(&stats) {
                 let _ = writeln!(
                     out,
                     "{name}{{session=\"nvme-{}\",subsystem=\"{}\",host=\"{}\"}} {}",
                     c.cntlid,
                     label(c.subsys_nqn()),
                     label(&c.host_nqn),
-                    value(&c.stats)
+                    value(st)
                 );
+            }
+        }
+        // Each queue's own counters.
+        type QueueSeries = (
+            &'static str,
+            &'static str,
+            fn(&rtgt_nvme::ctrl::QueueStats) -> u64,
+        );
+        let per_queue: [QueueSeries; 4] = [
+            ("rtgt_nvme_queue_outstanding_commands", "gauge", |q| {
+                q.outstanding.load(Relaxed).into()
+            }),
+            ("rtgt_nvme_queue_commands_total", "counter", |q| {
+                q.commands.load(Relaxed)
+            }),
+            ("rtgt_nvme_queue_written_bytes_total", "counter", |q| {
+                q.bytes_in.load(Relaxed)
+            }),
+            ("rtgt_nvme_queue_read_bytes_total", "counter", |q| {
+                q.bytes_out.load(Relaxed)
+            }),
+        ];
+        let queues: Vec<_> = io.iter().map(|c| c.queue_stats()).collect();
+        for (name, kind, value) in per_queue {
+            let _ = writeln!(out, "# TYPE {name} {kind}");
+            for (c, qs) in io.iter().zip(&queues) {
+                for (qid, q) in qs {
+                    let _ = writeln!(
+                        out,
+                        "{name}{{session=\"nvme-{}\",subsystem=\"{}\",qid=\"{qid}\"}} {}",
+                        c.cntlid,
+                        label(c.subsys_nqn()),
+                        value(q)
+                    );
+                }
             }
         }
         out
@@ -610,10 +638,9 @@ fn hosts(s: &NvmeSubsystem) -> Option<Vec<String>> {
 }
 
 fn session(c: &Controller, limits: Limits) -> SessionView {
-    use std::sync::atomic::Ordering::Relaxed;
-    let st = &c.stats;
+    let st = c.stats();
     let addrs = c.addrs();
-    let queues = st.queues.load(Relaxed);
+    let queues = st.queues;
     SessionView {
         id: format!("nvme-{}", c.cntlid),
         initiator: c.host_nqn.clone(),
@@ -628,10 +655,10 @@ fn session(c: &Controller, limits: Limits) -> SessionView {
         peer: addrs.map(|a| a.0.to_string()).unwrap_or_default(),
         local: addrs.map(|a| a.1.to_string()).unwrap_or_default(),
         queue_depth: queues.saturating_sub(1) * u32::from(limits.queue_size),
-        outstanding: st.outstanding.load(Relaxed),
-        commands: st.commands.load(Relaxed),
-        bytes_in: st.bytes_in.load(Relaxed),
-        bytes_out: st.bytes_out.load(Relaxed),
+        outstanding: st.outstanding,
+        commands: st.commands,
+        bytes_in: st.bytes_in,
+        bytes_out: st.bytes_out,
         tasks_aborted: 0,
         task_management: 0,
         uptime_seconds: c.created.elapsed().as_secs(),
