@@ -35,14 +35,14 @@ command -v mmdebstrap >/dev/null || lab_die "mmdebstrap is not installed"
 GUEST_PACKAGES=(
     open-iscsi iproute2 rdma-core ibverbs-providers rdmacm-utils ibverbs-utils perftest
     e2fsprogs fio kmod sg3-utils busybox-static procps util-linux mount udev iputils-ping
-    multipath-tools nvme-cli
+    multipath-tools nvme-cli tcpdump
 )
 KERNEL_META=linux-image-amd64
 # Module directories (relative to lib/modules/VER/kernel) copied into the guest; the dependencies
 # of every copied module (modules.dep of the full kernel) are added on top.
 MODULE_DIRS=(
     drivers/virtio drivers/infiniband drivers/scsi drivers/target drivers/block drivers/net drivers/md
-    drivers/nvme/host drivers/nvme/common
+    drivers/nvme/host drivers/nvme/common drivers/nvme/target
     net lib crypto block arch fs/ext4 fs/jbd2 fs/configfs fs/mbcache.ko fs/9p fs/netfs fs/fscache
 )
 # Parts of those directories that no guest of the lab can use (hardware NICs, wireless, CAN...).

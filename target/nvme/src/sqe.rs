@@ -192,7 +192,6 @@ impl Sgl {
         b
     }
 
-    /// The length of the data it describes (`None` for an unknown descriptor).
     /// The key a keyed SGL asks the completion to invalidate (SEND with Invalidate).
     pub fn invalidate_key(&self) -> Option<u32> {
         match *self {
@@ -205,6 +204,7 @@ impl Sgl {
         }
     }
 
+    /// The length of the data it describes (`None` for an unknown descriptor).
     pub fn data_len(&self) -> Option<u32> {
         match *self {
             Sgl::DataBlock { len, .. } | Sgl::Keyed { len, .. } | Sgl::Transport { len } => {
