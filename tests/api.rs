@@ -1795,7 +1795,13 @@ fn every_route(srp_listen: &str, portal: u16, extra_portal: u16, nvme_port: u16)
         c("DELETE", "/api/v1/srp/ports/{name}", s, None),
         c("GET", "/api/v1/sessions", "/api/v1/sessions", None),
         c("GET", "/api/v1/rdma", "/api/v1/rdma", None),
-        // No such session: the admin gets the handler's 404.
+        // No such session: the handler's 404 (and the read-only token's 403 for DELETE).
+        c(
+            "GET",
+            "/api/v1/sessions/{id}",
+            "/api/v1/sessions/iscsi-999999",
+            None,
+        ),
         c(
             "DELETE",
             "/api/v1/sessions/{id}",

@@ -222,6 +222,28 @@ async fn rtgtd_serves_nvme_tcp_from_its_configuration_and_the_api() {
     assert!(queue_value("rtgt_nvme_queue_read_bytes_total", 1) >= 64 << 10);
     assert_eq!(queue_value("rtgt_nvme_queue_written_bytes_total", 0), 0);
     assert!(queue_value("rtgt_nvme_queue_commands_total", 0) >= 2);
+    // And through the API, the controller with each queue.
+    let one: SessionView = c
+        .get(&format!("/api/v1/sessions/nvme-{}", admin.cntlid))
+        .unwrap();
+    let qs = &one.queue_list;
+    assert_eq!(
+        qs.iter().map(|q| (q.qid, q.size)).collect::<Vec<_>>(),
+        [(0, 32), (1, 64)]
+    );
+    assert!(qs.iter().all(|q| q.peer.starts_with("127.0.0.1:")));
+    assert_ne!(qs[0].peer, qs[1].peer, "each queue its own connection");
+    assert!(qs[1].bytes_in >= 64 << 10 && qs[1].bytes_out >= 64 << 10);
+    assert_eq!(
+        (qs[0].bytes_in, qs[0].bytes_out),
+        (0, 0),
+        "no namespace data"
+    );
+    assert!(qs[0].commands >= 2 && qs[1].commands >= 2);
+    let e = c
+        .get::<SessionView>("/api/v1/sessions/nvme-65000")
+        .unwrap_err();
+    assert!(e.to_string().contains("404"), "{e}");
 
     // A namespace added live: the host sees it.
     let mut cfg = get_config(&c);
@@ -519,6 +541,21 @@ async fn rtgtctl_manages_nvme_subsystems_and_ports() {
         .unwrap();
     io.write(1, 0, pattern(4096, 9), 4096, false).await.unwrap();
     assert_eq!(io.read(1, 0, 1, 4096).await.unwrap(), pattern(4096, 9));
+    // The controller and its queues: one row each, the I/O queue's bytes.
+    let out = ctl(&["sessions", "show", &format!("nvme-{}", admin.cntlid)]);
+    let rows: Vec<Vec<&str>> = out
+        .lines()
+        .skip_while(|l| !l.starts_with("QID"))
+        .skip(1)
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    assert_eq!(rows.len(), 2, "{out}");
+    assert_eq!(
+        (rows[0][0], rows[0][1], rows[1][0]),
+        ("0", "32", "1"),
+        "{out}"
+    );
+    assert_eq!((rows[1][5], rows[1][6]), ("4096", "4096"), "{out}");
 
     // A second namespace, then removed again; the subsystem's JSON shows what is there.
     ctl(&["nvme", "add-namespace", NQN, "2", "ro"]);

@@ -101,6 +101,22 @@ pub struct AluaView {
     pub explicit: bool,
 }
 
+/// One queue of an NVMe controller.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct QueueView {
+    /// 0: the admin queue.
+    pub qid: u16,
+    /// Submission queue entries.
+    pub size: u16,
+    /// The host's address of the queue's connection.
+    pub peer: String,
+    /// Commands in flight now.
+    pub outstanding: u32,
+    pub commands: u64,
+    pub bytes_in: u64,
+    pub bytes_out: u64,
+}
+
 /// A live session as the API shows it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct SessionView {
@@ -122,6 +138,9 @@ pub struct SessionView {
     /// Queues connected, admin and I/O (NVMe controllers).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub queues: Option<u32>,
+    /// Each queue connected, by queue ID (NVMe controllers; 0 is the admin queue).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub queue_list: Vec<QueueView>,
     pub peer: String,
     pub local: String,
     /// Commands the session may have in flight (SRP: the request limits of its channels).

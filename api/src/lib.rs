@@ -19,6 +19,6 @@ pub mod token;
 
 pub use config::{Config, ConfigError};
 pub use control::{
-    AluaView, Change, ChangeReport, Control, ControlError, RdmaDeviceView, RdmaListenerView,
-    RdmaView, SessionView,
+    AluaView, Change, ChangeReport, Control, ControlError, QueueView, RdmaDeviceView,
+    RdmaListenerView, RdmaView, SessionView,
 };

@@ -429,7 +429,7 @@ impl Api {
             )
             .route("/sessions", get(list_sessions))
             .route("/rdma", get(get_rdma))
-            .route("/sessions/{id}", axum::routing::delete(delete_session))
+            .route("/sessions/{id}", get(get_session).delete(delete_session))
             .route("/config", get(export_config).put(apply_config))
             .route("/openapi.json", get(openapi_json))
             .route("/health", get(health))
@@ -1930,6 +1930,24 @@ async fn get_rdma(State(st): St) -> axum::Json<RdmaView> {
     axum::Json(st.api.control.rdma())
 }
 
+/// One session (an NVMe controller with each of its queues).
+#[utoipa::path(get, path = "/api/v1/sessions/{id}", tag = "sessions",
+    params(("id" = String, Path, description = "Session id from the session list")),
+    responses((status = 200, body = SessionView), (status = 401, body = ErrorBody),
+        (status = 404, body = ErrorBody)))]
+async fn get_session(
+    State(st): St,
+    PathParams(id): PathParams<String>,
+) -> Res<axum::Json<SessionView>> {
+    st.api
+        .control
+        .sessions()
+        .into_iter()
+        .find(|s| s.id == id)
+        .map(axum::Json)
+        .ok_or_else(|| ApiError::not_found(format!("no session {id:?}")))
+}
+
 /// Ends a session at once: an iSCSI initiator is told with an Async Message, an SRP
 /// initiator with SRP_T_LOGOUT on each channel before the disconnect.
 #[utoipa::path(delete, path = "/api/v1/sessions/{id}", tag = "sessions",
@@ -2149,7 +2167,7 @@ impl utoipa::Modify for BearerAuth {
         get_nvme, put_nvme, list_subsystems, create_subsystem, get_subsystem, replace_subsystem,
         delete_subsystem, add_namespace, delete_namespace, add_host, delete_host,
         list_nvme_ports, add_nvme_port, delete_nvme_port,
-        list_sessions, delete_session, get_rdma,
+        list_sessions, get_session, delete_session, get_rdma,
         export_config, apply_config,
         health, ready, metrics, openapi_json,
     ),

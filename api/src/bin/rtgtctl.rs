@@ -378,6 +378,8 @@ fn acls_cell(p: &impl Port) -> String {
 enum SessionCmd {
     /// iSCSI, iSER and SRP sessions and NVMe controllers (with their queues).
     List,
+    /// One session; an NVMe controller with each of its queues.
+    Show { id: String },
     /// Ends a session at once (an NVMe controller: every queue's connection closes).
     Logout { id: String },
 }
@@ -610,6 +612,35 @@ fn print_list<T: serde::Serialize>(
         return print_json(&v);
     }
     table(header, v.iter().map(row).collect());
+}
+
+fn print_sessions(json: bool, v: &[SessionView]) {
+    let header = [
+        "ID",
+        "INITIATOR",
+        "TARGET",
+        "TRANSPORT",
+        "PEER",
+        "QUEUES",
+        "QD",
+        "OUT",
+        "COMMANDS",
+        "UPTIME",
+    ];
+    print_list(json, v, &header, |s| {
+        vec![
+            s.id.clone(),
+            s.initiator.clone(),
+            s.target.clone(),
+            s.transport.clone(),
+            s.peer.clone(),
+            s.queues.map_or("-".into(), |q| q.to_string()),
+            s.queue_depth.to_string(),
+            s.outstanding.to_string(),
+            s.commands.to_string(),
+            format!("{}s", s.uptime_seconds),
+        ]
+    });
 }
 
 fn print_json<T: serde::Serialize>(v: &T) {
@@ -1160,32 +1191,38 @@ fn run(args: Args, ctx: &mut Context) -> Result<(), ClientError> {
         Cmd::Sessions(cmd) => match cmd {
             SessionCmd::List => {
                 let v: Vec<SessionView> = c.get("/api/v1/sessions")?;
-                let header = [
-                    "ID",
-                    "INITIATOR",
-                    "TARGET",
-                    "TRANSPORT",
-                    "PEER",
-                    "QUEUES",
-                    "QD",
-                    "OUT",
-                    "COMMANDS",
-                    "UPTIME",
-                ];
-                print_list(json, &v, &header, |s| {
-                    vec![
-                        s.id.clone(),
-                        s.initiator.clone(),
-                        s.target.clone(),
-                        s.transport.clone(),
-                        s.peer.clone(),
-                        s.queues.map_or("-".into(), |q| q.to_string()),
-                        s.queue_depth.to_string(),
-                        s.outstanding.to_string(),
-                        s.commands.to_string(),
-                        format!("{}s", s.uptime_seconds),
-                    ]
-                });
+                print_sessions(json, &v);
+            }
+            SessionCmd::Show { id } => {
+                let s: SessionView = c.get(&format!("/api/v1/sessions/{}", segment(&id)))?;
+                if json {
+                    print_json(&s);
+                } else {
+                    print_sessions(false, std::slice::from_ref(&s));
+                    if !s.queue_list.is_empty() {
+                        println!();
+                        let header = [
+                            "QID",
+                            "SIZE",
+                            "PEER",
+                            "OUTSTANDING",
+                            "COMMANDS",
+                            "BYTES IN",
+                            "BYTES OUT",
+                        ];
+                        print_list(false, &s.queue_list, &header, |q| {
+                            vec![
+                                q.qid.to_string(),
+                                q.size.to_string(),
+                                q.peer.clone(),
+                                q.outstanding.to_string(),
+                                q.commands.to_string(),
+                                q.bytes_in.to_string(),
+                                q.bytes_out.to_string(),
+                            ]
+                        });
+                    }
+                }
             }
             SessionCmd::Logout { id } => c.delete(&format!("/api/v1/sessions/{}", segment(&id)))?,
         },

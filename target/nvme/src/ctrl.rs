@@ -153,6 +153,10 @@ pub struct QueueStats {
     pub bytes_out: AtomicU64,
     /// Commands executing now.
     pub outstanding: AtomicU32,
+    /// Entries of the submission queue (0 for the controller's own counters).
+    pub size: u16,
+    /// The host's address of the queue's connection, when it has one.
+    pub peer: Option<std::net::SocketAddr>,
 }
 
 /// What a controller has done, its queues' counters summed, for the API and metrics.
@@ -342,10 +346,15 @@ impl Controller {
     pub fn attach(
         self: &Arc<Self>,
         qid: u16,
+        size: u16,
         addrs: Option<(std::net::SocketAddr, std::net::SocketAddr)>,
         transport: Transport,
     ) -> Attached {
-        let stats = Arc::new(QueueStats::default());
+        let stats = Arc::new(QueueStats {
+            size,
+            peer: addrs.map(|a| a.0),
+            ..QueueStats::default()
+        });
         lock(&self.queues).push((qid, stats.clone()));
         if qid == 0 {
             *lock(&self.addrs) = addrs;

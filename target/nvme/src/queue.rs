@@ -131,6 +131,11 @@ impl SqHead {
         }
     }
 
+    /// The queue's entries.
+    pub fn size(&self) -> u16 {
+        self.size
+    }
+
     /// One more entry fetched.
     pub fn fetched(&self) {
         let next = (self.head.load(Ordering::Relaxed) + 1) % self.size;

@@ -248,7 +248,7 @@ impl Run {
         match cmd.admit(&self.targets, self.scope, data, Transport::Rdma) {
             Ok(ctrl) => {
                 let size = cmd.sqsize + 1;
-                let attached = ctrl.attach(cmd.qid, Some(self.addrs), Transport::Rdma);
+                let attached = ctrl.attach(cmd.qid, size, Some(self.addrs), Transport::Rdma);
                 let q = Arc::new(Queue {
                     targets: self.targets.clone(),
                     link: link.clone(),

@@ -248,7 +248,7 @@ pub async fn serve_stream<S>(
         return;
     };
     let tx_ctrl = queue.ctrl.clone();
-    let attached = tx_ctrl.attach(queue.qid, addrs, Transport::Tcp);
+    let attached = tx_ctrl.attach(queue.qid, queue.sq.size(), addrs, Transport::Tcp);
     queue.stats = attached.stats();
     let queue = Arc::new(queue);
     let peer = addrs.map(|a| a.0);

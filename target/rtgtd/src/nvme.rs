@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex, Weak};
 
 use rtgt_api::config::Config;
 use rtgt_api::nvme::{Nvme, NvmeSubsystem, NvmeTransport};
-use rtgt_api::{ControlError, SessionView};
+use rtgt_api::{ControlError, QueueView, SessionView};
 use rtgt_backstore::{Backstore, BufPool};
 use rtgt_nvme::admin::{ana, trtype};
 use rtgt_nvme::ctrl::{Controller, Kind};
@@ -641,6 +641,20 @@ fn session(c: &Controller, limits: Limits) -> SessionView {
     let st = c.stats();
     let addrs = c.addrs();
     let queues = st.queues;
+    use std::sync::atomic::Ordering::Relaxed;
+    let queue_list = c
+        .queue_stats()
+        .iter()
+        .map(|(qid, q)| QueueView {
+            qid: *qid,
+            size: q.size,
+            peer: q.peer.map(|p| p.to_string()).unwrap_or_default(),
+            outstanding: q.outstanding.load(Relaxed),
+            commands: q.commands.load(Relaxed),
+            bytes_in: q.bytes_in.load(Relaxed),
+            bytes_out: q.bytes_out.load(Relaxed),
+        })
+        .collect();
     SessionView {
         id: format!("nvme-{}", c.cntlid),
         initiator: c.host_nqn.clone(),
@@ -652,6 +666,7 @@ fn session(c: &Controller, limits: Limits) -> SessionView {
         },
         isid: None,
         queues: Some(queues),
+        queue_list,
         peer: addrs.map(|a| a.0.to_string()).unwrap_or_default(),
         local: addrs.map(|a| a.1.to_string()).unwrap_or_default(),
         queue_depth: queues.saturating_sub(1) * u32::from(limits.queue_size),
