@@ -9,14 +9,15 @@ use rtgt_nvme::fabrics::{ConnectData, FabricsCmd, CONNECT_DATA_LEN};
 use rtgt_nvme::nvm::{dsm_ranges, Rw};
 use rtgt_nvme::rdma::CmReq;
 use rtgt_nvme::sqe::{Sgl, Sqe};
-use rtgt_nvme::tcp::{self, CommonHeader, Digests, Header, CH_LEN};
+use rtgt_nvme::tcp::{self, CommonHeader, Digests, Header, PduError, CH_LEN};
 
 /// The data a command capsule or data PDU may carry here.
 const MAX_DATA: usize = 128 << 10;
 
 /// A byte stream of NVMe/TCP PDUs as a controller reads it: the common header, the length it
 /// announces checked by [`tcp::pdu_len`] before anything more is read, then the whole PDU
-/// through [`tcp::parse`]. Nothing panics; a PDU that parses is emitted again and parses to
+/// through [`tcp::parse`], and its head alone through [`tcp::parse_head`], which must agree.
+/// Nothing panics; a PDU that parses is emitted again and parses to
 /// the same header and data; a command's SGL and fabrics command survive a round trip, and
 /// a Connect's data parses or names a field.
 ///
@@ -39,7 +40,21 @@ pub fn nvme_tcp_pdu(data: &[u8]) {
             return;
         };
         stream = &stream[len..];
-        let Ok((header, payload)) = tcp::parse(pdu, digests) else {
+        // Its head alone (what a reader takes before it reads the data to where it belongs)
+        // answers as the whole PDU does, up to the data digest.
+        let head = tcp::parse_head(&pdu[..tcp::head_len(&ch, digests).min(len)], digests);
+        let whole = tcp::parse(pdu, digests);
+        match (&head, &whole) {
+            (Ok((h, l)), Ok((h2, p))) => {
+                assert_eq!(h, h2);
+                assert_eq!(l.data, p.len());
+                assert_eq!(tcp::head_len(&ch, digests) + l.pad + l.data + l.ddgst, len);
+            }
+            (Ok((h, _)), Err(PduError::DataDigest(h2))) => assert_eq!(h, &**h2),
+            (Err(e), Err(e2)) => assert_eq!(e, e2),
+            (a, b) => panic!("head {a:?}, whole {b:?}"),
+        }
+        let Ok((header, payload)) = whole else {
             continue;
         };
         let again = header.to_pdu(digests, payload, 0);

@@ -368,15 +368,56 @@ pub fn pdu_len(ch: &CommonHeader, max_data: usize) -> Result<usize, PduError> {
     Ok(plen)
 }
 
+/// Where the data of a PDU is, after its head ([`head_len`] bytes: common header, header and
+/// header digest): `pad` bytes up to the data offset, `data` bytes of data, `ddgst` bytes of
+/// data digest. A PDU without data has all three 0.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Layout {
+    pub pad: usize,
+    pub data: usize,
+    pub ddgst: usize,
+}
+
+/// The bytes of the PDU that starts with `ch` up to its data on a connection carrying
+/// `digests`: the common header, the PDU-specific header, the header digest. `ch` must have
+/// passed [`pdu_len`].
+pub fn head_len(ch: &CommonHeader, digests: Digests) -> usize {
+    let hd = Header::digested(ch.ty) && digests.header;
+    usize::from(ch.hlen) + if hd { DIGEST_LEN } else { 0 }
+}
+
 /// Parses one whole PDU (`b` is exactly PLEN bytes) on a connection carrying `digests`:
 /// its header and its data.
 pub fn parse(b: &[u8], digests: Digests) -> Result<(Header, &[u8]), PduError> {
+    let ch = CommonHeader::parse(b).ok_or(invalid(0))?;
+    if ch.plen as usize != b.len() {
+        return Err(invalid(4));
+    }
+    let (header, l) = parse_head(b, digests)?;
+    let start = b.len() - l.ddgst - l.data;
+    let data = &b[start..start + l.data];
+    if !check_data(data, &b[start + l.data..], digests) {
+        return Err(PduError::DataDigest(Box::new(header)));
+    }
+    Ok((header, data))
+}
+
+/// Whether `data` matches its data digest `ddgst` (the [`Layout::ddgst`] bytes after it).
+pub fn check_data(data: &[u8], ddgst: &[u8], digests: Digests) -> bool {
+    !digests.data || ddgst.len() != DIGEST_LEN || le32(ddgst, 0) == crc32c::crc32c(data)
+}
+
+/// Parses the head of a PDU — `b` holds at least its first [`head_len`] bytes, PLEN the whole
+/// PDU's — and checks it as [`parse`] does, up to the data: its header, and where the data is.
+/// A reader reads the data straight to where it belongs and checks it with [`check_data`].
+pub fn parse_head(b: &[u8], digests: Digests) -> Result<(Header, Layout), PduError> {
     let ch = CommonHeader::parse(b).ok_or(invalid(0))?;
     let hlen = Header::hlen(ch.ty).ok_or(invalid(0))?;
     if usize::from(ch.hlen) != hlen {
         return Err(invalid(2));
     }
-    if ch.plen as usize != b.len() || b.len() < hlen {
+    let plen = ch.plen as usize;
+    if plen < hlen || b.len() < hlen {
         return Err(invalid(4));
     }
     let digested = Header::digested(ch.ty);
@@ -385,7 +426,7 @@ pub fn parse(b: &[u8], digests: Digests) -> Result<(Header, &[u8]), PduError> {
         return Err(invalid(1));
     }
     let hd = if want_hd { DIGEST_LEN } else { 0 };
-    if b.len() < hlen + hd {
+    if plen < hlen + hd || b.len() < hlen + hd {
         return Err(invalid(4));
     }
     if hd != 0 && le32(b, hlen) != crc32c::crc32c(&b[..hlen]) {
@@ -395,12 +436,16 @@ pub fn parse(b: &[u8], digests: Digests) -> Result<(Header, &[u8]), PduError> {
         });
     }
     // The data: from PDO to the end, less its digest.
-    let rest = b.len() - (hlen + hd);
-    let data = if rest == 0 {
+    let rest = plen - (hlen + hd);
+    let layout = if rest == 0 {
         if (digested && ch.pdo != 0) || ch.flags & flags::DDGST != 0 {
             return Err(invalid(if ch.pdo != 0 { 3 } else { 1 }));
         }
-        &b[b.len()..]
+        Layout {
+            pad: 0,
+            data: 0,
+            ddgst: 0,
+        }
     } else {
         if !Header::carries_data(ch.ty) {
             return Err(invalid(4));
@@ -409,7 +454,7 @@ pub fn parse(b: &[u8], digests: Digests) -> Result<(Header, &[u8]), PduError> {
         let pdo = usize::from(ch.pdo);
         // A termination request's data follows its header at once (PDO 0).
         let start = if term { hlen } else { pdo };
-        if !term && (pdo < hlen + hd || pdo > b.len() || pdo % 4 != 0) {
+        if !term && (pdo < hlen + hd || pdo > plen || pdo % 4 != 0) {
             return Err(invalid(3));
         }
         let want_dd = digested && digests.data;
@@ -417,21 +462,20 @@ pub fn parse(b: &[u8], digests: Digests) -> Result<(Header, &[u8]), PduError> {
             return Err(invalid(1));
         }
         let dd = if want_dd { DIGEST_LEN } else { 0 };
-        if b.len() < start + dd {
+        if plen < start + dd {
             return Err(invalid(4));
         }
-        let data = &b[start..b.len() - dd];
-        if dd != 0 && le32(b, b.len() - dd) != crc32c::crc32c(data) {
-            let header = specific(b, &ch, data)?;
-            return Err(PduError::DataDigest(Box::new(header)));
+        Layout {
+            pad: start - (hlen + hd),
+            data: plen - start - dd,
+            ddgst: dd,
         }
-        data
     };
-    Ok((specific(b, &ch, data)?, data))
+    Ok((specific(b, &ch, layout.data)?, layout))
 }
 
-/// The PDU-specific header of `b` (checked up to its data).
-fn specific(b: &[u8], ch: &CommonHeader, data: &[u8]) -> Result<Header, PduError> {
+/// The PDU-specific header of `b` (checked up to its data, of `data_len` bytes).
+fn specific(b: &[u8], ch: &CommonHeader, data_len: usize) -> Result<Header, PduError> {
     Ok(match ch.ty {
         pdu_type::IC_REQ | pdu_type::IC_RESP => {
             let d = b[11];
@@ -470,7 +514,7 @@ fn specific(b: &[u8], ch: &CommonHeader, data: &[u8]) -> Result<Header, PduError
         pdu_type::H2C_DATA | pdu_type::C2H_DATA => {
             let c2h = ch.ty == pdu_type::C2H_DATA;
             let length = le32(b, 16);
-            if data.is_empty() || length as usize != data.len() {
+            if data_len == 0 || length as usize != data_len {
                 return Err(invalid(16));
             }
             let success = ch.flags & flags::DATA_SUCCESS != 0;

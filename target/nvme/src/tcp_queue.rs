@@ -3,8 +3,9 @@
 //! The connection starts with ICReq/ICResp (digests as the host asks), then its first command
 //! must be Connect, which creates the controller (admin queue) or joins it (I/O queue). Each
 //! command then runs as a task of its own while the reader goes on: data a command brings
-//! comes in its capsule, or the reader asks for it with one R2T and gathers the H2CData PDUs
-//! into the command's pool buffer before the command runs; data for the host leaves as one
+//! comes in its capsule, or the reader asks for it with one R2T and gathers the H2CData PDUs;
+//! either way the reader takes a PDU's head first and reads its data straight into the
+//! command's pool buffer before the command runs; data for the host leaves as one
 //! C2HData PDU, then the response capsule. A writer task sends what the commands produce, in
 //! the order they produce it, the data straight from the command's buffer.
 //!
@@ -147,7 +148,6 @@ impl From<std::io::Error> for End {
     }
 }
 
-/// Reads one PDU: its common header, then (checked) the rest.
 /// Reads one PDU into `b` (reused from PDU to PDU): its common header, then (checked) the
 /// rest.
 async fn read_pdu<R: AsyncRead + Unpin>(
@@ -168,6 +168,47 @@ async fn read_pdu<R: AsyncRead + Unpin>(
     b[..CH_LEN].copy_from_slice(&ch);
     rd.read_exact(&mut b[CH_LEN..]).await?;
     Ok(())
+}
+
+/// Reads the head of a PDU into `b` (reused from PDU to PDU): its common header, then
+/// (checked) up to its data ([`tcp::head_len`]); the data is read by [`read_data`] to where
+/// it belongs.
+async fn read_head<R: AsyncRead + Unpin>(
+    rd: &mut R,
+    max_data: usize,
+    digests: Digests,
+    b: &mut Vec<u8>,
+) -> Result<(), End> {
+    let mut ch = [0u8; CH_LEN];
+    rd.read_exact(&mut ch).await?;
+    let c = CommonHeader::parse(&ch).ok_or(End::Closed)?;
+    let len = match tcp::pdu_len(&c, max_data) {
+        Ok(n) => n,
+        Err(PduError::Fatal { fes, fei }) => return Err(End::Fatal(fes, fei, ch.to_vec())),
+        Err(PduError::DataDigest(_)) => return Err(End::Closed),
+    };
+    let head = tcp::head_len(&c, digests).min(len);
+    b.clear();
+    b.resize(head, 0);
+    b[..CH_LEN].copy_from_slice(&ch);
+    rd.read_exact(&mut b[CH_LEN..]).await?;
+    Ok(())
+}
+
+/// Reads the rest of a PDU whose head said `l`: the padding, the data into `dst` (of
+/// `l.data` bytes) and its digest. Returns whether the data matches the digest.
+async fn read_data<R: AsyncRead + Unpin>(
+    rd: &mut R,
+    l: &tcp::Layout,
+    digests: Digests,
+    dst: &mut [u8],
+) -> Result<bool, End> {
+    let mut pad = [0u8; 256];
+    rd.read_exact(&mut pad[..l.pad]).await?;
+    rd.read_exact(dst).await?;
+    let mut ddgst = [0u8; tcp::DIGEST_LEN];
+    rd.read_exact(&mut ddgst[..l.ddgst]).await?;
+    Ok(tcp::check_data(dst, &ddgst[..l.ddgst], digests))
 }
 
 /// Serves one NVMe/TCP connection until it ends.
@@ -444,34 +485,24 @@ async fn read_loop<R: AsyncRead + Unpin>(
     let mut gathering: HashMap<u16, Gathering> = HashMap::new();
     let mut next_ttag: u16 = 0;
     let in_capsule = queue.targets.limits.in_capsule as usize;
-    let mut b = Vec::with_capacity(64 << 10);
+    let digests = queue.digests;
+    let mut b = Vec::with_capacity(256);
+    // Data read where it has no place of its own (a termination request's, data the command
+    // does not take).
+    let mut scratch = Vec::new();
     loop {
         tokio::select! {
-            r = read_pdu(rd, max_data, &mut b) => if let Err(e) = r {
+            r = read_head(rd, max_data, digests, &mut b) => if let Err(e) = r {
                 return e;
             },
             _ = queue.ctrl.closed() => return End::Closed,
         }
-        let (header, data) = match tcp::parse(&b, queue.digests) {
+        let (header, l) = match tcp::parse_head(&b, digests) {
             Ok(x) => x,
             Err(PduError::Fatal { fes, fei }) => {
                 return End::Fatal(fes, fei, b[..b.len().min(128)].to_vec())
             }
-            Err(PduError::DataDigest(h)) => {
-                match *h {
-                    Header::Cmd(sqe) => {
-                        queue.fetched();
-                        queue.fail(sqe.cid, sc::DATA_TRANSFER_ERROR).await;
-                    }
-                    Header::Data { ttag, .. } => {
-                        if let Some(g) = gathering.remove(&ttag) {
-                            queue.fail(g.sqe.cid, sc::DATA_TRANSFER_ERROR).await;
-                        }
-                    }
-                    _ => {}
-                }
-                continue;
-            }
+            Err(PduError::DataDigest(_)) => return End::Closed,
         };
         match header {
             Header::Cmd(sqe) => {
@@ -482,27 +513,40 @@ async fn read_loop<R: AsyncRead + Unpin>(
                 };
                 queue.fetched();
                 let out_len = Controller::data_out_len(&sqe);
+                // In-capsule data goes straight into the command's pool buffer.
+                let in_capsule_ok = matches!(sqe.sgl(), Sgl::DataBlock { offset: true, addr: 0, len }
+                    if len as usize == l.data && l.data <= in_capsule);
+                if l.data > 0 && (out_len == 0 || !in_capsule_ok) {
+                    scratch.resize(l.data, 0);
+                    match read_data(rd, &l, digests, &mut scratch).await {
+                        Ok(true) => {}
+                        Ok(false) => {
+                            queue.fail(sqe.cid, sc::DATA_TRANSFER_ERROR).await;
+                            continue;
+                        }
+                        Err(e) => return e,
+                    }
+                }
                 if out_len == 0 {
                     spawn(queue, sqe, None, permit);
                     continue;
                 }
                 match sqe.sgl() {
-                    Sgl::DataBlock {
-                        offset: true,
-                        addr,
-                        len,
-                    } => {
-                        if addr != 0 || len as usize != data.len() || data.len() > in_capsule {
+                    Sgl::DataBlock { offset: true, .. } => {
+                        if !in_capsule_ok {
                             queue.fail(sqe.cid, sc::SGL_INVALID_DATA_LENGTH).await;
                             continue;
                         }
-                        let mut buf = queue.targets.pool.get(data.len()).await;
-                        buf.as_mut_slice().copy_from_slice(data);
-                        spawn(queue, sqe, Some(buf), permit);
+                        let mut buf = queue.targets.pool.get(l.data).await;
+                        match read_data(rd, &l, digests, buf.as_mut_slice()).await {
+                            Ok(true) => spawn(queue, sqe, Some(buf), permit),
+                            Ok(false) => queue.fail(sqe.cid, sc::DATA_TRANSFER_ERROR).await,
+                            Err(e) => return e,
+                        }
                     }
                     Sgl::Transport { len } => {
                         let max = queue.targets.limits.max_transfer();
-                        if !data.is_empty() || len as usize > max {
+                        if l.data > 0 || len as usize > max {
                             queue.fail(sqe.cid, sc::INVALID_FIELD).await;
                             continue;
                         }
@@ -556,7 +600,17 @@ async fn read_loop<R: AsyncRead + Unpin>(
                 if length > MAX_H2C_DATA as usize {
                     return End::Fatal(fes::DATA_LIMIT_EXCEEDED, 16, b[..24].to_vec());
                 }
-                g.buf.as_mut_slice()[offset..offset + length].copy_from_slice(data);
+                // Straight into the command's buffer.
+                let dst = &mut g.buf.as_mut_slice()[offset..offset + length];
+                match read_data(rd, &l, digests, dst).await {
+                    Ok(true) => {}
+                    Ok(false) => {
+                        let g = gathering.remove(&ttag).expect("present");
+                        queue.fail(g.sqe.cid, sc::DATA_TRANSFER_ERROR).await;
+                        continue;
+                    }
+                    Err(e) => return e,
+                }
                 g.received += length;
                 if g.received == g.buf.len() {
                     let g = gathering.remove(&ttag).expect("present");

@@ -51,7 +51,8 @@ pub struct Completion {
 
 /// A command in flight: its data to send (if the controller asks), what it received.
 struct InFlight {
-    out: Option<Vec<u8>>,
+    /// Data the controller asks for with R2T (shared, not copied, by the reader).
+    out: Option<Arc<Vec<u8>>>,
     data: Vec<u8>,
     done: oneshot::Sender<Result<Completion, NvmeError>>,
 }
@@ -100,6 +101,39 @@ impl Drop for TcpWire {
 
 fn protocol(m: impl Into<String>) -> NvmeError {
     NvmeError::Protocol(m.into())
+}
+
+/// Reads the head of a PDU into `b`: its common header, then up to its data.
+async fn read_head<R: AsyncRead + Unpin>(
+    rd: &mut R,
+    digests: Digests,
+    b: &mut Vec<u8>,
+) -> Result<(), NvmeError> {
+    let mut ch = [0u8; CH_LEN];
+    rd.read_exact(&mut ch).await?;
+    let c = CommonHeader::parse(&ch).ok_or_else(|| protocol("short header"))?;
+    let len = tcp::pdu_len(&c, 16 << 20).map_err(|e| protocol(format!("{e:?}")))?;
+    b.clear();
+    b.resize(tcp::head_len(&c, digests).min(len), 0);
+    b[..CH_LEN].copy_from_slice(&ch);
+    rd.read_exact(&mut b[CH_LEN..]).await?;
+    Ok(())
+}
+
+/// Reads the padding, data (into `dst`) and data digest of a PDU whose head said `l`;
+/// whether the data matches its digest.
+async fn tcp_read_data<R: AsyncRead + Unpin>(
+    rd: &mut R,
+    l: &tcp::Layout,
+    digests: Digests,
+    dst: &mut [u8],
+) -> Result<bool, NvmeError> {
+    let mut pad = [0u8; 256];
+    rd.read_exact(&mut pad[..l.pad]).await?;
+    rd.read_exact(dst).await?;
+    let mut ddgst = [0u8; tcp::DIGEST_LEN];
+    rd.read_exact(&mut ddgst[..l.ddgst]).await?;
+    Ok(tcp::check_data(dst, &ddgst[..l.ddgst], digests))
 }
 
 async fn read_pdu<R: AsyncRead + Unpin>(rd: &mut R) -> Result<Vec<u8>, NvmeError> {
@@ -301,19 +335,24 @@ impl TcpWire {
     ) -> Result<Completion, NvmeError> {
         let cid = sqe.cid;
         let (tx, rx) = oneshot::channel();
-        let in_capsule = out.as_ref().filter(|d| d.len() <= in_capsule_max).cloned();
-        sqe.dptr = match (&out, &in_capsule) {
-            (Some(d), Some(_)) => Sgl::DataBlock {
+        let in_capsule = out.as_ref().is_some_and(|d| d.len() <= in_capsule_max);
+        sqe.dptr = match &out {
+            Some(d) if in_capsule => Sgl::DataBlock {
                 addr: 0,
                 len: d.len() as u32,
                 offset: true,
             },
-            (Some(d), None) => Sgl::Transport {
+            Some(d) => Sgl::Transport {
                 len: d.len() as u32,
             },
-            (None, _) => Sgl::Transport { len: in_len },
+            None => Sgl::Transport { len: in_len },
         }
         .to_bytes();
+        let pdu = Header::Cmd(sqe).to_pdu(
+            self.digests,
+            out.as_deref().filter(|_| in_capsule).unwrap_or(&[]),
+            0,
+        );
         self.flights
             .lock()
             .unwrap()
@@ -322,12 +361,11 @@ impl TcpWire {
             .insert(
                 cid,
                 InFlight {
-                    out: if in_capsule.is_some() { None } else { out },
+                    out: if in_capsule { None } else { out.map(Arc::new) },
                     data: Vec::new(),
                     done: tx,
                 },
             );
-        let pdu = Header::Cmd(sqe).to_pdu(self.digests, in_capsule.as_deref().unwrap_or(&[]), 0);
         self.wr.lock().await.write_all(&pdu).await?;
         rx.await.map_err(|_| protocol("connection closed"))?
     }
@@ -577,15 +615,74 @@ async fn read_loop(
     };
     // Many small PDUs (responses) per read from the socket.
     let mut rd = BufReader::with_capacity(64 << 10, rd);
+    let mut head = Vec::with_capacity(128);
+    let mut rest = Vec::new();
     loop {
-        let b = match read_pdu(&mut rd).await {
-            Ok(b) => b,
+        // The head of each PDU, then its data straight into the command's buffer.
+        let parsed = match read_head(&mut rd, digests, &mut head).await {
+            Ok(()) => tcp::parse_head(&head, digests),
             Err(_) => {
                 fail_all(&flights, &|| protocol("connection closed"));
                 return;
             }
         };
-        match tcp::parse(&b, digests) {
+        if let Ok((
+            Header::Data {
+                c2h: true,
+                cccid,
+                offset,
+                last,
+                success,
+                ..
+            },
+            l,
+        )) = parsed
+        {
+            let taken = flights
+                .lock()
+                .unwrap()
+                .as_mut()
+                .and_then(|m| m.get_mut(&cccid))
+                .map(|f| std::mem::take(&mut f.data));
+            let mut data = taken.unwrap_or_default();
+            let end = offset as usize + l.data;
+            if data.len() < end {
+                data.resize(end, 0);
+            }
+            match tcp_read_data(&mut rd, &l, digests, &mut data[offset as usize..end]).await {
+                Ok(true) => {}
+                Ok(false) | Err(_) => {
+                    fail_all(&flights, &|| protocol("C2HData lost or failed its digest"));
+                    return;
+                }
+            }
+            let mut flights = flights.lock().unwrap();
+            let Some(m) = flights.as_mut() else { continue };
+            if let Some(f) = m.get_mut(&cccid) {
+                f.data = data;
+            }
+            // SUCCESS (on the last PDU): the command completed, no response follows.
+            if success && last {
+                if let Some(f) = m.remove(&cccid) {
+                    let cqe = Cqe {
+                        cid: cccid,
+                        status: Status::SUCCESS,
+                        ..Cqe::default()
+                    };
+                    let _ = f.done.send(Ok(Completion { cqe, data: f.data }));
+                }
+            }
+            continue;
+        }
+        // Anything else: the rest of the PDU (a termination request's header) is not needed.
+        if let Ok((_, l)) = &parsed {
+            rest.resize(l.pad + l.data + l.ddgst, 0);
+            if rd.read_exact(&mut rest).await.is_err() {
+                fail_all(&flights, &|| protocol("connection closed"));
+                return;
+            }
+        }
+        match parsed {
             Ok((Header::Resp(cqe), _)) => {
                 let f = flights
                     .lock()
@@ -594,38 +691,6 @@ async fn read_loop(
                     .and_then(|m| m.remove(&cqe.cid));
                 if let Some(f) = f {
                     let _ = f.done.send(Ok(Completion { cqe, data: f.data }));
-                }
-            }
-            Ok((
-                Header::Data {
-                    c2h: true,
-                    cccid,
-                    offset,
-                    last,
-                    success,
-                    ..
-                },
-                data,
-            )) => {
-                let mut flights = flights.lock().unwrap();
-                let Some(m) = flights.as_mut() else { continue };
-                if let Some(f) = m.get_mut(&cccid) {
-                    let end = offset as usize + data.len();
-                    if f.data.len() < end {
-                        f.data.resize(end, 0);
-                    }
-                    f.data[offset as usize..end].copy_from_slice(data);
-                }
-                // SUCCESS (on the last PDU): the command completed, no response follows.
-                if success && last {
-                    if let Some(f) = m.remove(&cccid) {
-                        let cqe = Cqe {
-                            cid: cccid,
-                            status: Status::SUCCESS,
-                            ..Cqe::default()
-                        };
-                        let _ = f.done.send(Ok(Completion { cqe, data: f.data }));
-                    }
                 }
             }
             Ok((

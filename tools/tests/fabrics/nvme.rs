@@ -1,7 +1,8 @@
 //! The NVMe/TCP target against the in-repo host over TCP loopback: Connect of admin and I/O
 //! queues, Identify, reads and writes with data in the capsule and through R2T (with and
 //! without digests), concurrent commands, refused hosts and controllers, a malformed PDU
-//! answered with a termination request, and keep alive expiry closing every queue.
+//! answered with a termination request, bad in-capsule data failing only its command, and keep
+//! alive expiry closing every queue.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -193,4 +194,79 @@ async fn nvme_tcp_keep_alive_expiry_closes_every_queue() {
         "the I/O queue outlived the keep alive timeout"
     );
     assert!(t.controllers().iter().all(|c| c.is_closed()));
+}
+
+/// Data read straight into a command's buffer is still checked: a capsule whose in-capsule data
+/// fails its digest, or whose SGL length is not the data's, fails that command only (its data is
+/// never written, the connection goes on); H2CData for a transfer nobody asked for ends the
+/// connection with a termination request naming the TTAG.
+#[tokio::test]
+async fn nvme_tcp_bad_in_capsule_data_fails_the_command_only() {
+    use rtgt_nvme::nvm::{self, Rw};
+    use rtgt_nvme::sqe::{Sgl, PSDT_SGL};
+    use rtgt_nvme::tcp::Header;
+    let (addr, _t) = target().await;
+    let digests = Digests {
+        header: true,
+        data: true,
+    };
+    let cfg = HostConfig {
+        digests,
+        ..HostConfig::default()
+    };
+    let admin = Queue::connect(addr, &cfg, SUB, 0, 0, 32).await.unwrap();
+    admin.enable(1).await.unwrap();
+    let io = Queue::connect(addr, &cfg, SUB, 1, admin.cntlid, 32)
+        .await
+        .unwrap();
+    let good = pattern(4096, 1);
+    io.write(1, 0, good.clone(), BS, false).await.unwrap();
+
+    let capsule = |data: &[u8], sgl_len: u32| {
+        let [a, b, c] = Rw {
+            slba: 0,
+            blocks: 8,
+            fua: false,
+            lr: false,
+            deac: false,
+        }
+        .cdw();
+        let mut sqe = Queue::command(nvm::opcode::WRITE, 1, [a, b, c, 0, 0, 0]);
+        sqe.cid = 0xfff0;
+        sqe.flags |= PSDT_SGL;
+        sqe.dptr = Sgl::DataBlock {
+            addr: 0,
+            len: sgl_len,
+            offset: true,
+        }
+        .to_bytes();
+        Header::Cmd(sqe).to_pdu(digests, data, 0)
+    };
+    let other = pattern(4096, 2);
+    let mut corrupt = capsule(&other, 4096);
+    *corrupt.last_mut().unwrap() ^= 0xff;
+    io.send_raw(&corrupt).await.unwrap();
+    io.send_raw(&capsule(&other, 512)).await.unwrap();
+    // Neither wrote; the connection still serves.
+    assert_eq!(io.read(1, 0, 8, BS).await.unwrap(), good);
+    io.write(1, 8, other.clone(), BS, false).await.unwrap();
+    assert_eq!(io.read(1, 8, 8, BS).await.unwrap(), other);
+
+    let h2c = Header::Data {
+        c2h: false,
+        cccid: 7,
+        ttag: 0x4242,
+        offset: 0,
+        length: 512,
+        last: true,
+        success: false,
+    };
+    io.send_raw(&h2c.to_pdu(digests, &other[..512], 0))
+        .await
+        .unwrap();
+    let e = io.read(1, 0, 1, BS).await.unwrap_err();
+    assert!(
+        matches!(e, NvmeError::Terminated { fes: f, fei: 10 } if f == fes::INVALID_PDU_HEADER),
+        "{e:?}"
+    );
 }
