@@ -148,67 +148,69 @@ impl From<std::io::Error> for End {
     }
 }
 
-/// Reads one PDU into `b` (reused from PDU to PDU): its common header, then (checked) the
-/// rest.
-async fn read_pdu<R: AsyncRead + Unpin>(
-    rd: &mut R,
-    max_data: usize,
-    b: &mut Vec<u8>,
-) -> Result<(), End> {
-    let mut ch = [0u8; CH_LEN];
-    rd.read_exact(&mut ch).await?;
-    let c = CommonHeader::parse(&ch).ok_or(End::Closed)?;
-    let len = match tcp::pdu_len(&c, max_data) {
-        Ok(n) => n,
-        Err(PduError::Fatal { fes, fei }) => return Err(End::Fatal(fes, fei, ch.to_vec())),
-        Err(PduError::DataDigest(_)) => return Err(End::Closed),
-    };
-    b.clear();
-    b.resize(len, 0);
-    b[..CH_LEN].copy_from_slice(&ch);
-    rd.read_exact(&mut b[CH_LEN..]).await?;
-    Ok(())
-}
-
 /// Reads the head of a PDU into `b` (reused from PDU to PDU): its common header, then
-/// (checked) up to its data ([`tcp::head_len`]); the data is read by [`read_data`] to where
-/// it belongs.
-async fn read_head<R: AsyncRead + Unpin>(
+/// (checked by [`tcp::pdu_len`] against `max_data`) up to its data ([`tcp::head_len`]); the
+/// data is then read by [`read_data`] to where it belongs. The inner error is a common header
+/// that breaks the protocol (`b` then holds that header).
+pub async fn read_head<R: AsyncRead + Unpin>(
     rd: &mut R,
     max_data: usize,
     digests: Digests,
     b: &mut Vec<u8>,
-) -> Result<(), End> {
-    let mut ch = [0u8; CH_LEN];
-    rd.read_exact(&mut ch).await?;
-    let c = CommonHeader::parse(&ch).ok_or(End::Closed)?;
+) -> std::io::Result<Result<(), PduError>> {
+    b.clear();
+    b.resize(CH_LEN, 0);
+    rd.read_exact(b).await?;
+    let c = CommonHeader::parse(b).expect("a common header's length");
     let len = match tcp::pdu_len(&c, max_data) {
         Ok(n) => n,
-        Err(PduError::Fatal { fes, fei }) => return Err(End::Fatal(fes, fei, ch.to_vec())),
-        Err(PduError::DataDigest(_)) => return Err(End::Closed),
+        Err(e) => return Ok(Err(e)),
     };
-    let head = tcp::head_len(&c, digests).min(len);
-    b.clear();
-    b.resize(head, 0);
-    b[..CH_LEN].copy_from_slice(&ch);
+    b.resize(tcp::head_len(&c, digests).min(len), 0);
     rd.read_exact(&mut b[CH_LEN..]).await?;
-    Ok(())
+    Ok(Ok(()))
 }
 
 /// Reads the rest of a PDU whose head said `l`: the padding, the data into `dst` (of
 /// `l.data` bytes) and its digest. Returns whether the data matches the digest.
-async fn read_data<R: AsyncRead + Unpin>(
+pub async fn read_data<R: AsyncRead + Unpin>(
     rd: &mut R,
     l: &tcp::Layout,
     digests: Digests,
     dst: &mut [u8],
-) -> Result<bool, End> {
+) -> std::io::Result<bool> {
     let mut pad = [0u8; 256];
     rd.read_exact(&mut pad[..l.pad]).await?;
     rd.read_exact(dst).await?;
     let mut ddgst = [0u8; tcp::DIGEST_LEN];
     rd.read_exact(&mut ddgst[..l.ddgst]).await?;
     Ok(tcp::check_data(dst, &ddgst[..l.ddgst], digests))
+}
+
+/// Reads one whole PDU into `b` (reused from PDU to PDU), as [`read_head`] checks it.
+pub async fn read_pdu<R: AsyncRead + Unpin>(
+    rd: &mut R,
+    max_data: usize,
+    b: &mut Vec<u8>,
+) -> std::io::Result<Result<(), PduError>> {
+    if let Err(e) = read_head(rd, max_data, Digests::default(), b).await? {
+        return Ok(Err(e));
+    }
+    let have = b.len();
+    let plen = CommonHeader::parse(b).expect("a common header").plen as usize;
+    b.resize(plen, 0);
+    rd.read_exact(&mut b[have..]).await?;
+    Ok(Ok(()))
+}
+
+/// A PDU read by [`read_head`] or [`read_pdu`] as the connection's end, if it is one: the
+/// connection closed, or a termination request owed for the common header in `b`.
+fn ended(r: std::io::Result<Result<(), PduError>>, b: &[u8]) -> Result<(), End> {
+    match r {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(PduError::Fatal { fes, fei })) => Err(End::Fatal(fes, fei, b[..CH_LEN].to_vec())),
+        Ok(Err(PduError::DataDigest(_))) | Err(_) => Err(End::Closed),
+    }
 }
 
 /// Serves one NVMe/TCP connection until it ends.
@@ -235,7 +237,8 @@ pub async fn serve_stream<S>(
 
     // Connection initialization.
     let mut ic = Vec::new();
-    match read_pdu(&mut rd, 0, &mut ic).await {
+    let r = read_pdu(&mut rd, 0, &mut ic).await;
+    match ended(r, &ic) {
         Ok(()) => {}
         Err(End::Fatal(fes, fei, h)) => {
             let _ = terminate(&mut wr, fes, fei, &h).await;
@@ -357,7 +360,8 @@ async fn connect<S: AsyncRead + AsyncWrite>(
 ) -> Option<Connected> {
     let mut b = Vec::new();
     loop {
-        match read_pdu(rd, max_data, &mut b).await {
+        let r = read_pdu(rd, max_data, &mut b).await;
+        match ended(r, &b) {
             Ok(()) => {}
             Err(End::Fatal(fes, fei, h)) => {
                 let _ = terminate(wr, fes, fei, &h).await;
@@ -492,7 +496,7 @@ async fn read_loop<R: AsyncRead + Unpin>(
     let mut scratch = Vec::new();
     loop {
         tokio::select! {
-            r = read_head(rd, max_data, digests, &mut b) => if let Err(e) = r {
+            r = read_head(rd, max_data, digests, &mut b) => if let Err(e) = ended(r, &b) {
                 return e;
             },
             _ = queue.ctrl.closed() => return End::Closed,
@@ -524,7 +528,7 @@ async fn read_loop<R: AsyncRead + Unpin>(
                             queue.fail(sqe.cid, sc::DATA_TRANSFER_ERROR).await;
                             continue;
                         }
-                        Err(e) => return e,
+                        Err(_) => return End::Closed,
                     }
                 }
                 if out_len == 0 {
@@ -541,7 +545,7 @@ async fn read_loop<R: AsyncRead + Unpin>(
                         match read_data(rd, &l, digests, buf.as_mut_slice()).await {
                             Ok(true) => spawn(queue, sqe, Some(buf), permit),
                             Ok(false) => queue.fail(sqe.cid, sc::DATA_TRANSFER_ERROR).await,
-                            Err(e) => return e,
+                            Err(_) => return End::Closed,
                         }
                     }
                     Sgl::Transport { len } => {
@@ -609,7 +613,7 @@ async fn read_loop<R: AsyncRead + Unpin>(
                         queue.fail(g.sqe.cid, sc::DATA_TRANSFER_ERROR).await;
                         continue;
                     }
-                    Err(e) => return e,
+                    Err(_) => return End::Closed,
                 }
                 g.received += length;
                 if g.received == g.buf.len() {

@@ -19,7 +19,8 @@ use rtgt_nvme::fabrics::{ConnectData, FabricsCmd};
 use rtgt_nvme::nvm::{self, Rw};
 use rtgt_nvme::sqe::{Cqe, Sgl, Sqe, Status, PSDT_SGL};
 use rtgt_nvme::subsys::CNTLID_DYNAMIC;
-use rtgt_nvme::tcp::{self, CommonHeader, Digests, Header, CH_LEN};
+use rtgt_nvme::tcp::{self, Digests, Header};
+use rtgt_nvme::tcp_queue;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
@@ -103,47 +104,17 @@ fn protocol(m: impl Into<String>) -> NvmeError {
     NvmeError::Protocol(m.into())
 }
 
-/// Reads the head of a PDU into `b`: its common header, then up to its data.
-async fn read_head<R: AsyncRead + Unpin>(
-    rd: &mut R,
-    digests: Digests,
-    b: &mut Vec<u8>,
-) -> Result<(), NvmeError> {
-    let mut ch = [0u8; CH_LEN];
-    rd.read_exact(&mut ch).await?;
-    let c = CommonHeader::parse(&ch).ok_or_else(|| protocol("short header"))?;
-    let len = tcp::pdu_len(&c, 16 << 20).map_err(|e| protocol(format!("{e:?}")))?;
-    b.clear();
-    b.resize(tcp::head_len(&c, digests).min(len), 0);
-    b[..CH_LEN].copy_from_slice(&ch);
-    rd.read_exact(&mut b[CH_LEN..]).await?;
-    Ok(())
-}
+/// Most data a PDU from the controller may carry.
+const MAX_PDU_DATA: usize = 16 << 20;
 
-/// Reads the padding, data (into `dst`) and data digest of a PDU whose head said `l`;
-/// whether the data matches its digest.
-async fn tcp_read_data<R: AsyncRead + Unpin>(
-    rd: &mut R,
-    l: &tcp::Layout,
-    digests: Digests,
-    dst: &mut [u8],
-) -> Result<bool, NvmeError> {
-    let mut pad = [0u8; 256];
-    rd.read_exact(&mut pad[..l.pad]).await?;
-    rd.read_exact(dst).await?;
-    let mut ddgst = [0u8; tcp::DIGEST_LEN];
-    rd.read_exact(&mut ddgst[..l.ddgst]).await?;
-    Ok(tcp::check_data(dst, &ddgst[..l.ddgst], digests))
+/// A PDU (or its head) read: a common header that breaks the protocol is a protocol error.
+fn read(r: std::io::Result<Result<(), tcp::PduError>>) -> Result<(), NvmeError> {
+    r?.map_err(|e| protocol(format!("{e:?}")))
 }
 
 async fn read_pdu<R: AsyncRead + Unpin>(rd: &mut R) -> Result<Vec<u8>, NvmeError> {
-    let mut ch = [0u8; CH_LEN];
-    rd.read_exact(&mut ch).await?;
-    let c = CommonHeader::parse(&ch).ok_or_else(|| protocol("short header"))?;
-    let len = tcp::pdu_len(&c, 16 << 20).map_err(|e| protocol(format!("{e:?}")))?;
-    let mut b = vec![0u8; len];
-    b[..CH_LEN].copy_from_slice(&ch);
-    rd.read_exact(&mut b[CH_LEN..]).await?;
+    let mut b = Vec::new();
+    read(tcp_queue::read_pdu(rd, MAX_PDU_DATA, &mut b).await)?;
     Ok(b)
 }
 
@@ -619,7 +590,8 @@ async fn read_loop(
     let mut rest = Vec::new();
     loop {
         // The head of each PDU, then its data straight into the command's buffer.
-        let parsed = match read_head(&mut rd, digests, &mut head).await {
+        let r = tcp_queue::read_head(&mut rd, MAX_PDU_DATA, digests, &mut head).await;
+        let parsed = match read(r) {
             Ok(()) => tcp::parse_head(&head, digests),
             Err(_) => {
                 fail_all(&flights, &|| protocol("connection closed"));
@@ -649,7 +621,8 @@ async fn read_loop(
             if data.len() < end {
                 data.resize(end, 0);
             }
-            match tcp_read_data(&mut rd, &l, digests, &mut data[offset as usize..end]).await {
+            match tcp_queue::read_data(&mut rd, &l, digests, &mut data[offset as usize..end]).await
+            {
                 Ok(true) => {}
                 Ok(false) | Err(_) => {
                     fail_all(&flights, &|| protocol("C2HData lost or failed its digest"));
