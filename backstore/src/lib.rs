@@ -17,6 +17,7 @@ mod inline;
 mod mem;
 pub mod policy;
 mod shared;
+mod span;
 mod sys;
 #[cfg(test)]
 mod test_support;
@@ -29,6 +30,7 @@ pub use inline::run_inline;
 pub use mem::{NullBackstore, RamBackstore, RAM_CHUNK};
 pub use policy::{BackstoreRoots, FileRequest, PolicyError};
 pub use shared::{write_atomically, SharedFile, SharedState, Update};
+pub use span::{FileSlice, FileSpan};
 
 /// Page granularity of [`Backstore::write_replacing`].
 pub const PAGE: u64 = 4096;

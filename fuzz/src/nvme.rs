@@ -190,14 +190,16 @@ pub fn nvme_tcp_queue(data: &[u8]) {
         nq.nsid = 0;
         nq.cdw = [7, 3 | 3 << 16, 0, 0, 0, 0];
         assert!(ctrl.execute(0, &nq, None).await.status.is_success());
-        let (host, target) = tokio::io::duplex(64 << 10);
+        let (host, target) = tokio::net::UnixStream::pair().expect("a socket pair");
+        let (target_rd, target_wr) = target.into_split();
         let served = tokio::spawn(rtgt_nvme::tcp_queue::serve_stream(
             t.clone(),
-            target,
+            target_rd,
+            target_wr,
             None,
             rtgt_nvme::tcp_queue::Scope::Port(1),
         ));
-        let (mut rd, mut wr) = tokio::io::split(host);
+        let (mut rd, mut wr) = host.into_split();
         let input = data.to_vec();
         let writer = tokio::spawn(async move {
             let _ = wr.write_all(&input).await;

@@ -6,13 +6,12 @@
 //! (R2T and Data-Out on TCP, RDMA READ on iSER) and delivering read data with the status
 //! (Data-In on TCP, RDMA WRITE on iSER).
 
-use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use rtgt_backstore::IoBuf;
+use rtgt_backstore::{FileSpan, IoBuf};
 
 use rtgt_scsi::sense;
 use rtgt_scsi::task::{Outcome, Refused, Stage, Turn};
@@ -47,44 +46,7 @@ pub enum StatSn {
     Without,
 }
 
-/// The data segment of a PDU to send.
-#[derive(Debug, Clone, Default)]
-pub enum TxData {
-    #[default]
-    Empty,
-    Bytes(Bytes),
-    /// A range of a command's data-in buffer.
-    Buf(Arc<IoBuf>, Range<usize>),
-    /// `len` bytes of a command's data-in file range, `start` bytes into it; only for
-    /// drivers that answer true to [`ConnDriver::file_ranges`].
-    File {
-        range: Arc<FileRange>,
-        start: u64,
-        len: usize,
-    },
-}
-
-impl TxData {
-    /// The bytes in memory: none for [`TxData::File`].
-    pub fn as_slice(&self) -> &[u8] {
-        match self {
-            TxData::Empty | TxData::File { .. } => &[],
-            TxData::Bytes(b) => b,
-            TxData::Buf(b, r) => &b.as_slice()[r.clone()],
-        }
-    }
-
-    pub fn len(&self) -> usize {
-        match self {
-            TxData::File { len, .. } => *len,
-            _ => self.as_slice().len(),
-        }
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-}
+pub use rtgt_tcp_channel::TxData;
 
 /// A target PDU waiting for transmission.
 #[derive(Debug, Clone)]

@@ -8,26 +8,25 @@
 //! One task per connection reads: it takes whatever requests one read returned, handles
 //! them in turn — [`Conn`] runs a command to completion right there when nothing makes it
 //! wait — and then sends all their responses with one vectored write. Outgoing PDUs go
-//! through a bounded queue ([`TX_QUEUE`]); StatSN/ExpCmdSN/MaxCmdSN are filled when a PDU
-//! leaves it, so StatSN increases in wire order. A writer task only steps in while the
-//! socket is full, and sends what is left when the connection closes.
+//! through the TCP transmit path NVMe/TCP uses too ([`rtgt_tcp_channel::Outbox`], at most
+//! [`TX_QUEUE`] PDUs); StatSN/ExpCmdSN/MaxCmdSN are filled when a PDU leaves its queue, so
+//! StatSN increases in wire order. A writer task only steps in while the socket is full, and
+//! sends what is left when the connection closes.
 
 use std::collections::VecDeque;
-use std::io::IoSlice;
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, RawFd};
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use bytes::{Buf, BytesMut};
-use rtgt_backstore::IoBuf;
+use rtgt_backstore::{FileSpan, IoBuf};
+use rtgt_tcp_channel::{Framer, Outbox, Wire};
 use rtgt_transport::poll::PollBudget;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, Interest};
-use tokio::net::tcp::OwnedWriteHalf;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tokio::sync::{Notify, Semaphore};
 use tokio::time::Instant;
 
 use super::conn::{
@@ -45,14 +44,6 @@ use rtgt_scsi::FileRange;
 
 /// Outgoing PDUs queued per connection before senders wait.
 pub const TX_QUEUE: usize = 256;
-/// While the reader handles a batch of requests, responses collect until this many are
-/// queued (or [`BATCH_BYTES`] of data), then go out together. Sending part of a large batch
-/// early lets the initiator work on those responses while the rest are prepared.
-const BATCH_FLUSH: usize = 16;
-/// Data bytes that end a batch early (see [`BATCH_FLUSH`]).
-const BATCH_BYTES: usize = 2 << 20;
-/// Most pieces (headers, data, padding) handed to one writev.
-const MAX_IOV: usize = 128;
 /// Room the reader makes in its buffer before each read.
 const READ_CHUNK: usize = 64 * 1024;
 /// Time a login may take between two PDUs.
@@ -278,343 +269,86 @@ pub fn encode_pdu(
     }
 }
 
-/// Target PDUs on their way to the socket: a bounded queue, and the transmit state of
-/// whichever task currently writes.
-///
-/// There is no dedicated sender in the common case: the task that queues a PDU writes it
-/// right away with a non-blocking `writev` — usually the connection's reader, which runs
-/// most commands to completion itself and sends the responses of one batch of requests in
-/// one call — so a response needs no hand-off to another task or thread. Only when the
-/// socket is full does the connection's writer task wait for it to drain.
-///
-/// Whoever wins `writing` owns the transmit state; the others set `dirty` and leave, and the
-/// owner looks at `dirty` again after giving up the role, so no queued PDU is left behind.
-/// StatSN is assigned when a PDU leaves the queue, so it increases in wire order.
-struct Outbox {
-    queue: Mutex<VecDeque<TxPdu>>,
-    /// One permit per PDU that may be queued or in transmission ([`TX_QUEUE`]).
-    slots: Semaphore,
-    tx: Mutex<TxState>,
-    sock: OwnedWriteHalf,
-    writing: AtomicBool,
-    /// PDUs were queued since the writing task last looked.
-    dirty: AtomicBool,
-    /// Data bytes queued since the last flush.
-    unflushed: AtomicUsize,
-    /// The reader is handling a batch and flushes when it is done.
-    batching: AtomicBool,
-    /// The socket is full; the writer task writes once it has room.
-    blocked: AtomicBool,
-    /// Asks the writer task to wait for room in the socket.
-    want_room: Notify,
+/// How iSCSI PDUs go on the wire ([`Outbox`]): StatSN is assigned as a PDU leaves the queue,
+/// so it increases in wire order, and ExpCmdSN/MaxCmdSN are filled then; digests follow.
+struct Frames {
     session: Arc<Session>,
     hd: bool,
     dd: bool,
 }
 
-struct TxState {
-    stat_sn: u32,
-    /// PDUs taken from the queue and not yet fully written.
-    wires: VecDeque<Wire>,
-    /// Bytes of the first wire already written.
-    sent: usize,
-    /// Scratch space for moving PDUs out of the queue.
-    taken: Vec<TxPdu>,
+impl Framer for Frames {
+    type Pdu = TxPdu;
+    /// The next StatSN.
+    type Seq = u32;
+
+    fn data_len(pdu: &TxPdu) -> usize {
+        pdu.data.len()
+    }
+
+    fn frame(&self, stat_sn: &mut u32, pdus: &mut Vec<TxPdu>, wires: &mut VecDeque<Wire>) {
+        // One snapshot per batch: MaxCmdSN never decreases, and every slot freed before
+        // these PDUs were queued is already counted.
+        let (exp, max) = self.session.window_snapshot();
+        for mut p in pdus.drain(..) {
+            let sn = match p.stat_sn {
+                StatSn::Advance => {
+                    let sn = *stat_sn;
+                    *stat_sn = sn.wrapping_add(1);
+                    sn
+                }
+                StatSn::Peek => *stat_sn,
+                StatSn::Without => 0,
+            };
+            Bhs::new_unchecked(&mut p.bhs[..]).set_sequence(sn, exp, max);
+            wires.push_back(self.wire(&p.bhs, p.data));
+        }
+    }
+
+    fn sent(&self, pdus: usize) {
+        self.session
+            .stats
+            .pdus_out
+            .fetch_add(pdus as u64, Ordering::Relaxed);
+    }
+
+    fn failed(&self, e: &std::io::Error) {
+        tracing::debug!(peer = %self.session.peer, error = %e, "iSCSI send failed");
+    }
 }
 
-/// A PDU as it goes on the wire: header (and digest), data, padding (and digest).
-struct Wire {
-    head: [u8; BHS_LEN + 4],
-    head_len: usize,
-    data: TxData,
-    tail: [u8; 7],
-    tail_len: usize,
-}
-
-impl Wire {
-    fn new(bhs: &[u8; BHS_LEN], data: TxData, hd: bool, dd: bool) -> Wire {
+impl Frames {
+    /// Header (and digest), data, padding (and digest).
+    fn wire(&self, bhs: &[u8; BHS_LEN], data: TxData) -> Wire {
         let mut head = [0u8; BHS_LEN + 4];
         head[..BHS_LEN].copy_from_slice(bhs);
         let mut head_len = BHS_LEN;
-        if hd {
+        if self.hd {
             head[BHS_LEN..].copy_from_slice(&digest(&[bhs]).to_le_bytes());
             head_len += 4;
         }
         let mut tail = [0u8; 7];
-        let d = data.as_slice();
         let mut tail_len = 0;
         if !data.is_empty() {
             tail_len = pad4(data.len());
             // Data in a file is sent only without DataDigest (TcpDriver::file_ranges).
-            if dd {
-                let crc = digest(&[d, &tail[..tail_len]]);
+            if self.dd {
+                let crc = digest(&[data.as_slice(), &tail[..tail_len]]);
                 tail[tail_len..tail_len + 4].copy_from_slice(&crc.to_le_bytes());
                 tail_len += 4;
             }
         }
-        Wire {
-            head,
-            head_len,
-            data,
-            tail,
-            tail_len,
-        }
+        Wire::new(&head[..head_len], data, &tail[..tail_len])
     }
-
-    fn len(&self) -> usize {
-        self.head_len + self.data.len() + self.tail_len
-    }
-
-    /// Adds the unwritten pieces (after `skip` bytes) to `iov` up to the first piece that
-    /// lives in a file.
-    fn slices<'a>(&'a self, mut skip: usize, iov: &mut [IoSlice<'a>], n: &mut usize) -> Fill {
-        let file = match &self.data {
-            TxData::File { range, start, len } => Some((range, *start, *len)),
-            _ => None,
-        };
-        for (i, part) in [
-            &self.head[..self.head_len],
-            self.data.as_slice(),
-            &self.tail[..self.tail_len],
-        ]
-        .into_iter()
-        .enumerate()
-        {
-            if let (1, Some((range, start, len))) = (i, file) {
-                if skip >= len {
-                    skip -= len;
-                    continue;
-                }
-                if *n > 0 {
-                    return Fill::FileNext;
-                }
-                return Fill::File {
-                    fd: range.fd(),
-                    offset: range.offset() + start + skip as u64,
-                    len: len - skip,
-                };
-            }
-            if skip >= part.len() {
-                skip -= part.len();
-                continue;
-            }
-            if *n == iov.len() {
-                return Fill::Full;
-            }
-            iov[*n] = IoSlice::new(&part[skip..]);
-            *n += 1;
-            skip = 0;
-        }
-        Fill::More
-    }
-}
-
-/// How far [`Wire::slices`] got.
-enum Fill {
-    /// The wire is in `iov`; more may follow.
-    More,
-    /// `iov` is full.
-    Full,
-    /// `iov` holds what precedes data in a file: write it (with more to come), then the file.
-    FileNext,
-    /// Nothing is in `iov`; the next bytes to send are `len` bytes of `fd` at `offset`.
-    File { fd: RawFd, offset: u64, len: usize },
-}
-
-impl Outbox {
-    /// Queues `pdu` (the caller holds a slot for it) and writes unless the reader's batch
-    /// will. An error means the connection failed.
-    fn push(&self, pdu: TxPdu) -> std::io::Result<()> {
-        let bytes = pdu.data.len();
-        let queued = {
-            let mut q = lock(&self.queue);
-            q.push_back(pdu);
-            q.len()
-        };
-        let unflushed = self.unflushed.fetch_add(bytes, Ordering::Relaxed) + bytes;
-        self.dirty.store(true, Ordering::SeqCst);
-        if self.batching.load(Ordering::SeqCst) && queued < BATCH_FLUSH && unflushed < BATCH_BYTES {
-            return Ok(());
-        }
-        self.flush()
-    }
-
-    /// Writes what is queued as far as the socket takes it without blocking, unless another
-    /// task is writing (it will see `dirty`) or the writer task waits for room.
-    /// Returns an error when the connection failed.
-    fn flush(&self) -> std::io::Result<()> {
-        loop {
-            if self.blocked.load(Ordering::SeqCst) || self.writing.swap(true, Ordering::SeqCst) {
-                return Ok(());
-            }
-            self.dirty.store(false, Ordering::SeqCst);
-            self.unflushed.store(0, Ordering::Relaxed);
-            let r = self.write_some(&mut lock(&self.tx));
-            if let Ok(false) = r {
-                self.blocked.store(true, Ordering::SeqCst);
-                self.want_room.notify_one();
-            }
-            self.writing.store(false, Ordering::SeqCst);
-            r?;
-            if !self.dirty.load(Ordering::SeqCst) {
-                return Ok(());
-            }
-        }
-    }
-
-    /// Whether nothing is queued or partly written.
-    fn is_idle(&self) -> bool {
-        // One lock at a time: writers take `tx` before `queue`.
-        let queued = !lock(&self.queue).is_empty();
-        !queued && lock(&self.tx).wires.is_empty()
-    }
-
-    /// Writes until everything queued is out (true) or the socket is full (false).
-    fn write_some(&self, st: &mut TxState) -> std::io::Result<bool> {
-        loop {
-            if st.wires.len() < MAX_IOV / 2 {
-                self.take_queued(st);
-            }
-            if st.wires.is_empty() {
-                return Ok(true);
-            }
-            let mut iov = [IoSlice::new(&[]); MAX_IOV];
-            let mut n = 0;
-            let mut skip = st.sent;
-            let mut stop = Fill::More;
-            for w in &st.wires {
-                stop = w.slices(skip, &mut iov, &mut n);
-                if !matches!(stop, Fill::More) {
-                    break;
-                }
-                skip = 0;
-            }
-            let r = match stop {
-                Fill::File { fd, offset, len } => self.send_file(fd, offset, len),
-                Fill::FileNext => self.send_more(&iov[..n]),
-                Fill::More | Fill::Full => self.sock.try_write_vectored(&iov[..n]),
-            };
-            let mut written = match r {
-                Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
-                Ok(k) => k,
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Ok(false),
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                Err(e) => return Err(e),
-            };
-            let mut done = 0;
-            while let Some(w) = st.wires.front() {
-                let left = w.len() - st.sent;
-                if written < left {
-                    st.sent += written;
-                    break;
-                }
-                written -= left;
-                st.sent = 0;
-                st.wires.pop_front();
-                done += 1;
-            }
-            if done > 0 {
-                self.slots.add_permits(done);
-                self.session
-                    .stats
-                    .pdus_out
-                    .fetch_add(done as u64, Ordering::Relaxed);
-            }
-        }
-    }
-
-    /// `sendfile(2)` of up to `len` bytes of `fd` at `offset` into the socket, without
-    /// blocking. The file's pages go to the socket without a copy in user space.
-    fn send_file(&self, fd: RawFd, offset: u64, len: usize) -> std::io::Result<usize> {
-        let stream: &TcpStream = self.sock.as_ref();
-        let sock = stream.as_raw_fd();
-        let n = stream.try_io(Interest::WRITABLE, || {
-            let mut off = libc::off_t::try_from(offset)
-                .map_err(|_| std::io::Error::from_raw_os_error(libc::EOVERFLOW))?;
-            // SAFETY: both descriptors are open (the socket is owned by `stream`, the file by
-            // the backstore the wire's `FileRange` keeps alive) and `off` is a valid local the
-            // kernel updates.
-            let r = unsafe { libc::sendfile(sock, fd, &mut off, len) };
-            if r < 0 {
-                Err(std::io::Error::last_os_error())
-            } else {
-                Ok(r as usize)
-            }
-        })?;
-        if n == 0 {
-            // The file ended before the range: the data cannot be sent in full.
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::UnexpectedEof,
-                "data-in file range beyond the end of the file",
-            ));
-        }
-        Ok(n)
-    }
-
-    /// A vectored write with MSG_MORE: file data follows, so the kernel need not send a
-    /// segment with the headers alone.
-    fn send_more(&self, iov: &[IoSlice<'_>]) -> std::io::Result<usize> {
-        let stream: &TcpStream = self.sock.as_ref();
-        let sock = stream.as_raw_fd();
-        stream.try_io(Interest::WRITABLE, || {
-            // SAFETY: zeroed msghdr is valid (no name, no control data).
-            let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-            // IoSlice is ABI compatible with iovec on Unix; the kernel only reads it.
-            msg.msg_iov = iov.as_ptr() as *mut libc::iovec;
-            msg.msg_iovlen = iov.len() as _;
-            // SAFETY: `msg` points at `iov`, which outlives the call; the socket is open.
-            let r = unsafe { libc::sendmsg(sock, &msg, libc::MSG_MORE | libc::MSG_NOSIGNAL) };
-            if r < 0 {
-                Err(std::io::Error::last_os_error())
-            } else {
-                Ok(r as usize)
-            }
-        })
-    }
-
-    /// Moves queued PDUs into the transmit state, assigning StatSN in that order.
-    fn take_queued(&self, st: &mut TxState) {
-        {
-            let mut q = lock(&self.queue);
-            if q.is_empty() {
-                return;
-            }
-            let n = q.len().min(MAX_IOV);
-            st.taken.extend(q.drain(..n));
-        }
-        // One snapshot per batch: MaxCmdSN never decreases, and every slot freed before
-        // these PDUs were queued is already counted.
-        let (exp, max) = self.session.window_snapshot();
-        for mut p in st.taken.drain(..) {
-            let sn = match p.stat_sn {
-                StatSn::Advance => {
-                    let sn = st.stat_sn;
-                    st.stat_sn = sn.wrapping_add(1);
-                    sn
-                }
-                StatSn::Peek => st.stat_sn,
-                StatSn::Without => 0,
-            };
-            Bhs::new_unchecked(&mut p.bhs[..]).set_sequence(sn, exp, max);
-            st.wires
-                .push_back(Wire::new(&p.bhs, p.data, self.hd, self.dd));
-        }
-    }
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// The TCP implementation of [`ConnDriver`].
 pub struct TcpDriver {
-    out: Outbox,
+    out: Arc<Outbox<Frames>>,
     max_xmit: AtomicU32,
     max_burst: u32,
     max_outstanding_r2t: u32,
     next_ttt: AtomicU32,
-    closing: AtomicBool,
-    close_notify: Notify,
 }
 
 impl TcpDriver {
@@ -628,19 +362,11 @@ impl TcpDriver {
     }
 
     pub fn is_closing(&self) -> bool {
-        self.closing.load(Ordering::Acquire)
+        self.out.is_closing()
     }
 
     async fn closed(&self) {
-        loop {
-            let n = self.close_notify.notified();
-            tokio::pin!(n);
-            n.as_mut().enable();
-            if self.is_closing() {
-                return;
-            }
-            n.await;
-        }
+        self.out.closed().await
     }
 
     /// Data-In PDUs for `len` bytes whose segments `data` gives, then the status (in the
@@ -694,52 +420,12 @@ impl TcpDriver {
         self.send(done.response_pdu(task.itt, exp_data_sn, usize::MAX))
             .await
     }
-
-    /// Responses queued from now on wait for [`TcpDriver::end_batch`] (or for a full batch).
-    fn begin_batch(&self) {
-        self.out.batching.store(true, Ordering::SeqCst);
-    }
-
-    /// Sends what the batch queued.
-    fn end_batch(&self) {
-        self.out.batching.store(false, Ordering::SeqCst);
-        self.flush();
-    }
-
-    fn flush(&self) {
-        if let Err(e) = self.out.flush() {
-            self.failed(&e);
-        }
-    }
-
-    fn failed(&self, e: &std::io::Error) {
-        tracing::debug!(peer = %self.out.session.peer, error = %e, "iSCSI send failed");
-        self.close();
-    }
 }
 
 #[async_trait]
 impl ConnDriver for TcpDriver {
     async fn send(&self, pdu: TxPdu) -> Result<(), IscsiError> {
-        if self.is_closing() {
-            return Err(IscsiError::Closed);
-        }
-        match self.out.slots.try_acquire() {
-            Ok(p) => p.forget(),
-            Err(_) => {
-                // Full: write what is queued, then wait for the socket to take it.
-                self.flush();
-                tokio::select! {
-                    p = self.out.slots.acquire() => p.map_err(|_| IscsiError::Closed)?.forget(),
-                    _ = self.closed() => return Err(IscsiError::Closed),
-                }
-            }
-        }
-        if let Err(e) = self.out.push(pdu) {
-            self.failed(&e);
-            return Err(IscsiError::Closed);
-        }
-        Ok(())
+        self.out.send(pdu).await.map_err(|_| IscsiError::Closed)
     }
 
     /// R2T / Data-Out (RFC 7143 §11.8): at most MaxOutstandingR2T bursts of at most
@@ -817,8 +503,8 @@ impl ConnDriver for TcpDriver {
     /// Without DataDigest, and when Data-In PDUs may carry [`FILE_RANGE_MIN`] bytes or more
     /// (with smaller ones a `sendfile` per PDU costs more than the copy it saves).
     fn file_ranges(&self) -> bool {
-        self.out.session.zero_copy_reads
-            && !self.out.dd
+        self.out.framer().session.zero_copy_reads
+            && !self.out.framer().dd
             && self.max_xmit.load(Ordering::Relaxed) >= FILE_RANGE_MIN
     }
 
@@ -832,11 +518,11 @@ impl ConnDriver for TcpDriver {
         range: FileRange,
         done: Completion,
     ) -> Result<(), IscsiError> {
-        if self.out.dd {
+        if self.out.framer().dd {
             return Err(IscsiError::Protocol("data-in from a file with DataDigest"));
         }
         let len = usize::try_from(range.len()).map_err(|_| IscsiError::Protocol("data-in"))?;
-        let range = Arc::new(range);
+        let range: Arc<dyn FileSpan> = Arc::new(range);
         let data = move |off: usize, n: usize| TxData::File {
             range: range.clone(),
             start: off as u64,
@@ -853,47 +539,8 @@ impl ConnDriver for TcpDriver {
     }
 
     fn close(&self) {
-        self.closing.store(true, Ordering::Release);
-        self.close_notify.notify_waiters();
+        self.out.close();
     }
-}
-
-/// The writer task: writes for the others while the socket is full, and at close sends
-/// what is queued and shuts the stream down.
-async fn writer(driver: Arc<TcpDriver>) {
-    let out = &driver.out;
-    loop {
-        tokio::select! {
-            biased;
-            _ = out.want_room.notified() => {}
-            _ = driver.closed() => break,
-        }
-        if let Err(e) = out.sock.writable().await {
-            tracing::debug!(error = %e, "iSCSI socket failed");
-            driver.close();
-            break;
-        }
-        out.blocked.store(false, Ordering::SeqCst);
-        driver.flush();
-    }
-    // Closing: what is already queued still goes out.
-    while !out.is_idle() {
-        out.blocked.store(false, Ordering::SeqCst);
-        if out.flush().is_err() {
-            break;
-        }
-        if out.blocked.load(Ordering::SeqCst) {
-            if out.sock.writable().await.is_err() {
-                break;
-            }
-        } else {
-            // Another task is writing; let it finish.
-            tokio::task::yield_now().await;
-        }
-    }
-    let stream: &TcpStream = out.sock.as_ref();
-    // SAFETY: shutdown takes no pointers; the descriptor stays open, owned by the stream.
-    unsafe { libc::shutdown(stream.as_raw_fd(), libc::SHUT_WR) };
 }
 
 /// Adaptive busy polling of a connection's socket (the portal group's `BusyPollMicros`).
@@ -1072,35 +719,20 @@ async fn full_feature(
     let p = &session.params;
     session.watch_peer(&stream);
     let (mut rd, wr) = stream.into_split();
+    let frames = Frames {
+        session: session.clone(),
+        hd: p.header_digest,
+        dd: p.data_digest,
+    };
+    let out = Arc::new(Outbox::new(frames, wr, stat_sn, TX_QUEUE));
     let driver = Arc::new(TcpDriver {
-        out: Outbox {
-            queue: Mutex::new(VecDeque::with_capacity(TX_QUEUE)),
-            slots: Semaphore::new(TX_QUEUE),
-            tx: Mutex::new(TxState {
-                stat_sn,
-                wires: VecDeque::new(),
-                sent: 0,
-                taken: Vec::new(),
-            }),
-            sock: wr,
-            writing: AtomicBool::new(false),
-            dirty: AtomicBool::new(false),
-            unflushed: AtomicUsize::new(0),
-            batching: AtomicBool::new(false),
-            blocked: AtomicBool::new(false),
-            want_room: Notify::new(),
-            session: session.clone(),
-            hd: p.header_digest,
-            dd: p.data_digest,
-        },
+        out: out.clone(),
         max_xmit: AtomicU32::new(p.max_xmit_data_segment_length.max(512)),
         max_burst: p.max_burst_length.max(512),
         max_outstanding_r2t: p.max_outstanding_r2t.max(1),
         next_ttt: AtomicU32::new(0x1000),
-        closing: AtomicBool::new(false),
-        close_notify: Notify::new(),
     });
-    let writer_task = tokio::spawn(writer(driver.clone()));
+    let writer_task = tokio::spawn(out.run_writer());
     let conn = Conn::new(cid, session.clone(), driver.clone());
     let conn_id = shared.register_conn(conn.clone());
     let mut reader = PduReader::new(
@@ -1133,7 +765,7 @@ async fn full_feature(
 
     let why = 'conn: loop {
         // Handle every PDU already received, then send their responses together.
-        driver.begin_batch();
+        driver.out.begin_batch();
         let mut stop = None;
         let mut got = false;
         loop {
@@ -1166,7 +798,7 @@ async fn full_feature(
                 }
             }
         }
-        driver.end_batch();
+        driver.out.end_batch();
         if got {
             last_rx = Instant::now();
             if ping_sent.is_some() && !conn.ping_outstanding() {

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
-use rtgt_backstore::{BackstoreError, IoBuf, IoErrorKind};
+use rtgt_backstore::{BackstoreError, FileSlice, FileSpan, IoBuf, IoErrorKind};
 use tokio::sync::Notify;
 
 use crate::admin::{self, ana, cns, feature, log, nidt, IdController, IdNamespace, IDENTIFY_LEN};
@@ -35,6 +35,9 @@ pub mod property {
 pub const VERSION: u32 = 0x0001_0400;
 /// Keep alive granularity (KAS), in 100 ms units.
 const KAS: u16 = 10;
+/// Smallest read sent from a namespace's file rather than a buffer: below this a
+/// `sendfile(2)` costs more than the copy it saves.
+pub const FILE_RANGE_MIN: u64 = 64 << 10;
 /// Outstanding Asynchronous Event Requests a controller takes (AERL + 1).
 const AER_LIMIT: usize = 4;
 /// Events kept for hosts with no request outstanding.
@@ -57,6 +60,9 @@ pub struct Reply {
     pub data: Option<Vec<u8>>,
     /// Data read from a namespace, in a pool buffer (a read's).
     pub buf: Option<IoBuf>,
+    /// Data of a namespace to send from its file instead (a read's, when the transport
+    /// asked for file ranges).
+    pub range: Option<FileSlice>,
 }
 
 /// A reply's data for the host, clipped to what the command's SGL describes.
@@ -65,15 +71,29 @@ pub enum Payload {
     None,
     Vec(Vec<u8>, usize),
     Buf(IoBuf, usize),
+    /// Only when the transport asked for file ranges; already clipped.
+    File(FileSlice),
 }
 
 impl Payload {
+    /// The bytes in memory: none for [`Payload::File`].
     pub fn bytes(&self) -> &[u8] {
         match self {
-            Payload::None => &[],
+            Payload::None | Payload::File(_) => &[],
             Payload::Vec(v, n) => &v[..*n],
             Payload::Buf(b, n) => &b.as_slice()[..*n],
         }
+    }
+
+    pub fn len(&self) -> usize {
+        match self {
+            Payload::File(f) => f.len() as usize,
+            _ => self.bytes().len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
     }
 }
 
@@ -81,6 +101,10 @@ impl Reply {
     /// Takes the reply's data (a read's buffer, else what the controller made), at most
     /// `host_len` bytes of it.
     pub fn take_payload(&mut self, host_len: usize) -> Payload {
+        if let Some(mut f) = self.range.take() {
+            f.truncate(host_len as u64);
+            return Payload::File(f);
+        }
         match (self.buf.take(), self.data.take()) {
             (Some(b), _) => {
                 let n = b.len().min(host_len);
@@ -106,6 +130,7 @@ impl Reply {
             dw1: 0,
             data: None,
             buf: None,
+            range: None,
         }
     }
 
@@ -474,17 +499,20 @@ impl Controller {
     /// Executes a command of queue `qid`, counted with the controller's own counters;
     /// `data` is what the host sent with it.
     pub async fn execute(&self, qid: u16, sqe: &Sqe, data: Option<IoBuf>) -> Reply {
-        self.execute_on(&self.retired, qid, sqe, data).await
+        self.execute_on(&self.retired, qid, sqe, data, false).await
     }
 
     /// Executes a command of queue `qid` counted on `stats` (the queue's, from
-    /// [`Attached::stats`]).
+    /// [`Attached::stats`]). With `file_ranges` a read of at least [`FILE_RANGE_MIN`] bytes
+    /// from a namespace whose data lives in a file ([`FileSlice::of`]) answers with the range
+    /// ([`Reply::range`]) for the transport to send from the page cache.
     pub async fn execute_on(
         &self,
         stats: &QueueStats,
         qid: u16,
         sqe: &Sqe,
         data: Option<IoBuf>,
+        file_ranges: bool,
     ) -> Reply {
         stats.outstanding.fetch_add(1, Ordering::Relaxed);
         let _in_flight = InFlight(stats);
@@ -494,16 +522,17 @@ impl Controller {
                 stats.bytes_in.fetch_add(d.len() as u64, Ordering::Relaxed);
             }
         }
-        let reply = self.dispatch(qid, sqe, data).await;
+        let reply = self.dispatch(qid, sqe, data, file_ranges).await;
         if qid != 0 {
-            if let Some(b) = &reply.buf {
-                stats.bytes_out.fetch_add(b.len() as u64, Ordering::Relaxed);
+            let out = reply.buf.as_ref().map(|b| b.len() as u64);
+            if let Some(n) = out.or(reply.range.as_ref().map(|r| r.len())) {
+                stats.bytes_out.fetch_add(n, Ordering::Relaxed);
             }
         }
         reply
     }
 
-    async fn dispatch(&self, qid: u16, sqe: &Sqe, data: Option<IoBuf>) -> Reply {
+    async fn dispatch(&self, qid: u16, sqe: &Sqe, data: Option<IoBuf>, file_ranges: bool) -> Reply {
         if self.is_closed() {
             return Reply::status(Status {
                 dnr: false,
@@ -527,7 +556,7 @@ impl Controller {
             self.admin(sqe).await
         } else {
             match &self.kind {
-                Kind::Io(s) => self.io(s, sqe, data).await,
+                Kind::Io(s) => self.io(s, sqe, data, file_ranges).await,
                 Kind::Discovery => Reply::error(sc::INVALID_OPCODE),
             }
         }
@@ -878,7 +907,7 @@ impl Controller {
         reply
     }
 
-    async fn io(&self, s: &Subsystem, sqe: &Sqe, data: Option<IoBuf>) -> Reply {
+    async fn io(&self, s: &Subsystem, sqe: &Sqe, data: Option<IoBuf>, file_ranges: bool) -> Reply {
         let Some(ns) = s.namespace(sqe.nsid) else {
             return Reply::error(sc::INVALID_NAMESPACE);
         };
@@ -929,6 +958,14 @@ impl Controller {
                     return Reply::error(sc::NAMESPACE_WRITE_PROTECTED);
                 }
                 if sqe.opcode == nvm::opcode::READ {
+                    if file_ranges && len >= FILE_RANGE_MIN {
+                        if let Some(range) = FileSlice::of(&ns.backstore, offset, len) {
+                            return Reply {
+                                range: Some(range),
+                                ..Reply::ok()
+                            };
+                        }
+                    }
                     let buf = self.pool_get(len as usize).await;
                     let (r, buf) = ns.backstore.read(offset, buf).await;
                     return match r {

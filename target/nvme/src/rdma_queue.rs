@@ -378,7 +378,7 @@ impl Queue {
         let reply = match data_out(&self.link, &self.targets, &sqe, &msg, in_capsule).await {
             Ok(Ok(data)) => {
                 self.ctrl
-                    .execute_on(&self.stats, self.qid, &sqe, data)
+                    .execute_on(&self.stats, self.qid, &sqe, data, false)
                     .await
             }
             Ok(Err(status)) => Reply::status(status),

@@ -87,6 +87,21 @@ impl CommonHeader {
     }
 }
 
+/// The layout [`Header::encode_head`] writes.
+struct Sizes {
+    hlen: usize,
+    /// Header digest bytes.
+    hd: usize,
+    /// Data digest bytes.
+    dd: usize,
+    /// Where the data starts (0: no data).
+    start: usize,
+    pdo: usize,
+    plen: usize,
+    /// Bytes before the data (the whole PDU when there is no data).
+    head: usize,
+}
+
 /// The digests a connection carries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Digests {
@@ -227,6 +242,55 @@ impl Header {
         data: &[u8],
         align: usize,
     ) -> (Vec<u8>, Option<[u8; 4]>) {
+        let mut b = vec![0u8; self.sizes(digests, data.len(), align).head];
+        self.encode_head(digests, data.len(), align, &mut b);
+        (b, self.data_digest(digests, data))
+    }
+
+    /// Writes everything before the data of a PDU carrying `data_len` bytes into `b` (which
+    /// must be long enough) and returns its length; [`Header::data_digest`] gives the data
+    /// digest when there is one.
+    pub fn encode_head(
+        &self,
+        digests: Digests,
+        data_len: usize,
+        align: usize,
+        b: &mut [u8],
+    ) -> usize {
+        let z = self.sizes(digests, data_len, align);
+        let b = &mut b[..z.head];
+        b.fill(0);
+        let mut fl = 0;
+        if z.hd != 0 {
+            fl |= flags::HDGST;
+        }
+        if z.dd != 0 {
+            fl |= flags::DDGST;
+        }
+        self.emit_specific(&mut b[..z.hlen], &mut fl);
+        CommonHeader {
+            ty: self.ty(),
+            flags: fl,
+            hlen: z.hlen as u8,
+            pdo: z.pdo as u8,
+            plen: z.plen as u32,
+        }
+        .emit(b);
+        if z.hd != 0 {
+            let c = crc32c::crc32c(&b[..z.hlen]);
+            put32(b, z.hlen, c);
+        }
+        z.head
+    }
+
+    /// The data digest following `data` on a connection carrying `digests`, if any.
+    pub fn data_digest(&self, digests: Digests, data: &[u8]) -> Option<[u8; 4]> {
+        let z = self.sizes(digests, data.len(), 0);
+        (z.start != 0 && z.dd != 0).then(|| crc32c::crc32c(data).to_le_bytes())
+    }
+
+    /// Where the pieces of a PDU carrying `data_len` bytes go.
+    fn sizes(&self, digests: Digests, data_len: usize, align: usize) -> Sizes {
         let ty = self.ty();
         let hlen = Self::hlen(ty).expect("a known type");
         let digested = Self::digested(ty);
@@ -235,13 +299,13 @@ impl Header {
         } else {
             0
         };
-        let dd = if digested && digests.data && !data.is_empty() {
+        let dd = if digested && digests.data && data_len > 0 {
             DIGEST_LEN
         } else {
             0
         };
         // Where the data starts: a termination request's right after its header (PDO 0).
-        let start = if data.is_empty() || !Self::carries_data(ty) {
+        let start = if data_len == 0 || !Self::carries_data(ty) {
             0
         } else if !digested {
             hlen
@@ -252,32 +316,17 @@ impl Header {
         let plen = if start == 0 {
             hlen + hd
         } else {
-            start + data.len() + dd
+            start + data_len + dd
         };
-        let head = if start == 0 { plen } else { start };
-        let mut b = vec![0u8; head];
-        let mut fl = 0;
-        if hd != 0 {
-            fl |= flags::HDGST;
+        Sizes {
+            hlen,
+            hd,
+            dd,
+            start,
+            pdo,
+            plen,
+            head: if start == 0 { plen } else { start },
         }
-        if dd != 0 {
-            fl |= flags::DDGST;
-        }
-        self.emit_specific(&mut b[..hlen], &mut fl);
-        CommonHeader {
-            ty,
-            flags: fl,
-            hlen: hlen as u8,
-            pdo: pdo as u8,
-            plen: plen as u32,
-        }
-        .emit(&mut b);
-        if hd != 0 {
-            let c = crc32c::crc32c(&b[..hlen]);
-            put32(&mut b, hlen, c);
-        }
-        let trailer = (start != 0 && dd != 0).then(|| crc32c::crc32c(data).to_le_bytes());
-        (b, trailer)
     }
 
     fn emit_specific(&self, b: &mut [u8], fl: &mut u8) {

@@ -6,25 +6,27 @@
 //! comes in its capsule, or the reader asks for it with one R2T and gathers the H2CData PDUs;
 //! either way the reader takes a PDU's head first and reads its data straight into the
 //! command's pool buffer before the command runs; data for the host leaves as one
-//! C2HData PDU, then the response capsule. A writer task sends what the commands produce, in
-//! the order they produce it, the data straight from the command's buffer.
+//! C2HData PDU, then the response capsule. They leave through the TCP transmit path iSCSI/TCP
+//! uses too ([`Outbox`]): written by the task that answers, the answers to the PDUs one read
+//! brought in one vectored write, the data straight from the command's buffer — or, for
+//! large reads of a namespace whose data lives in a file, from the page cache with
+//! `sendfile(2)` (without a data digest).
 //!
 //! Bounds: a command beyond the queue's entries (Connect's SQSIZE + 1, each freed before the
-//! host can see its response) ends the connection, the writer's channel holds a few messages
-//! per entry, and a PDU is never larger than the in-capsule size or MAXH2CDATA allow. A header that breaks the protocol
+//! host can see its response) ends the connection, the outbox holds a few PDUs per entry,
+//! and a PDU is never larger than the in-capsule size or MAXH2CDATA allow. A header that breaks the protocol
 //! ends the connection with a C2HTermReq naming the field; closing the admin queue (or a
 //! keep alive timeout) closes the controller and so every queue of it.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
-use bytes::Buf;
+use bytes::Bytes;
 use rtgt_backstore::{run_inline, IoBuf};
-use tokio::io::{
-    AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, ReadHalf, WriteHalf,
-};
+use rtgt_tcp_channel::{Framer, Outbox, Socket, TxData, Wire, HEAD_MAX};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
-use tokio::sync::{mpsc, Semaphore};
+use tokio::sync::Semaphore;
 
 use crate::ctrl::{Controller, Payload, QueueStats, Reply};
 pub use crate::queue::Scope;
@@ -36,13 +38,21 @@ use crate::tcp::{self, fes, CommonHeader, Digests, Header, PduError, CH_LEN};
 /// Most data in one H2CData PDU (MAXH2CDATA).
 pub const MAX_H2C_DATA: u32 = 128 << 10;
 
-/// What the writer sends: a header with its data and data digest.
-struct Out {
-    head: Vec<u8>,
-    data: Payload,
-    trailer: Option<[u8; 4]>,
-    /// Ends the connection once sent.
-    last: bool,
+/// NVMe/TCP PDUs are framed when queued: nothing in them depends on their place on the
+/// wire.
+struct Frames;
+
+impl Framer for Frames {
+    type Pdu = Wire;
+    type Seq = ();
+
+    fn data_len(pdu: &Wire) -> usize {
+        pdu.data_len()
+    }
+
+    fn frame(&self, _: &mut (), pdus: &mut Vec<Wire>, wires: &mut VecDeque<Wire>) {
+        wires.extend(pdus.drain(..));
+    }
 }
 
 /// A command waiting for its data (R2T sent).
@@ -59,7 +69,7 @@ struct Queue {
     ctrl: Arc<Controller>,
     qid: u16,
     digests: Digests,
-    tx: mpsc::Sender<Out>,
+    out: Arc<Outbox<Frames>>,
     sq: SqHead,
     /// The host disabled SQ flow control (Connect CATTR bit 2): a read that succeeds ends
     /// with a C2HData PDU whose SUCCESS flag stands for its response capsule.
@@ -72,7 +82,7 @@ impl Queue {
     /// Sends a command's data for the host (if any) and its response.
     async fn respond(&self, sqe: &Sqe, mut reply: Reply) {
         let payload = reply.take_payload(sqe.sgl().data_len().unwrap_or(0) as usize);
-        let len = payload.bytes().len();
+        let len = payload.len();
         if len > 0 && reply.status.is_success() {
             // No response capsule needed: nothing in it the host would not know.
             let success = self.sqhd_disabled && reply.dw0 == 0 && reply.dw1 == 0;
@@ -85,16 +95,17 @@ impl Queue {
                 last: true,
                 success,
             };
-            let (head, trailer) = h.encode(self.digests, payload.bytes(), 0);
-            let _ = self
-                .tx
-                .send(Out {
-                    head,
-                    data: payload,
-                    trailer,
-                    last: false,
-                })
-                .await;
+            let data = match payload {
+                Payload::None => TxData::Empty,
+                Payload::Vec(v, n) => TxData::Bytes(Bytes::from(v).slice(..n)),
+                Payload::Buf(b, n) => TxData::Buf(Arc::new(b), 0..n),
+                Payload::File(f) => TxData::File {
+                    range: Arc::new(f),
+                    start: 0,
+                    len,
+                },
+            };
+            self.send(h, data).await;
             if success {
                 return;
             }
@@ -110,16 +121,23 @@ impl Queue {
 
     /// Sends a PDU without data.
     async fn send_header(&self, h: Header) {
-        let (head, _) = h.encode(self.digests, &[], 0);
-        let _ = self
-            .tx
-            .send(Out {
-                head,
-                data: Payload::None,
-                trailer: None,
-                last: false,
-            })
-            .await;
+        self.send(h, TxData::Empty).await;
+    }
+
+    /// Sends a PDU with `data`, which is in a file only on a queue without data digests
+    /// ([`Queue::file_ranges`]).
+    async fn send(&self, h: Header, data: TxData) {
+        let mut head = [0u8; HEAD_MAX];
+        let n = h.encode_head(self.digests, data.len(), 0, &mut head);
+        let ddgst = h.data_digest(self.digests, data.as_slice());
+        let tail = ddgst.as_ref().map_or(&[][..], |d| &d[..]);
+        let _ = self.out.send(Wire::new(&head[..n], data, tail)).await;
+    }
+
+    /// Whether reads may answer with a range of their namespace's file: only where no data
+    /// digest has to cover the data.
+    fn file_ranges(&self) -> bool {
+        !self.digests.data
     }
 
     /// Completes command `cid` with a generic error.
@@ -217,20 +235,22 @@ fn ended(r: std::io::Result<Result<(), PduError>>, b: &[u8]) -> Result<(), End> 
 pub async fn serve(targets: Arc<Targets>, stream: TcpStream, scope: Scope) {
     let addrs = stream.peer_addr().ok().zip(stream.local_addr().ok());
     let _ = stream.set_nodelay(true);
-    serve_stream(targets, stream, addrs, scope).await;
+    let (rd, wr) = stream.into_split();
+    serve_stream(targets, rd, wr, addrs, scope).await;
 }
 
-/// Serves one NVMe/TCP connection on any byte stream (TCP, or a test's pipe); `addrs` are
-/// its peer and local addresses when it has them.
-pub async fn serve_stream<S>(
+/// Serves one NVMe/TCP connection on the two halves of a stream socket (TCP, or a test's
+/// Unix socket pair); `addrs` are its peer and local addresses when it has them.
+pub async fn serve_stream<R, W>(
     targets: Arc<Targets>,
-    stream: S,
+    rd: R,
+    mut wr: W,
     addrs: Option<(std::net::SocketAddr, std::net::SocketAddr)>,
     scope: Scope,
 ) where
-    S: AsyncRead + AsyncWrite + Send + 'static,
+    R: AsyncRead + Send + Unpin + 'static,
+    W: AsyncWrite + Socket + Unpin,
 {
-    let (rd, mut wr) = tokio::io::split(stream);
     let mut rd = BufReader::with_capacity(64 << 10, rd);
     let limits = targets.limits;
     let max_data = (limits.in_capsule as usize).max(MAX_H2C_DATA as usize);
@@ -286,42 +306,58 @@ pub async fn serve_stream<S>(
     }
 
     // The first command: Connect.
-    let Some(((mut queue, rx), permits)) =
-        connect(&targets, &mut rd, &mut wr, digests, max_data, scope).await
-    else {
+    let Some(c) = connect(&targets, &mut rd, &mut wr, digests, max_data, scope).await else {
         return;
     };
-    let tx_ctrl = queue.ctrl.clone();
-    let attached = tx_ctrl.attach(queue.qid, queue.sq.size(), addrs, Transport::Tcp);
-    queue.stats = attached.stats();
-    let queue = Arc::new(queue);
+    // Each entry's data and response, R2Ts, and a termination request.
+    let slots = usize::from(c.size) * 3 + 2;
+    let out = Arc::new(Outbox::new(Frames, wr, (), slots));
+    let attached = c.ctrl.attach(c.qid, c.size, addrs, Transport::Tcp);
+    let ctrl = c.ctrl.clone();
+    let queue = Arc::new(Queue {
+        targets: targets.clone(),
+        ctrl: c.ctrl,
+        qid: c.qid,
+        digests,
+        out: out.clone(),
+        sq: SqHead::new(c.size),
+        sqhd_disabled: c.sqhd_disabled,
+        stats: attached.stats(),
+    });
+    let permits = Arc::new(Semaphore::new(usize::from(c.size)));
     let peer = addrs.map(|a| a.0);
-    tracing::info!(peer = ?peer, cntlid = tx_ctrl.cntlid, qid = queue.qid,
-        host = %tx_ctrl.host_nqn, "NVMe/TCP queue connected");
-    let writer = tokio::spawn(write_loop(wr, rx));
-    let end = read_loop(&queue, &mut rd, permits, max_data).await;
-    if let End::Fatal(fes, fei, h) = end {
-        let t = Header::TermReq {
-            c2h: true,
-            fes,
-            fei,
-        };
-        let h = &h[..h.len().min(128)];
-        let (head, _) = t.encode(digests, h, 0);
-        let _ = queue
-            .tx
-            .send(Out {
-                head,
-                data: Payload::Vec(h.to_vec(), h.len()),
-                trailer: None,
-                last: true,
-            })
-            .await;
+    tracing::info!(peer = ?peer, cntlid = ctrl.cntlid, qid = queue.qid,
+        host = %ctrl.host_nqn, "NVMe/TCP queue connected");
+    let writer = tokio::spawn(out.clone().run_writer());
+    let end = read_loop(&queue, &mut rd, &permits, max_data).await;
+    queue.out.end_batch();
+    match end {
+        End::Fatal(fes, fei, h) => {
+            let t = Header::TermReq {
+                c2h: true,
+                fes,
+                fei,
+            };
+            let h = &h[..h.len().min(128)];
+            queue
+                .send(t, TxData::Bytes(Bytes::copy_from_slice(h)))
+                .await;
+        }
+        End::Closed => {
+            // The commands under way still answer, unless the controller or the socket
+            // goes first.
+            tokio::select! {
+                _ = permits.acquire_many(u32::from(c.size)) => {}
+                _ = ctrl.closed() => {}
+                _ = out.closed() => {}
+            }
+        }
     }
+    out.close();
     drop(attached);
     drop(queue);
     let _ = writer.await;
-    tracing::info!(peer = ?peer, cntlid = tx_ctrl.cntlid, "NVMe/TCP queue closed");
+    tracing::info!(peer = ?peer, cntlid = ctrl.cntlid, "NVMe/TCP queue closed");
 }
 
 /// Sends a termination request on a connection with no writer yet, and ends it.
@@ -345,15 +381,21 @@ async fn terminate<W: AsyncWrite + Unpin>(
     wr.shutdown().await
 }
 
-type Connected = ((Queue, mpsc::Receiver<Out>), Arc<Semaphore>);
-type Reader<S> = BufReader<ReadHalf<S>>;
+/// What a Connect made of a connection.
+struct Connected {
+    ctrl: Arc<Controller>,
+    qid: u16,
+    /// Entries of the queue.
+    size: u16,
+    sqhd_disabled: bool,
+}
 
 /// Takes the first capsule, which must be a Connect with its data in the capsule; answers
 /// it. Returns the queue, or `None` when the connection is to end.
-async fn connect<S: AsyncRead + AsyncWrite>(
+async fn connect<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
     targets: &Arc<Targets>,
-    rd: &mut Reader<S>,
-    wr: &mut WriteHalf<S>,
+    rd: &mut R,
+    wr: &mut W,
     digests: Digests,
     max_data: usize,
     scope: Scope,
@@ -406,21 +448,14 @@ async fn connect<S: AsyncRead + AsyncWrite>(
         }
         match cmd.admit(targets, scope, data, Transport::Tcp) {
             Ok(ctrl) => {
-                let size = cmd.sqsize + 1;
-                let (tx, rx) = mpsc::channel(usize::from(size) * 2 + 2);
                 let r = reply(Status::SUCCESS, u32::from(ctrl.cntlid));
                 wr.write_all(&r).await.ok()?;
-                let q = Queue {
-                    targets: targets.clone(),
+                return Some(Connected {
                     ctrl,
                     qid: cmd.qid,
-                    digests,
-                    tx,
-                    sq: SqHead::new(size),
+                    size: cmd.sqsize + 1,
                     sqhd_disabled: cmd.sqflow_disabled(),
-                    stats: Arc::default(),
-                };
-                return Some(((q, rx), Arc::new(Semaphore::new(usize::from(size)))));
+                });
             }
             Err(refused) => {
                 let r = reply(refused.status, refused.dw0);
@@ -441,49 +476,10 @@ fn response(digests: Digests, cid: u16, status: Status, dw0: u32) -> Vec<u8> {
     .to_pdu(digests, &[], 0)
 }
 
-async fn write_loop<W: AsyncWrite + Unpin>(mut wr: W, mut rx: mpsc::Receiver<Out>) {
-    let mut buf: Vec<u8> = Vec::with_capacity(64 << 10);
-    while let Some(first) = rx.recv().await {
-        let mut next = Some(first);
-        let mut last = false;
-        // Whatever is queued goes out together; large data is written from its buffer.
-        while let Some(o) = next.take() {
-            buf.extend_from_slice(&o.head);
-            let data = o.data.bytes();
-            if data.len() > 16 << 10 {
-                // What is queued and the data in one vectored write, the data not copied.
-                let mut both = Buf::chain(&buf[..], data);
-                if wr.write_all_buf(&mut both).await.is_err() {
-                    return;
-                }
-                buf.clear();
-            } else {
-                buf.extend_from_slice(data);
-            }
-            if let Some(t) = o.trailer {
-                buf.extend_from_slice(&t);
-            }
-            last |= o.last;
-            if last {
-                break;
-            }
-            next = rx.try_recv().ok();
-        }
-        if wr.write_all(&buf).await.is_err() {
-            return;
-        }
-        buf.clear();
-        if last {
-            let _ = wr.shutdown().await;
-            return;
-        }
-    }
-}
-
 async fn read_loop<R: AsyncRead + Unpin>(
     queue: &Arc<Queue>,
-    rd: &mut R,
-    permits: Arc<Semaphore>,
+    rd: &mut BufReader<R>,
+    permits: &Arc<Semaphore>,
     max_data: usize,
 ) -> End {
     let mut gathering: HashMap<u16, Gathering> = HashMap::new();
@@ -495,6 +491,12 @@ async fn read_loop<R: AsyncRead + Unpin>(
     // does not take).
     let mut scratch = Vec::new();
     loop {
+        // The answers to what one read brought go out together, once it is all handled.
+        if rd.buffer().is_empty() {
+            queue.out.end_batch();
+        } else {
+            queue.out.begin_batch();
+        }
         tokio::select! {
             r = read_head(rd, max_data, digests, &mut b) => if let Err(e) = ended(r, &b) {
                 return e;
@@ -646,7 +648,10 @@ fn spawn(
 ) {
     let q = queue.clone();
     run_inline(async move {
-        let reply = q.ctrl.execute_on(&q.stats, q.qid, &sqe, data).await;
+        let reply = q
+            .ctrl
+            .execute_on(&q.stats, q.qid, &sqe, data, q.file_ranges())
+            .await;
         q.respond(&sqe, reply).await;
         drop(permit);
     });

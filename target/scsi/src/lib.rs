@@ -42,7 +42,9 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 
-use rtgt_backstore::{Backstore, BackstoreError, BufPool, IoBuf, IoErrorKind, SharedState};
+use rtgt_backstore::{
+    Backstore, BackstoreError, BufPool, FileSlice, FileSpan, IoBuf, IoErrorKind, SharedState,
+};
 
 pub use alua::{AccessState, AluaConfig, PortGroup};
 pub use lun_map::{lun_from_bytes, lun_to_bytes};
@@ -138,47 +140,36 @@ pub struct Response {
 /// instead of a buffer. The blocks stay locked against COMPARE AND WRITE, ORWRITE, WRITE
 /// ATOMIC and their kind until this is dropped, so a fabric drops it only once the kernel has
 /// taken every byte (after the last `sendfile` returned). Sending fewer bytes than
-/// [`FileRange::len`] must end the connection, never a GOOD status.
+/// [`FileSpan::len`] must end the connection, never a GOOD status.
 pub struct FileRange {
-    /// Keeps the descriptor open.
-    _backstore: Arc<dyn Backstore>,
-    fd: RawFd,
-    offset: u64,
-    len: u64,
+    slice: FileSlice,
     _guard: range_lock::OwnedRangeGuard,
 }
 
 impl FileRange {
-    /// The readable descriptor ([`Backstore::file_range`]).
-    pub fn fd(&self) -> RawFd {
-        self.fd
-    }
-
-    /// File offset of the first byte.
-    pub fn offset(&self) -> u64 {
-        self.offset
-    }
-
-    /// Bytes of data-in.
-    pub fn len(&self) -> u64 {
-        self.len
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
     fn truncate(&mut self, len: u64) {
-        self.len = self.len.min(len);
+        self.slice.truncate(len);
+    }
+}
+
+impl FileSpan for FileRange {
+    fn fd(&self) -> RawFd {
+        self.slice.fd()
+    }
+
+    fn offset(&self) -> u64 {
+        self.slice.offset()
+    }
+
+    fn len(&self) -> u64 {
+        self.slice.len()
     }
 }
 
 impl std::fmt::Debug for FileRange {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("FileRange")
-            .field("fd", &self.fd)
-            .field("offset", &self.offset)
-            .field("len", &self.len)
+            .field("slice", &self.slice)
             .finish_non_exhaustive()
     }
 }
@@ -187,7 +178,7 @@ impl Response {
     /// Bytes of data-in, from the buffer or the file range.
     pub fn data_in_len(&self) -> u64 {
         self.data_in.as_ref().map_or(0, |d| d.len() as u64)
-            + self.data_range.as_ref().map_or(0, |r| r.len)
+            + self.data_range.as_ref().map_or(0, |r| r.len())
     }
 
     /// CHECK CONDITION with fixed-format sense.

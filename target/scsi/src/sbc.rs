@@ -10,7 +10,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use rtgt_backstore::{BackstoreError, IoBuf, IoErrorKind};
+use rtgt_backstore::{BackstoreError, FileSlice, IoBuf, IoErrorKind};
 use tokio::sync::{watch, Notify};
 
 use super::cdb::{be, field, put_be32, put_be64, LbaLayout, LbaReq, WriteSameReq};
@@ -197,7 +197,7 @@ pub async fn read(ctx: &mut Ctx<'_>) -> CmdResult {
         });
     }
     if ctx.range_ok {
-        if let Some((fd, base)) = dev.backstore.file_range() {
+        if let Some(slice) = FileSlice::of(&dev.backstore, dev.offset(r.lba), want) {
             // The fabric sends the blocks from the file; the lock goes with them and is
             // released once they are handed to the kernel.
             let guard = dev
@@ -205,10 +205,7 @@ pub async fn read(ctx: &mut Ctx<'_>) -> CmdResult {
                 .lock_owned(r.lba, want / bs, Mode::Shared)
                 .await;
             ctx.data_range = Some(FileRange {
-                _backstore: Arc::clone(&dev.backstore),
-                fd,
-                offset: base + dev.offset(r.lba),
-                len: want,
+                slice,
                 _guard: guard,
             });
             return Ok(Done {

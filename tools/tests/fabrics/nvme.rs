@@ -1,15 +1,16 @@
 //! The NVMe/TCP target against the in-repo host over TCP loopback: Connect of admin and I/O
 //! queues, Identify, reads and writes with data in the capsule and through R2T (with and
 //! without digests), concurrent commands, refused hosts and controllers, a malformed PDU
-//! answered with a termination request, bad in-capsule data failing only its command, and keep
-//! alive expiry closing every queue.
+//! answered with a termination request, bad in-capsule data failing only its command, keep
+//! alive expiry closing every queue, and reads of a file namespace sent from its pages.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use rtgt_backstore::{BufPool, RamBackstore};
+use rtgt_backstore::{Backstore, BufPool, FileBackstore, FileOptions, RamBackstore};
 use rtgt_nvme::admin::trtype;
+use rtgt_nvme::ctrl::FILE_RANGE_MIN;
 use rtgt_nvme::fabrics::status as fstatus;
 use rtgt_nvme::sqe::{sc, sct};
 use rtgt_nvme::subsys::{Limits, Namespace, Port, Subsystem, Targets};
@@ -21,12 +22,17 @@ const SUB: &str = "nqn.2025-01.io.rtgt:loop";
 const BS: u32 = 512;
 
 async fn target() -> (SocketAddr, Arc<Targets>) {
-    let t = Targets::new(BufPool::new(32 << 20), Limits::default());
+    target_on(Arc::new(RamBackstore::new(16 << 20, BS))).await
+}
+
+/// A target whose subsystem [`SUB`] has `backstore` as namespace 1.
+async fn target_on(backstore: Arc<dyn Backstore>) -> (SocketAddr, Arc<Targets>) {
+    let t = Targets::new(BufPool::new(64 << 20), Limits::default());
     let host = HostConfig::default().host_nqn;
     let s = t.add_subsystem(Subsystem::new(SUB, "rtgtloop01", Some(vec![host])));
     s.add_namespace(Namespace {
         nsid: 1,
-        backstore: Arc::new(RamBackstore::new(16 << 20, BS)),
+        backstore,
         nguid: [0x60; 16],
         eui64: [0; 8],
         uuid: [0x22; 16],
@@ -269,4 +275,82 @@ async fn nvme_tcp_bad_in_capsule_data_fails_the_command_only() {
         matches!(e, NvmeError::Terminated { fes: f, fei: 10 } if f == fes::INVALID_PDU_HEADER),
         "{e:?}"
     );
+}
+
+/// Reads of a namespace in a file: on tmpfs those of at least [`FILE_RANGE_MIN`] bytes go
+/// from the file's pages to the socket (`sendfile(2)`, no read into a buffer) unless a data
+/// digest must cover them; everything else is read into a buffer. Either way the host gets
+/// what was written, also with many reads at once filling the socket.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nvme_tcp_file_reads_sent_from_the_page_cache() {
+    for (dir, kind) in crate::file_dirs() {
+        let file = Arc::new(
+            FileBackstore::open(
+                dir.path().join("ns.img"),
+                FileOptions {
+                    size: Some(16 << 20),
+                    create: true,
+                    ..FileOptions::default()
+                },
+            )
+            .unwrap(),
+        );
+        let reads = || {
+            let c = file.counters();
+            c.direct + c.buffered + c.inline
+        };
+        let (addr, _t) = target_on(file.clone()).await;
+        for digests in [
+            Digests::default(),
+            Digests {
+                header: true,
+                data: true,
+            },
+        ] {
+            let cfg = HostConfig {
+                digests,
+                ..HostConfig::default()
+            };
+            let admin = Queue::connect(addr, &cfg, SUB, 0, 0, 32).await.unwrap();
+            admin.enable(1).await.unwrap();
+            let io = Arc::new(
+                Queue::connect(addr, &cfg, SUB, 1, admin.cntlid, 128)
+                    .await
+                    .unwrap(),
+            );
+            for (i, len) in [4096usize, 65536, 131_072, 1 << 20].into_iter().enumerate() {
+                let lba = i as u64 * 4096;
+                let data = pattern(len, i as u8 ^ u8::from(digests.data));
+                io.write(1, lba, data.clone(), BS, false).await.unwrap();
+                let before = reads();
+                let got = io.read(1, lba, (len / 512) as u32, BS).await.unwrap();
+                assert!(got == data, "{kind} {digests:?} {len}: data differs");
+                let from_file = kind == "tmpfs" && !digests.data && len as u64 >= FILE_RANGE_MIN;
+                assert_eq!(
+                    reads() == before,
+                    from_file,
+                    "{kind} {digests:?} {len}: read into a buffer"
+                );
+            }
+            // 32 reads of 128 KiB at once: more than the socket takes, so the rest goes out
+            // as the host makes room.
+            let mut tasks = Vec::new();
+            for i in 0..32u64 {
+                let io = io.clone();
+                tasks.push(tokio::spawn(async move {
+                    let data = pattern(131_072, i as u8);
+                    io.write(1, 16384 + i * 256, data.clone(), BS, false)
+                        .await
+                        .unwrap();
+                    for _ in 0..4 {
+                        let got = io.read(1, 16384 + i * 256, 256, BS).await.unwrap();
+                        assert!(got == data, "read {i} differs");
+                    }
+                }));
+            }
+            for t in tasks {
+                t.await.unwrap();
+            }
+        }
+    }
 }

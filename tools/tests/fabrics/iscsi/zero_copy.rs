@@ -2,24 +2,14 @@
 //! several Data-In PDUs, the buffer path with DataDigest, writes (O_DIRECT on a disk file
 //! system, buffered on tmpfs) seen by later reads, and reads racing COMPARE AND WRITE.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use rtgt_backstore::{FileBackstore, FileCounters, FileOptions};
 
 use super::*;
 use rtgt_iscsi::conn::FILE_RANGE_MIN;
 
-/// Where the backing files go: a disk file system (O_DIRECT writes) and, when there is one,
-/// tmpfs (buffered transfers inline).
-fn dirs() -> Vec<(tempfile::TempDir, &'static str)> {
-    let mut v = vec![(tempfile::tempdir().unwrap(), "disk")];
-    if Path::new("/dev/shm").is_dir() {
-        if let Ok(d) = tempfile::tempdir_in("/dev/shm") {
-            v.push((d, "tmpfs"));
-        }
-    }
-    v
-}
+use crate::file_dirs as dirs;
 
 struct FileLab {
     lab: Lab,
