@@ -61,6 +61,20 @@ async fn target_on(backstore: Arc<dyn Backstore>) -> (SocketAddr, Arc<Targets>) 
     (addr, t)
 }
 
+/// An enabled controller's admin queue and one I/O queue of `entries`.
+async fn queues(addr: SocketAddr, digests: Digests, entries: u16) -> (Queue, Queue) {
+    let cfg = HostConfig {
+        digests,
+        ..HostConfig::default()
+    };
+    let admin = Queue::connect(addr, &cfg, SUB, 0, 0, 32).await.unwrap();
+    admin.enable(1).await.unwrap();
+    let io = Queue::connect(addr, &cfg, SUB, 1, admin.cntlid, entries)
+        .await
+        .unwrap();
+    (admin, io)
+}
+
 fn pattern(len: usize, seed: u8) -> Vec<u8> {
     (0..len)
         .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
@@ -216,15 +230,7 @@ async fn nvme_tcp_bad_in_capsule_data_fails_the_command_only() {
         header: true,
         data: true,
     };
-    let cfg = HostConfig {
-        digests,
-        ..HostConfig::default()
-    };
-    let admin = Queue::connect(addr, &cfg, SUB, 0, 0, 32).await.unwrap();
-    admin.enable(1).await.unwrap();
-    let io = Queue::connect(addr, &cfg, SUB, 1, admin.cntlid, 32)
-        .await
-        .unwrap();
+    let (_admin, io) = queues(addr, digests, 32).await;
     let good = pattern(4096, 1);
     io.write(1, 0, good.clone(), BS, false).await.unwrap();
 
@@ -307,17 +313,8 @@ async fn nvme_tcp_file_reads_sent_from_the_page_cache() {
                 data: true,
             },
         ] {
-            let cfg = HostConfig {
-                digests,
-                ..HostConfig::default()
-            };
-            let admin = Queue::connect(addr, &cfg, SUB, 0, 0, 32).await.unwrap();
-            admin.enable(1).await.unwrap();
-            let io = Arc::new(
-                Queue::connect(addr, &cfg, SUB, 1, admin.cntlid, 128)
-                    .await
-                    .unwrap(),
-            );
+            let (_admin, io) = queues(addr, digests, 128).await;
+            let io = Arc::new(io);
             for (i, len) in [4096usize, 65536, 131_072, 1 << 20].into_iter().enumerate() {
                 let lba = i as u64 * 4096;
                 let data = pattern(len, i as u8 ^ u8::from(digests.data));
