@@ -427,6 +427,13 @@ pub struct Layout {
     pub ddgst: usize,
 }
 
+impl Layout {
+    /// Bytes of the PDU after its head: padding, data, data digest.
+    pub fn rest(&self) -> usize {
+        self.pad + self.data + self.ddgst
+    }
+}
+
 /// The bytes of the PDU that starts with `ch` up to its data on a connection carrying
 /// `digests`: the common header, the PDU-specific header, the header digest. `ch` must have
 /// passed [`pdu_len`].

@@ -491,12 +491,7 @@ async fn read_loop<R: AsyncRead + Unpin>(
     // does not take).
     let mut scratch = Vec::new();
     loop {
-        // The answers to what one read brought go out together, once it is all handled.
-        if rd.buffer().is_empty() {
-            queue.out.end_batch();
-        } else {
-            queue.out.begin_batch();
-        }
+        batch(rd, &queue.out, HEAD_MOST);
         tokio::select! {
             r = read_head(rd, max_data, digests, &mut b) => if let Err(e) = ended(r, &b) {
                 return e;
@@ -524,6 +519,7 @@ async fn read_loop<R: AsyncRead + Unpin>(
                     if len as usize == l.data && l.data <= in_capsule);
                 if l.data > 0 && (out_len == 0 || !in_capsule_ok) {
                     scratch.resize(l.data, 0);
+                    batch(rd, &queue.out, l.rest());
                     match read_data(rd, &l, digests, &mut scratch).await {
                         Ok(true) => {}
                         Ok(false) => {
@@ -544,6 +540,7 @@ async fn read_loop<R: AsyncRead + Unpin>(
                             continue;
                         }
                         let mut buf = queue.targets.pool.get(l.data).await;
+                        batch(rd, &queue.out, l.rest());
                         match read_data(rd, &l, digests, buf.as_mut_slice()).await {
                             Ok(true) => spawn(queue, sqe, Some(buf), permit),
                             Ok(false) => queue.fail(sqe.cid, sc::DATA_TRANSFER_ERROR).await,
@@ -608,6 +605,7 @@ async fn read_loop<R: AsyncRead + Unpin>(
                 }
                 // Straight into the command's buffer.
                 let dst = &mut g.buf.as_mut_slice()[offset..offset + length];
+                batch(rd, &queue.out, l.rest());
                 match read_data(rd, &l, digests, dst).await {
                     Ok(true) => {}
                     Ok(false) => {
@@ -635,6 +633,20 @@ async fn read_loop<R: AsyncRead + Unpin>(
             }
             _ => return End::Fatal(fes::PDU_SEQUENCE_ERROR, 0, b[..CH_LEN].to_vec()),
         }
+    }
+}
+
+/// Most bytes of a PDU's head after Connect (a command capsule's, with its digest).
+const HEAD_MOST: usize = 128;
+
+/// The answers to what the reader handles go out together while the next `need` bytes are
+/// already read; before the reader waits for the socket, whatever is queued goes out (an R2T
+/// among it, which the host waits for).
+fn batch<R: AsyncRead>(rd: &BufReader<R>, out: &Outbox<Frames>, need: usize) {
+    if rd.buffer().len() < need {
+        out.end_batch();
+    } else {
+        out.begin_batch();
     }
 }
 

@@ -287,7 +287,8 @@ impl<F: Framer> Outbox<F> {
     pub fn new(framer: F, sock: impl Socket, seq: F::Seq, slots: usize) -> Outbox<F> {
         Outbox {
             framer,
-            queue: Mutex::new(VecDeque::with_capacity(slots)),
+            // Grows up to `slots` only when that many are queued at once.
+            queue: Mutex::new(VecDeque::with_capacity(slots.min(256))),
             slots: Semaphore::new(slots),
             tx: Mutex::new(TxState {
                 seq,
