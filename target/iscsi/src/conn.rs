@@ -49,7 +49,7 @@ pub enum StatSn {
 pub use rtgt_tcp_channel::TxData;
 
 /// A target PDU waiting for transmission.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct TxPdu {
     pub bhs: [u8; BHS_LEN],
     pub data: TxData,

@@ -98,7 +98,7 @@ impl Queue {
             let data = match payload {
                 Payload::None => TxData::Empty,
                 Payload::Vec(v, n) => TxData::Bytes(Bytes::from(v).slice(..n)),
-                Payload::Buf(b, n) => TxData::Buf(Arc::new(b), 0..n),
+                Payload::Buf(b, n) => TxData::Owned(b, n),
                 Payload::File(f) => TxData::File {
                     range: Arc::new(f),
                     start: 0,

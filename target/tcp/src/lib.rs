@@ -48,13 +48,16 @@ pub const HEAD_MAX: usize = 64;
 pub const TAIL_MAX: usize = 8;
 
 /// The data of a PDU to send.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Default)]
 pub enum TxData {
     #[default]
     Empty,
     Bytes(Bytes),
-    /// A range of a command's data buffer.
+    /// A range of a command's data buffer, shared by the PDUs that carry it.
     Buf(Arc<IoBuf>, Range<usize>),
+    /// The first `n` bytes of a buffer one PDU carries whole (back to its pool once
+    /// written).
+    Owned(IoBuf, usize),
     /// `len` bytes of a file range, `start` bytes into it, sent with `sendfile(2)`; the
     /// range is released when the last PDU holding it has been written. No digest can
     /// cover it (the bytes are never in user space).
@@ -72,6 +75,7 @@ impl TxData {
             TxData::Empty | TxData::File { .. } => &[],
             TxData::Bytes(b) => b,
             TxData::Buf(b, r) => &b.as_slice()[r.clone()],
+            TxData::Owned(b, n) => &b.as_slice()[..*n],
         }
     }
 

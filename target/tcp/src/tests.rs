@@ -108,6 +108,7 @@ async fn every_kind_of_data_goes_out_in_order() {
             start: 0,
             len: 512,
         },
+        TxData::Owned(IoBuf::from_slice(&pattern(9000, 4)), 8192),
     ];
     let mut want = Vec::new();
     for (i, d) in pdus.iter().enumerate() {
@@ -134,7 +135,7 @@ async fn every_kind_of_data_goes_out_in_order() {
     writer.await.unwrap();
     assert_eq!(got.len(), want.len());
     assert!(got == want, "bytes differ");
-    assert_eq!(out.framer().sent.load(Ordering::Relaxed), 6);
+    assert_eq!(out.framer().sent.load(Ordering::Relaxed), 7);
     assert!(out.is_idle());
 }
 
