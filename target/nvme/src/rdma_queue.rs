@@ -406,7 +406,12 @@ impl Queue {
                 b.as_mut_slice().copy_from_slice(&v[..n]);
                 Some(b)
             }
-            _ => None,
+            Payload::Vec(..) | Payload::None => None,
+            // Never made for this queue (it executes without file ranges).
+            Payload::File(_) => {
+                status = Status::error(sct::GENERIC, sc::INTERNAL_ERROR);
+                None
+            }
         };
         if let Some(d) = data {
             match sqe.sgl() {
