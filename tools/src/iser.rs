@@ -20,7 +20,7 @@ use rtgt_iscsi::iser::Sizing;
 use rtgt_iscsi::pdu::BHS_LEN;
 use rtgt_iscsi::IscsiError;
 
-use crate::buffers::ReadBuffers;
+use crate::buffers::{self, FrPool, ReadBuffers};
 
 /// One iSER connection as the initiator drives it.
 pub struct IserTransport {
@@ -34,34 +34,11 @@ pub struct IserTransport {
     /// Read buffers of finished commands, for the next ones.
     buffers: ReadBuffers,
     /// Fast-registration MRs of finished commands, for the next ones.
-    mrs: FrPool,
+    mrs: FrPool<Arc<Mr>>,
 }
 
-/// Fast-registration MRs a connection keeps, as ib_iser's descriptor pool: each is allocated
-/// once and given a new key (IB_WR_REG_MR) for every command that uses it, after a local
-/// invalidation unless the target's SEND with Invalidate already freed it.
-#[derive(Default)]
-struct FrPool(std::sync::Mutex<Vec<FrDesc>>);
-
-/// MRs kept per connection.
-const KEPT_MRS: usize = 256;
-
-/// One MR of the pool.
-pub struct FrDesc {
-    mr: Arc<Mr>,
-    /// The key the MR answers to while it may still be valid (registered and not invalidated
-    /// by the target): it must be invalidated locally before the next registration.
-    valid: Option<u32>,
-}
-
-impl FrDesc {
-    /// The target's SEND with Invalidate invalidated `key`: the MR is free again if it was ours.
-    fn invalidated(&mut self, key: u32) {
-        if self.valid == Some(key) {
-            self.valid = None;
-        }
-    }
-}
+/// An MR of the connection's pool.
+pub type FrDesc = buffers::FrDesc<Arc<Mr>>;
 
 impl IserTransport {
     /// Starts on a connected endpoint (its receive ring posted, the QP in RTS).
@@ -150,20 +127,14 @@ impl IserTransport {
         region: Arc<Region>,
         access: Access,
     ) -> Result<FrDesc, IscsiError> {
-        let kept = lock(&self.mrs.0).pop();
-        let mut desc = match kept {
-            Some(d) => d,
-            None => FrDesc {
-                // The limit of a fast registration, not memory: any command's buffer fits.
-                mr: Arc::new(Mr::Soft(
-                    self.pd
-                        .alloc_mr(u32::MAX as usize)
-                        .map_err(|_| IscsiError::Protocol("memory registration"))?,
-                )),
-                valid: None,
-            },
-        };
-        if let Some(key) = desc.valid.take() {
+        // The limit of a fast registration, not memory: any command's buffer fits.
+        let mut desc = self.mrs.take(|| {
+            self.pd
+                .alloc_mr(u32::MAX as usize)
+                .map(|mr| Arc::new(Mr::Soft(mr)))
+                .map_err(|_| IscsiError::Protocol("memory registration"))
+        })?;
+        if let Some(key) = desc.stale_key() {
             self.link.sq_credit().await?;
             self.link.post_op(
                 SendOp::LocalInv { key },
@@ -192,16 +163,13 @@ impl IserTransport {
             Hold::Mr(desc.mr.clone()),
             false,
         )?;
-        desc.valid = Some(key);
+        desc.registered(key);
         Ok(desc)
     }
 
     /// Takes `desc` back for later commands.
     fn give_mr(&self, desc: FrDesc) {
-        let mut kept = lock(&self.mrs.0);
-        if kept.len() < KEPT_MRS {
-            kept.push(desc);
-        }
+        self.mrs.give(desc);
     }
 
     pub fn is_closed(&self) -> bool {
@@ -311,7 +279,7 @@ impl CommandMemory {
     ) -> Result<CommandMemory, IscsiError> {
         let garble = |k: u32| if corrupt_stag { k ^ 0x00a5_5a00 } else { k };
         let stag = |d: &FrDesc, va: u64| rtgt_iscsi::iser::header::Stag {
-            stag: garble(d.valid.unwrap_or_default()),
+            stag: garble(d.key().unwrap_or_default()),
             va,
         };
         let mut mem = CommandMemory {
@@ -382,8 +350,4 @@ impl Drop for CommandMemory {
             t.give_mr(desc);
         }
     }
-}
-
-fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }

@@ -25,6 +25,7 @@ use rtgt_transport::verbs::{
 use tokio::sync::{oneshot, Semaphore};
 
 use super::{Completion, HostConfig, NvmeError};
+use crate::buffers::{FrDesc, FrPool};
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
@@ -44,11 +45,21 @@ const SLOT_WR: u64 = 1 << 62;
 /// A command in flight: its data region (kept registered until the completion) and, for a
 /// read, how much to take from it.
 struct InFlight {
-    _mr: Option<Mr>,
+    mr: Option<Exposed>,
     /// The key the completion must invalidate.
     invalidate: Option<u32>,
     read: Option<(Arc<Region>, usize)>,
     done: oneshot::Sender<Result<Completion, NvmeError>>,
+}
+
+/// A command's buffer as the controller reaches it: an MR registered for it alone, or a
+/// fast-registration MR of the queue's pool.
+enum Exposed {
+    /// Registered until the command is done.
+    Own {
+        _mr: Mr,
+    },
+    Fr(FrDesc<Mr>),
 }
 
 /// One NVMe/RDMA queue's connection.
@@ -77,6 +88,8 @@ pub struct RdmaWire {
     closed: AtomicBool,
     conn: Mutex<Option<CmConn>>,
     buffers: crate::buffers::ReadBuffers,
+    /// Fast-registration MRs of finished commands, for the next ones.
+    mrs: FrPool<Mr>,
 }
 
 impl RdmaWire {
@@ -92,9 +105,10 @@ impl RdmaWire {
         let dev = cm.device();
         let pd = dev.alloc_pd().map_err(rdma_err)?;
         let slots = u32::from(size);
-        let cq = dev.create_cq(slots * 3 + 16).map_err(rdma_err)?;
+        // A command's SEND, its fast registration and, rarely, a local invalidation before it.
+        let cq = dev.create_cq(slots * 4 + 16).map_err(rdma_err)?;
         let mut init = QpInitAttr::new(QpType::Rc, &cq, &cq);
-        init.cap.max_send_wr = slots * 2 + 8;
+        init.cap.max_send_wr = slots * 3 + 8;
         init.cap.max_recv_wr = slots;
         init.cap.max_send_sge = 1;
         init.cap.max_recv_sge = 1;
@@ -129,6 +143,7 @@ impl RdmaWire {
             closed: AtomicBool::new(false),
             conn: Mutex::new(None),
             buffers: Default::default(),
+            mrs: FrPool::default(),
         });
         for slot in 0..slots {
             wire.repost(slot)?;
@@ -220,11 +235,18 @@ impl RdmaWire {
                     let f = lock(&self.flights)
                         .as_mut()
                         .and_then(|m| m.remove(&cqe.cid));
-                    if let Some(f) = f {
+                    if let Some(mut f) = f {
                         let invalidated = wc
                             .flags
                             .contains(WcFlags::WITH_INVALIDATE)
                             .then_some(wc.imm_or_inv);
+                        // The MR back to the pool, free unless its key is still valid.
+                        if let Some(Exposed::Fr(mut d)) = f.mr.take() {
+                            if let Some(key) = invalidated {
+                                d.invalidated(key);
+                            }
+                            self.mrs.give(d);
+                        }
                         if invalidated != f.invalidate {
                             let _ = f.done.send(Err(NvmeError::Protocol(format!(
                                 "completion invalidated {invalidated:x?}, the command's key is {:x?}",
@@ -237,7 +259,7 @@ impl RdmaWire {
                             Some((region, len)) => {
                                 let mut d = vec![0u8; len];
                                 region.read(0, &mut d);
-                                drop(f._mr);
+                                drop(f.mr);
                                 self.buffers.give(region);
                                 d
                             }
@@ -304,7 +326,7 @@ impl RdmaWire {
     /// Makes `region` reachable by the controller with `access`: a memory region and the
     /// keyed SGL naming it. With invalidation, a fast-registered one (posted here, before
     /// the command that names its key) whose key the completion must invalidate.
-    fn expose(&self, region: Arc<Region>, access: Access) -> Result<(Mr, Sgl), NvmeError> {
+    fn expose(&self, region: Arc<Region>, access: Access) -> Result<(Exposed, Sgl), NvmeError> {
         let len = region.len();
         let access = access | Access::LOCAL_WRITE;
         if !self.invalidate {
@@ -315,10 +337,22 @@ impl RdmaWire {
                 key: mr.rkey(),
                 invalidate: false,
             };
-            return Ok((mr, sgl));
+            return Ok((Exposed::Own { _mr: mr }, sgl));
         }
-        let mr = self.pd.alloc_mr(len.max(1)).map_err(rdma_err)?;
-        let key = mr.key_with_variant(self.variant.fetch_add(1, Ordering::Relaxed));
+        // The limit of a fast registration, not memory: any command's buffer fits.
+        let mut desc = self
+            .mrs
+            .take(|| self.pd.alloc_mr(u32::MAX as usize))
+            .map_err(rdma_err)?;
+        if let Some(stale) = desc.stale_key() {
+            let id = self.next_wr.fetch_add(1, Ordering::Relaxed);
+            let mut wr = SendWr::new(id, SendOp::LocalInv { key: stale }, SgList::new());
+            wr.flags = SendFlags::SIGNALED;
+            self.qp.post_send(wr).map_err(rdma_err)?;
+        }
+        let key = desc
+            .mr
+            .key_with_variant(self.variant.fetch_add(1, Ordering::Relaxed));
         let iova = region.addr();
         let id = self.next_wr.fetch_add(1, Ordering::Relaxed);
         let mut wr = SendWr::new(
@@ -341,7 +375,8 @@ impl RdmaWire {
             key,
             invalidate: true,
         };
-        Ok((mr, sgl))
+        desc.registered(key);
+        Ok((Exposed::Fr(desc), sgl))
     }
 
     /// Sends a command with its data (in the capsule when it fits in `in_capsule`, else by
@@ -398,7 +433,7 @@ impl RdmaWire {
         &self,
         sqe: Sqe,
         data: &[u8],
-        mr: Option<Mr>,
+        mr: Option<Exposed>,
         read: Option<(Arc<Region>, usize)>,
     ) -> Result<Completion, NvmeError> {
         self.entries
@@ -414,7 +449,7 @@ impl RdmaWire {
             .insert(
                 sqe.cid,
                 InFlight {
-                    _mr: mr,
+                    mr,
                     invalidate,
                     read,
                     done: tx,
