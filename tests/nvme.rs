@@ -524,7 +524,14 @@ async fn rtgtctl_manages_nvme_subsystems_and_ports() {
     let listen = format!("127.0.0.1:{port2}");
     ctl(&["nvme", "create", NQN, "--host", &host.host_nqn]);
     ctl(&["nvme", "add-namespace", NQN, "1", "r1"]);
-    ctl(&["nvme", "add-port", "7", &listen]);
+    ctl(&[
+        "nvme",
+        "add-port",
+        "7",
+        &listen,
+        "--in-capsule-data-size",
+        "4096",
+    ]);
     let out = ctl(&["nvme", "list"]);
     assert!(
         out.contains(NQN) && out.contains("1=r1") && out.contains(&listen),
@@ -536,6 +543,9 @@ async fn rtgtctl_manages_nvme_subsystems_and_ports() {
     let admin = Queue::connect(addr, &host, NQN, 0, 0, 32).await.unwrap();
     admin.enable(1).await.unwrap();
     assert_eq!(admin.active_namespaces().await.unwrap(), [1]);
+    // The port's in-capsule data size is what its controllers report.
+    let id = admin.identify_controller().await.unwrap();
+    assert_eq!(id.ioccsz, (64 + 4096) / 16);
     let io = Queue::connect(addr, &host, NQN, 1, admin.cntlid, 32)
         .await
         .unwrap();
@@ -572,6 +582,15 @@ async fn rtgtctl_manages_nvme_subsystems_and_ports() {
     assert!(fails(&["nvme", "add-namespace", NQN, "1", "r1"]).contains("409"));
     assert!(fails(&["nvme", "add-namespace", NQN, "3", "nope"]).contains("422"));
     assert!(fails(&["nvme", "add-port", "7", "127.0.0.1:1"]).contains("409"));
+    let odd = [
+        "nvme",
+        "add-port",
+        "8",
+        "127.0.0.1:1",
+        "--in-capsule-data-size",
+        "100",
+    ];
+    assert!(fails(&odd).contains("multiple of 16"));
     assert!(fails(&["nvme", "show", "nqn.2025-01.io.rtgt:none"]).contains("404"));
     assert!(fails(&["nvme", "create", "iqn.2025-01.io.rtgt:x"]).contains("422"));
 

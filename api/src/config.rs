@@ -1910,6 +1910,46 @@ nvme:
     }
 
     #[test]
+    fn nvme_ports_in_capsule_data_sizes() {
+        let base = "backstores: [{name: d, type: null, size: 1MiB}]
+nvme:
+  ports:
+";
+        let with = |ports: &str| format!("{base}{ports}");
+        let c = Config::from_yaml(
+            &with(
+                "    - {id: 1, transport: tcp, listen: '192.0.2.1:4420'}
+    - {id: 2, transport: rdma, listen: '192.0.2.1:4420'}
+    - {id: 3, transport: tcp, listen: '192.0.2.1:4421', in_capsule_data_size: 0}
+    - {id: 4, transport: rdma, listen: '192.0.2.1:4421', in_capsule_data_size: 16384}
+",
+            ),
+            Path::new("t.yaml"),
+        )
+        .unwrap();
+        let sizes: Vec<u32> = c.nvme.ports.iter().map(|p| p.in_capsule()).collect();
+        assert_eq!(sizes, [128 << 10, 8 << 10, 0, 16 << 10]);
+        for (port, what) in [
+            (
+                "{id: 1, listen: '192.0.2.1:4420', in_capsule_data_size: 4100}",
+                "multiple of 16",
+            ),
+            (
+                "{id: 1, listen: '192.0.2.1:4420', in_capsule_data_size: 1048592}",
+                "at most 1048576 on tcp",
+            ),
+            (
+                "{id: 1, transport: rdma, listen: '192.0.2.1:4420', in_capsule_data_size: 32768}",
+                "at most 16384 on rdma",
+            ),
+        ] {
+            let (path, msg) = err_of(&with(&format!("    - {port}\n")));
+            assert_eq!(path, "nvme.ports[0].in_capsule_data_size");
+            assert!(msg.contains(what), "{msg}");
+        }
+    }
+
+    #[test]
     fn packaged_config_is_the_default_with_a_backstore_root() {
         let packaged = Config::from_yaml(
             include_str!("../../deploy/rtgt.yaml"),

@@ -109,6 +109,48 @@ pub struct NvmePort {
     /// the default group 0; without groups every namespace is optimized on every port.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub alua_group: Option<u16>,
+    /// Data an I/O command may carry in its capsule, in bytes (a multiple of 16; Identify
+    /// Controller's IOCCSZ): a write up to it goes without an R2T (TCP) or RDMA READ
+    /// (RDMA). TCP: 0 to 1 MiB, 128 KiB when absent — a write's data takes a pool buffer
+    /// as it arrives either way, so a capsule saves the round trip and costs no memory.
+    /// RDMA: 0 to 16 KiB, 8 KiB when absent — every queue entry has a receive buffer that
+    /// large posted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub in_capsule_data_size: Option<u32>,
+}
+
+impl NvmeTransport {
+    /// As the configuration names it.
+    pub fn name(self) -> &'static str {
+        match self {
+            NvmeTransport::Tcp => "tcp",
+            NvmeTransport::Rdma => "rdma",
+        }
+    }
+
+    /// In-capsule data a port of the transport takes when it names no size.
+    pub fn default_in_capsule(self) -> u32 {
+        match self {
+            NvmeTransport::Tcp => 128 << 10,
+            NvmeTransport::Rdma => 8 << 10,
+        }
+    }
+
+    /// The most in-capsule data a port of the transport may take.
+    pub fn max_in_capsule(self) -> u32 {
+        match self {
+            NvmeTransport::Tcp => 1 << 20,
+            NvmeTransport::Rdma => 16 << 10,
+        }
+    }
+}
+
+impl NvmePort {
+    /// Its in-capsule data size, in bytes.
+    pub fn in_capsule(&self) -> u32 {
+        self.in_capsule_data_size
+            .unwrap_or(self.transport.default_in_capsule())
+    }
 }
 
 /// Checks an NQN: `nqn.` and a date (`YYYY-MM.`) then a name, at most 223 bytes, no
@@ -240,6 +282,16 @@ impl Nvme {
                 return Err((
                     format!("ports[{i}].id"),
                     format!("port {} is listed twice", p.id),
+                ));
+            }
+            let max = p.transport.max_in_capsule();
+            if let Some(n) = p.in_capsule_data_size.filter(|n| n % 16 != 0 || *n > max) {
+                return Err((
+                    format!("ports[{i}].in_capsule_data_size"),
+                    format!(
+                        "{n}: in-capsule data is a multiple of 16 bytes, at most {max} on {}",
+                        p.transport.name()
+                    ),
                 ));
             }
         }

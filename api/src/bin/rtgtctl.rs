@@ -460,6 +460,10 @@ enum NvmeCmd {
         /// Target port group: namespaces report its access state as their ANA state.
         #[arg(long)]
         alua_group: Option<u16>,
+        /// Bytes an I/O command may carry in its capsule (multiple of 16; TCP: 128 KiB
+        /// when not given, RDMA: 8 KiB).
+        #[arg(long)]
+        in_capsule_data_size: Option<u32>,
     },
     /// Removes a port: its listener stops.
     RemovePort {
@@ -493,17 +497,14 @@ fn print_nvme_ports(json: bool, v: &[NvmePort]) {
     print_list(
         json,
         v,
-        &["PORT", "TRANSPORT", "LISTEN", "ALUA_GROUP"],
+        &["PORT", "TRANSPORT", "LISTEN", "ALUA_GROUP", "IN_CAPSULE"],
         |p| {
             vec![
                 p.id.to_string(),
-                match p.transport {
-                    NvmeTransport::Tcp => "tcp",
-                    NvmeTransport::Rdma => "rdma",
-                }
-                .into(),
+                p.transport.name().into(),
                 p.listen.to_string(),
                 p.alua_group.map_or_else(|| "-".into(), |g| g.to_string()),
+                p.in_capsule().to_string(),
             ]
         },
     );
@@ -1175,12 +1176,14 @@ fn run(args: Args, ctx: &mut Context) -> Result<(), ClientError> {
                 listen,
                 transport,
                 alua_group,
+                in_capsule_data_size,
             } => {
                 let p = NvmePort {
                     id,
                     transport,
                     listen,
                     alua_group,
+                    in_capsule_data_size,
                 };
                 let v = c.send("POST", "/api/v1/nvme/ports", &p)?;
                 let p: NvmePort = serde_json::from_value(v)?;

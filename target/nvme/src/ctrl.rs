@@ -17,7 +17,7 @@ use crate::fabrics::FabricsCmd;
 use crate::nvm::{self, Rw};
 use crate::queue::Transport;
 use crate::sqe::{sc, sct, Sqe, Status};
-use crate::subsys::{Limits, Namespace, Subsystem, Targets, DISCOVERY_NQN};
+use crate::subsys::{Limits, Namespace, Subsystem, Targets, ADMIN_IN_CAPSULE, DISCOVERY_NQN};
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
@@ -282,6 +282,8 @@ pub struct Controller {
     port: Option<u16>,
     /// That port's target port group.
     port_group: AtomicU16,
+    /// In-capsule data its I/O commands may carry (its port's when it was created).
+    in_capsule: u32,
 }
 
 impl Controller {
@@ -299,7 +301,6 @@ impl Controller {
             kind,
             host_nqn,
             host_id,
-            targets,
             io_queues: AtomicU16::new(0),
             kato_ms: AtomicU32::new(kato_ms),
             seen: AtomicU64::new(0),
@@ -316,6 +317,10 @@ impl Controller {
             transport: std::sync::OnceLock::new(),
             port,
             port_group: AtomicU16::new(0),
+            in_capsule: port
+                .zip(targets.upgrade())
+                .map_or(ADMIN_IN_CAPSULE, |(p, t)| t.in_capsule(p)),
+            targets,
         });
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             rt.spawn(keep_alive(Arc::downgrade(&ctrl)));
@@ -333,6 +338,11 @@ impl Controller {
     /// The port the controller's admin queue came through.
     pub fn port(&self) -> Option<u16> {
         self.port
+    }
+
+    /// In-capsule data the controller's I/O commands may carry, in bytes (IOCCSZ).
+    pub fn in_capsule(&self) -> u32 {
+        self.in_capsule
     }
 
     /// The target port group of the controller's port.
@@ -725,7 +735,7 @@ impl Controller {
             // SGLs (byte aligned), keyed data blocks, offsets for in-capsule data.
             sgls: 0x0010_0005,
             subnqn: self.subsys_nqn().into(),
-            ioccsz: (64 + limits.in_capsule) / 16,
+            ioccsz: (64 + self.in_capsule) / 16,
             iorcsz: 1,
             msdbd: 1,
             ..IdController::default()

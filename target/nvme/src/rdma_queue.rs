@@ -35,7 +35,7 @@ use crate::ctrl::{Attached, Controller, Payload, QueueStats, Reply};
 use crate::queue::{ConnectCmd, Scope, SqHead, Transport};
 use crate::rdma::{cm_rej, cm_rep, cm_status, CmReq};
 use crate::sqe::{sc, sct, Cqe, Sgl, Sqe, Status, CQE_LEN, SQE_LEN};
-use crate::subsys::{connect_offset, ConnectRefused, Targets};
+use crate::subsys::{connect_offset, ConnectRefused, Targets, ADMIN_IN_CAPSULE};
 
 /// RDMA READs a queue keeps in flight (the channel layer queues those beyond the host's
 /// responder resources).
@@ -84,7 +84,12 @@ pub async fn serve(targets: Arc<Targets>, req: Request, scope: Scope) {
         }
     };
     let entries = u32::from(cm.hsqsize) + 1;
-    let built = req.endpoint(rings(entries, targets.limits.in_capsule));
+    // Receive slots as large as the port's capsules (IOCCSZ).
+    let in_capsule = match scope {
+        Scope::Port(id) => targets.in_capsule(id),
+        Scope::Discovery => ADMIN_IN_CAPSULE,
+    };
+    let built = req.endpoint(rings(entries, in_capsule));
     let started = built.map_err(|e| e.to_string()).and_then(|ep| {
         let link = Arc::new(Link::new(&ep, peer, req.pool_mrs()).map_err(|e| e.to_string())?);
         // Posted before the REP: the host may send its Connect as soon as it has sent RTU.
@@ -129,6 +134,7 @@ pub async fn serve(targets: Arc<Targets>, req: Request, scope: Scope) {
         link: link.clone(),
         cm,
         scope,
+        in_capsule,
         addrs: (peer, local),
         queue: None,
         attached: None,
@@ -167,6 +173,8 @@ struct Run {
     link: Arc<Link>,
     cm: CmReq,
     scope: Scope,
+    /// In-capsule data its receive slots hold.
+    in_capsule: u32,
     addrs: (SocketAddr, SocketAddr),
     queue: Option<Arc<Queue>>,
     attached: Option<Attached>,
@@ -214,7 +222,6 @@ impl Run {
             return false;
         };
         let link = &self.link;
-        let limits = self.targets.limits;
         let answer = |status: Status, dw0: u32| {
             let cqe = Cqe {
                 dw0,
@@ -239,7 +246,7 @@ impl Run {
         if let Some(r) = refused {
             return answer(r.status, r.dw0).await.is_ok();
         }
-        let data = match data_out(link, &self.targets, &sqe, &msg, limits.in_capsule).await {
+        let data = match data_out(link, &self.targets, &sqe, &msg, self.in_capsule).await {
             Ok(Ok(d)) => d,
             Ok(Err(status)) => return answer(status, 0).await.is_ok(),
             Err(_) => return false,
@@ -256,6 +263,7 @@ impl Run {
                     qid: cmd.qid,
                     sq: SqHead::new(size),
                     entries: u32::from(size),
+                    in_capsule: self.in_capsule,
                     outstanding: AtomicU32::new(0),
                     stats: attached.stats(),
                 });
@@ -348,6 +356,8 @@ struct Queue {
     sq: SqHead,
     /// The queue's entries: the most commands the host may have outstanding.
     entries: u32,
+    /// In-capsule data its receive slots hold.
+    in_capsule: u32,
     outstanding: AtomicU32,
     /// The queue's counters.
     stats: Arc<QueueStats>,
@@ -374,8 +384,7 @@ impl Queue {
     }
 
     async fn command(self: Arc<Self>, sqe: Sqe, msg: Bytes) {
-        let in_capsule = self.targets.limits.in_capsule;
-        let reply = match data_out(&self.link, &self.targets, &sqe, &msg, in_capsule).await {
+        let reply = match data_out(&self.link, &self.targets, &sqe, &msg, self.in_capsule).await {
             Ok(Ok(data)) => {
                 self.ctrl
                     .execute_on(&self.stats, self.qid, &sqe, data, false)

@@ -153,7 +153,15 @@ pub struct Port {
     pub adrfam: u8,
     pub traddr: String,
     pub trsvcid: String,
+    /// Data an I/O command may carry in its capsule through the port, in bytes (Identify
+    /// Controller's IOCCSZ for controllers created through it): writes up to it need no
+    /// R2T (TCP) or RDMA READ (RDMA).
+    pub in_capsule: u32,
 }
+
+/// In-capsule data every NVMe/TCP admin queue takes (the transport's fixed 8 KiB), and
+/// what controllers not created through a port report.
+pub const ADMIN_IN_CAPSULE: u32 = 8192;
 
 /// Limits every controller has.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -164,8 +172,6 @@ pub struct Limits {
     pub queue_size: u16,
     /// Largest transfer of one command, as a power of two of 4 KiB (MDTS).
     pub mdts: u8,
-    /// In-capsule data a command may carry, in bytes.
-    pub in_capsule: u32,
 }
 
 impl Limits {
@@ -181,7 +187,6 @@ impl Default for Limits {
             io_queues: 16,
             queue_size: 128,
             mdts: 8,
-            in_capsule: 8192,
         }
     }
 }
@@ -296,6 +301,16 @@ impl Targets {
             drop(cur);
             self.changed();
         }
+    }
+
+    /// The in-capsule data size of port `id` (the admin queue's when there is no such port).
+    pub fn in_capsule(&self, id: u16) -> u32 {
+        self.ports
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .find(|p| p.id == id)
+            .map_or(ADMIN_IN_CAPSULE, |p| p.in_capsule)
     }
 
     /// Sets each port's target port group (by port ID) and the ANA transition time; the

@@ -32,7 +32,7 @@ use crate::ctrl::{Controller, Payload, QueueStats, Reply};
 pub use crate::queue::Scope;
 use crate::queue::{ConnectCmd, SqHead, Transport};
 use crate::sqe::{sc, sct, Cqe, Sgl, Sqe, Status};
-use crate::subsys::Targets;
+use crate::subsys::{Targets, ADMIN_IN_CAPSULE};
 use crate::tcp::{self, fes, CommonHeader, Digests, Header, PduError, CH_LEN};
 
 /// Most data in one H2CData PDU (MAXH2CDATA).
@@ -252,8 +252,8 @@ pub async fn serve_stream<R, W>(
     W: AsyncWrite + Socket + Unpin,
 {
     let mut rd = BufReader::with_capacity(64 << 10, rd);
-    let limits = targets.limits;
-    let max_data = (limits.in_capsule as usize).max(MAX_H2C_DATA as usize);
+    // Until Connect: an admin queue's capsules.
+    let max_data = ADMIN_IN_CAPSULE.max(MAX_H2C_DATA) as usize;
 
     // Connection initialization.
     let mut ic = Vec::new();
@@ -329,7 +329,7 @@ pub async fn serve_stream<R, W>(
     tracing::info!(peer = ?peer, cntlid = ctrl.cntlid, qid = queue.qid,
         host = %ctrl.host_nqn, "NVMe/TCP queue connected");
     let writer = tokio::spawn(out.clone().run_writer());
-    let end = read_loop(&queue, &mut rd, &permits, max_data).await;
+    let end = read_loop(&queue, &mut rd, &permits).await;
     queue.out.end_batch();
     match end {
         End::Fatal(fes, fei, h) => {
@@ -480,11 +480,16 @@ async fn read_loop<R: AsyncRead + Unpin>(
     queue: &Arc<Queue>,
     rd: &mut BufReader<R>,
     permits: &Arc<Semaphore>,
-    max_data: usize,
 ) -> End {
     let mut gathering: HashMap<u16, Gathering> = HashMap::new();
     let mut next_ttag: u16 = 0;
-    let in_capsule = queue.targets.limits.in_capsule as usize;
+    // What the controller told the host (IOCCSZ), or the transport's for the admin queue.
+    let in_capsule = match queue.qid {
+        0 => ADMIN_IN_CAPSULE,
+        _ => queue.ctrl.in_capsule(),
+    };
+    let max_data = in_capsule.max(MAX_H2C_DATA) as usize;
+    let in_capsule = in_capsule as usize;
     let digests = queue.digests;
     let mut b = Vec::with_capacity(256);
     // Data read where it has no place of its own (a termination request's, data the command

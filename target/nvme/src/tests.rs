@@ -35,6 +35,7 @@ fn targets() -> Arc<Targets> {
         adrfam: admin::trtype::ADRFAM_IPV4,
         traddr: "127.0.0.1".into(),
         trsvcid: "4420".into(),
+        in_capsule: 16384,
     });
     t
 }
@@ -225,7 +226,7 @@ async fn properties_identify_and_features() {
     );
     assert_eq!(
         (ctrl.mdts, ctrl.ioccsz, ctrl.nn, ctrl.oncs),
-        (8, 516, 1024, 0x0d)
+        (8, (64 + 16384) / 16, 1024, 0x0d)
     );
     let ns = sqe(admin::opcode::IDENTIFY, 1, 4096, [0; 6]);
     let n = IdNamespace::parse(&out(&run(&c, 0, &ns, None).await)).unwrap();

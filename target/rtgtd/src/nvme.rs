@@ -344,6 +344,7 @@ impl NvmeService {
                     },
                     traddr: p.listen.ip().to_string(),
                     trsvcid: p.listen.port().to_string(),
+                    in_capsule: p.in_capsule(),
                 })
                 .collect(),
         );

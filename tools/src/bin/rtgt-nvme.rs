@@ -181,16 +181,21 @@ async fn open(cli: &Cli, fabric: &Fabric) -> Result<Open> {
         .await
         .map_err(e("connect"))?;
     let granted = admin.enable(cli.queues).await.map_err(e("enable"))?;
+    let id = admin
+        .identify_controller()
+        .await
+        .map_err(e("identify controller"))?;
     let ns = admin
         .identify_namespace(cli.nsid)
         .await
         .map_err(e("identify namespace"))?;
     let mut io = Vec::new();
     for qid in 1..=granted.min(cli.queues).max(1) {
-        let q = fabric
+        let mut q = fabric
             .queue(cli, &cli.nqn, qid, admin.cntlid, cli.queue_size)
             .await
             .map_err(e("connect I/O queue"))?;
+        q.use_ioccsz(id.ioccsz);
         io.push(Arc::new(q));
     }
     Ok(Open {

@@ -17,7 +17,7 @@ use rtgt_nvme::admin::{self, IdController, IdNamespace};
 use rtgt_nvme::ctrl::property;
 use rtgt_nvme::fabrics::{ConnectData, FabricsCmd};
 use rtgt_nvme::nvm::{self, Rw};
-use rtgt_nvme::sqe::{Cqe, Sgl, Sqe, Status, PSDT_SGL};
+use rtgt_nvme::sqe::{Cqe, Sgl, Sqe, Status, PSDT_SGL, SQE_LEN};
 use rtgt_nvme::subsys::CNTLID_DYNAMIC;
 use rtgt_nvme::tcp::{self, Digests, Header};
 use rtgt_nvme::tcp_queue;
@@ -252,6 +252,17 @@ impl Queue {
         let wire = rdma::RdmaWire::connect(cm, addr, cfg, qid, cntlid, size).await?;
         let in_capsule = if qid == 0 { 0 } else { rdma::IN_CAPSULE_MAX };
         Queue::open(Wire::Rdma(wire), in_capsule, cfg, subnqn, qid, cntlid, size).await
+    }
+
+    /// Sends write data of up to what the controller's Identify reports (IOCCSZ, 16-byte
+    /// units of a whole capsule) in capsules, as Linux's hosts do on I/O queues; over RDMA
+    /// no more than this host's send buffers hold.
+    pub fn use_ioccsz(&mut self, ioccsz: u32) {
+        let bytes = (ioccsz as usize * 16).saturating_sub(SQE_LEN);
+        self.in_capsule = match self.wire {
+            Wire::Tcp(_) => bytes,
+            Wire::Rdma(_) => bytes.min(rdma::IN_CAPSULE_MAX),
+        };
     }
 
     /// Sends a command (its `dptr` is filled in here) with `out` to write, expecting up to

@@ -20,6 +20,8 @@ use rtgt_tools::nvme::{HostConfig, NvmeError, Queue};
 
 const SUB: &str = "nqn.2025-01.io.rtgt:loop";
 const BS: u32 = 512;
+/// The in-capsule data size of the test port.
+const IN_CAPSULE: u32 = 16 << 10;
 
 async fn target() -> (SocketAddr, Arc<Targets>) {
     target_on(Arc::new(RamBackstore::new(16 << 20, BS))).await
@@ -47,6 +49,7 @@ async fn target_on(backstore: Arc<dyn Backstore>) -> (SocketAddr, Arc<Targets>) 
         adrfam: trtype::ADRFAM_IPV4,
         traddr: "127.0.0.1".into(),
         trsvcid: addr.port().to_string(),
+        in_capsule: IN_CAPSULE,
     });
     let served = t.clone();
     tokio::spawn(async move {
@@ -101,18 +104,20 @@ async fn nvme_tcp_admin_and_io_queues_move_data() {
         assert_eq!(admin.enable(4).await.unwrap(), 4);
         let id = admin.identify_controller().await.unwrap();
         assert_eq!((id.subnqn.as_str(), id.cntlid), (SUB, admin.cntlid));
-        assert_eq!((id.ioccsz, id.mdts), (516, 8));
+        // The port's in-capsule data in a whole capsule, in 16-byte units.
+        assert_eq!((id.ioccsz, id.mdts), ((64 + IN_CAPSULE) / 16, 8));
         let ns = admin.identify_namespace(1).await.unwrap();
         assert_eq!((ns.nsze, ns.lbads), (32768, 9));
 
-        let io = Arc::new(
-            Queue::connect(addr, &cfg, SUB, 1, admin.cntlid, 128)
-                .await
-                .unwrap(),
-        );
-        // In the capsule (4 KiB), through one R2T (64 KiB), through several H2CData PDUs
-        // (1 MiB, the largest transfer).
-        for (lba, len) in [(0u64, 4096usize), (100, 65536), (1000, 1 << 20)] {
+        let mut io = Queue::connect(addr, &cfg, SUB, 1, admin.cntlid, 128)
+            .await
+            .unwrap();
+        io.use_ioccsz(id.ioccsz);
+        let io = Arc::new(io);
+        // In the capsule (4 KiB, and 16 KiB: as much as the port takes), through one R2T
+        // (64 KiB), through several H2CData PDUs (1 MiB, the largest transfer).
+        let most = IN_CAPSULE as usize;
+        for (lba, len) in [(0u64, 4096usize), (40, most), (100, 65536), (1000, 1 << 20)] {
             let data = pattern(len, lba as u8);
             io.write(1, lba, data.clone(), BS, lba == 100)
                 .await
@@ -254,6 +259,25 @@ async fn nvme_tcp_bad_in_capsule_data_fails_the_command_only() {
         .to_bytes();
         Header::Cmd(sqe).to_pdu(digests, data, 0)
     };
+    // More in the capsule than the port takes (its SGL right): that command fails.
+    let over = IN_CAPSULE as usize + 512;
+    let mut sqe = Queue::command(
+        nvm::opcode::WRITE,
+        1,
+        [0, 0, (over / 512) as u32 - 1, 0, 0, 0],
+    );
+    sqe.flags |= PSDT_SGL;
+    sqe.dptr = Sgl::DataBlock {
+        addr: 0,
+        len: over as u32,
+        offset: true,
+    }
+    .to_bytes();
+    let c = io.submit_as_is(sqe, &pattern(over, 3)).await.unwrap();
+    assert_eq!(
+        (c.status.sct, c.status.sc),
+        (sct::GENERIC, sc::SGL_INVALID_DATA_LENGTH)
+    );
     let other = pattern(4096, 2);
     let mut corrupt = capsule(&other, 4096);
     *corrupt.last_mut().unwrap() ^= 0xff;

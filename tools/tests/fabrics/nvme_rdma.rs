@@ -74,6 +74,7 @@ async fn rig_with(fault_ppm: u32) -> Rig {
         adrfam: trtype::ADRFAM_IPV4,
         traddr: ip(1).to_string(),
         trsvcid: PORT.to_string(),
+        in_capsule: 8192,
     });
     let (la, lb) = loopback::pair(1 << 16);
     let dt = Device::new(DeviceConfig::new("nvt", vec![ip(1)])).unwrap();
@@ -151,8 +152,9 @@ async fn nvme_rdma_admin_and_io_queues_move_data() {
         assert_eq!(admin.enable(2).await.unwrap(), 2);
         let id = admin.identify_controller().await.unwrap();
         assert_eq!((id.subnqn.as_str(), id.cntlid), (SUB, admin.cntlid));
-        // Keyed SGLs and offsets for in-capsule data.
+        // Keyed SGLs and offsets for in-capsule data; the port's 8 KiB of it.
         assert_eq!(id.sgls & 0x0010_0004, 0x0010_0004);
+        assert_eq!(id.ioccsz, (64 + 8192) / 16);
         let ns = admin.identify_namespace(1).await.unwrap();
         assert_eq!((ns.nsze, ns.lbads), (32768, 9));
         assert_eq!(r.targets.controllers().len(), 1);
