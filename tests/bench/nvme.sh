@@ -12,6 +12,8 @@
 #
 # Usage: tests/bench/nvme.sh [--seconds N] [--rounds N] [--size MiB] [--queues N] [--poll MICROS]
 #                            [--disable-sqflow] [--cpus TARGET,INITIATOR] [--tcp-only]
+#                            [--only REGEX]
+# --only: the rows whose name ("null randwrite 4k QD32", "tmpfs read 128k QD8", ...) matches.
 # --disable-sqflow: the NVMe/TCP host disables SQ flow control, so rtgtd ends successful reads
 # with C2HData's SUCCESS flag instead of a response capsule (Linux's nvme-tcp does not ask
 # for it by default). --poll: microseconds the RDMA hosts poll their device before sleeping
@@ -21,7 +23,7 @@
 # rtgt-iscsi and rtgt-nvme (release).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-secs=10 rounds=3 size_mib=1024 queues=2 sqflow=() cpus="" poll=1000 rdma=1
+secs=10 rounds=3 size_mib=1024 queues=2 sqflow=() cpus="" poll=1000 rdma=1 only=""
 args=("$@")
 while (($#)); do
     case $1 in
@@ -33,7 +35,8 @@ while (($#)); do
     --disable-sqflow) sqflow=(--disable-sqflow) ;;
     --cpus) cpus=$2; shift ;;
     --tcp-only) rdma="" ;;
-    *) echo "usage: $0 [--seconds N] [--rounds N] [--size MiB] [--queues N] [--poll MICROS] [--disable-sqflow] [--cpus TARGET,INITIATOR] [--tcp-only]" >&2; exit 2 ;;
+    --only) only=$2; shift ;;
+    *) echo "usage: $0 [--seconds N] [--rounds N] [--size MiB] [--queues N] [--poll MICROS] [--disable-sqflow] [--cpus TARGET,INITIATOR] [--tcp-only] [--only REGEX]" >&2; exit 2 ;;
     esac
     shift
 done
@@ -137,6 +140,7 @@ for l in 0:null 1:tmpfs; do
     for w in "randread 4k 32" "randwrite 4k 32" "read 128k 8" "write 128k 8"; do
         read -r rw bs qd <<<"$w"
         name="${l#*:} $rw $bs QD$qd"
+        [[ -z $only || $name =~ $only ]] || continue
         for f in "${fabrics[@]}"; do : >"$work/$f"; done
         for ((r = 0; r < rounds; r++)); do
             for f in "${fabrics[@]}"; do run "$f" "${l%%:*}" "$rw" "$bs" "$qd" >>"$work/$f" || true; done

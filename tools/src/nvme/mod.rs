@@ -193,8 +193,9 @@ impl Queue {
             digests,
             reader,
         });
-        // Linux's admin queues carry 8 KiB in capsules; I/O queues what IOCCSZ says.
-        Queue::open(wire, 8192, cfg, subnqn, qid, cntlid, size).await
+        // Admin queues carry what the transport fixes; I/O queues what IOCCSZ says.
+        let admin = rtgt_nvme::subsys::ADMIN_IN_CAPSULE as usize;
+        Queue::open(wire, admin, cfg, subnqn, qid, cntlid, size).await
     }
 
     /// Sends the Connect of queue `qid` on `wire`; the queue, with the controller's ID, once
