@@ -3,9 +3,11 @@
 //! in its memory once instead of per command) and fast-registration MRs (allocated once,
 //! given a new key for every command that uses one).
 
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 
-use rtgt_transport::verbs::Region;
+use rtgt_rdma_channel::{Hold, Link, LinkError, Mr};
+use rtgt_transport::verbs::{Access, FastReg, Pd, Region, SendOp, SgList};
 
 /// Buffers kept per initiator.
 const KEPT: usize = 256;
@@ -106,6 +108,83 @@ impl<M> FrPool<M> {
         if kept.len() < KEPT {
             kept.push(desc);
         }
+    }
+}
+
+/// Fast registration on a connection of the RDMA channel layer, as ib_iser and nvme-rdma
+/// register a command's buffer: an MR of the connection's pool gets a new key (its variant
+/// byte stepped) naming the buffer, after a local invalidation of its old key when the
+/// target did not invalidate that one.
+pub struct FastRegistrar {
+    pd: Pd,
+    mrs: FrPool<Arc<Mr>>,
+    /// The variant (low byte) of the next key.
+    variant: AtomicU8,
+}
+
+impl FastRegistrar {
+    pub fn new(pd: Pd) -> FastRegistrar {
+        FastRegistrar {
+            pd,
+            mrs: FrPool::default(),
+            variant: AtomicU8::new(1),
+        }
+    }
+
+    /// Registers `region` with `access` (local write added) and returns the MR with the key
+    /// it now answers to. The registration (and the invalidation before it) is posted, not
+    /// awaited: the send queue runs it before anything posted after it (the command that
+    /// names the key), and a failure fails the connection. The work requests hold the MR
+    /// until they complete.
+    pub async fn register(
+        &self,
+        link: &Link,
+        region: Arc<Region>,
+        access: Access,
+    ) -> Result<FrDesc<Arc<Mr>>, LinkError> {
+        // The limit of a fast registration, not memory: any command's buffer fits.
+        let mut desc = self.mrs.take(|| {
+            self.pd
+                .alloc_mr(u32::MAX as usize)
+                .map(|mr| Arc::new(Mr::Soft(mr)))
+                .map_err(|_| LinkError::Registration)
+        })?;
+        if let Some(key) = desc.stale_key() {
+            link.sq_credit().await?;
+            link.post_op(
+                SendOp::LocalInv { key },
+                SgList::new(),
+                Hold::Mr(desc.mr.clone()),
+                false,
+            )?;
+        }
+        let variant = self.variant.fetch_add(1, Ordering::Relaxed);
+        let key = desc
+            .mr
+            .soft()
+            .ok_or(LinkError::Registration)?
+            .key_with_variant(variant);
+        link.sq_credit().await?;
+        link.post_op(
+            SendOp::FastReg(FastReg {
+                key,
+                iova: region.addr(),
+                offset: 0,
+                length: region.len().max(1),
+                region,
+                access: access | Access::LOCAL_WRITE,
+            }),
+            SgList::new(),
+            Hold::Mr(desc.mr.clone()),
+            false,
+        )?;
+        desc.registered(key);
+        Ok(desc)
+    }
+
+    /// Takes `desc` back for later commands.
+    pub fn give(&self, desc: FrDesc<Arc<Mr>>) {
+        self.mrs.give(desc);
     }
 }
 

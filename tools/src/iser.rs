@@ -4,29 +4,27 @@
 //! (read buffers the target RDMA-writes, write buffers it RDMA-reads).
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 
 use rtgt_rdma_channel::Mr;
 use rtgt_transport::cm::{prepare_qp, Cm, CmConn, CmError, ConnParams, Reason};
-use rtgt_transport::verbs::{Access, FastReg, Pd, Region, SendOp};
+use rtgt_transport::verbs::{Access, Pd, Region};
 
 use rtgt_iscsi::conn::RxPdu;
 use rtgt_iscsi::iser::conn::{
-    next_event, poll_send, Endpoint, Hold, IserLink, Link, Received, Receiver, RxEvent, Stags,
+    next_event, poll_send, Endpoint, IserLink, Link, Received, Receiver, RxEvent, Stags,
 };
 use rtgt_iscsi::iser::header::{CmHeader, Repr, HEADER_LEN};
 use rtgt_iscsi::iser::Sizing;
 use rtgt_iscsi::pdu::BHS_LEN;
 use rtgt_iscsi::IscsiError;
 
-use crate::buffers::{self, FrPool, ReadBuffers};
+use crate::buffers::{self, FastRegistrar, ReadBuffers};
 
 /// One iSER connection as the initiator drives it.
 pub struct IserTransport {
     link: Arc<Link>,
     pd: Pd,
-    variant: AtomicU8,
     rx: tokio::sync::Mutex<(Receiver, Vec<RxEvent>)>,
     poller: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
     /// The CM connection, when the CM made it; dropped (disconnected) with the transport.
@@ -34,7 +32,7 @@ pub struct IserTransport {
     /// Read buffers of finished commands, for the next ones.
     buffers: ReadBuffers,
     /// Fast-registration MRs of finished commands, for the next ones.
-    mrs: FrPool<Arc<Mr>>,
+    mrs: FastRegistrar,
 }
 
 /// An MR of the connection's pool.
@@ -47,20 +45,20 @@ impl IserTransport {
             tracing::debug!(error = %e, "iSER initiator link");
             IscsiError::Protocol("iSER link setup")
         })?);
+        let pd = ep
+            .pd
+            .soft()
+            .cloned()
+            .ok_or(IscsiError::Protocol("iSER initiator needs the soft engine"))?;
         let poller = tokio::spawn(poll_send(link.clone(), ep.send_cq().clone()));
         Ok(Arc::new(IserTransport {
             link,
-            pd: ep
-                .pd
-                .soft()
-                .cloned()
-                .ok_or(IscsiError::Protocol("iSER initiator needs the soft engine"))?,
-            variant: AtomicU8::new(1),
             rx: tokio::sync::Mutex::new((Receiver::new(ep), Vec::new())),
             poller: std::sync::Mutex::new(Some(poller)),
             cm: std::sync::Mutex::new(None),
             buffers: ReadBuffers::default(),
-            mrs: FrPool::default(),
+            mrs: FastRegistrar::new(pd.clone()),
+            pd,
         }))
     }
 
@@ -118,53 +116,13 @@ impl IserTransport {
     }
 
     /// Fast-registers `region` (IB_WR_REG_MR, as ib_iser does) with an MR of the pool and
-    /// returns it with the key it now answers to. The registration (and the local invalidation
-    /// before it, when the MR may still be valid) is posted, not awaited: the send queue runs
-    /// it before anything posted after it (the command that advertises the key), and a
-    /// failure fails the connection. The work requests hold the MR until they complete.
+    /// returns it with the key it now answers to.
     pub async fn fast_register(
         &self,
         region: Arc<Region>,
         access: Access,
     ) -> Result<FrDesc, IscsiError> {
-        // The limit of a fast registration, not memory: any command's buffer fits.
-        let mut desc = self.mrs.take(|| {
-            self.pd
-                .alloc_mr(u32::MAX as usize)
-                .map(|mr| Arc::new(Mr::Soft(mr)))
-                .map_err(|_| IscsiError::Protocol("memory registration"))
-        })?;
-        if let Some(key) = desc.stale_key() {
-            self.link.sq_credit().await?;
-            self.link.post_op(
-                SendOp::LocalInv { key },
-                rtgt_transport::verbs::SgList::new(),
-                Hold::Mr(desc.mr.clone()),
-                false,
-            )?;
-        }
-        let variant = self.variant.fetch_add(1, Ordering::Relaxed);
-        let key = desc
-            .mr
-            .soft()
-            .ok_or(IscsiError::Protocol("fast registration"))?
-            .key_with_variant(variant);
-        self.link.sq_credit().await?;
-        self.link.post_op(
-            SendOp::FastReg(FastReg {
-                key,
-                iova: region.addr(),
-                offset: 0,
-                length: region.len().max(1),
-                region,
-                access: access | Access::LOCAL_WRITE,
-            }),
-            rtgt_transport::verbs::SgList::new(),
-            Hold::Mr(desc.mr.clone()),
-            false,
-        )?;
-        desc.registered(key);
-        Ok(desc)
+        Ok(self.mrs.register(&self.link, region, access).await?)
     }
 
     /// Takes `desc` back for later commands.

@@ -303,7 +303,7 @@ impl Queue {
                 t.wr.lock().await.write_all(b).await?;
                 Ok(())
             }
-            Wire::Rdma(r) => r.send_raw(b.to_vec()),
+            Wire::Rdma(r) => r.send_raw(b).await,
         }
     }
 }
