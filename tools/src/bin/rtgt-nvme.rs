@@ -306,6 +306,9 @@ async fn run(cli: Cli) -> Result<()> {
 
 fn main() {
     let cli = Cli::parse();
-    // Worker threads, as `rtgt-iscsi` runs over TCP.
-    rtgt_tools::cli::main("rtgt-nvme", true, run(cli));
+    // Worker threads over TCP; over RDMA the host's soft-RoCE device and its queues share
+    // one thread, as `rtgt-iscsi` runs iSER: a completion and the next command never hop
+    // between cores.
+    let multi_thread = cli.rdma.is_none();
+    rtgt_tools::cli::main("rtgt-nvme", multi_thread, run(cli));
 }
