@@ -3,11 +3,11 @@
 # NVMe/RDMA (nvme-rdma on rxe0), then SRP (ib_srp) against one rtgtd null LUN: four jobs each
 # (4 KiB random read and write at QD32, 128 KiB sequential read and write at QD8), timed, raw
 # device, libaio with O_DIRECT; each job is framed by events so that the host can take rtgtd's
-# CPU time over it. The figures go to $LAB_OUT/bench.txt, one line per job. Then, rtgtd
-# stopped, the guest's rxe alone: ib_read_bw and ib_write_bw (4 KiB messages 32 deep, then
-# 128 KiB ones) against `rtgt-rdma perftest` on the host, the ceiling of what the guest's rxe
-# receives and sends with no SCSI on top; their figures go to $LAB_OUT/ceiling.txt (test,
-# size, MB/s, messages a second).
+# CPU time over it, and the guest takes its own. The figures go to $LAB_OUT/bench.txt, one
+# line per job. Then, rtgtd stopped, the guest's rxe alone: ib_read_bw and ib_write_bw (4 KiB
+# messages 32 deep, then 128 KiB ones) against `rtgt-rdma perftest` on the host, the ceiling
+# of what the guest's rxe receives and sends with no SCSI on top; their figures go to
+# $LAB_OUT/ceiling.txt (test, size, MB/s, messages a second).
 set -euo pipefail
 portal=$LAB_HOST_IP
 node=(-m node -T "$TARGET_IQN" -p "$portal")
@@ -31,21 +31,32 @@ fio_figures() {
         }' "$1"
 }
 
+# guest_ticks: the guest's busy and total clock ticks over all its CPUs so far (busy: all but
+# idle and iowait).
+guest_ticks() { awk '$1 == "cpu" { t = 0; for (i = 2; i <= 9; i++) t += $i; print t - $5 - $6, t }' /proc/stat; }
+
 # bench FABRIC DEV: the four jobs on DEV.
 bench() {
-    local fabric=$1 dev=$2 w rw bs qd out
+    local fabric=$1 dev=$2 w rw bs qd out cpu0 cpu1 figures guest
     for w in "randread 4k 32" "randwrite 4k 32" "read 128k 8" "write 128k 8"; do
         read -r rw bs qd <<<"$w"
         job=$((job + 1))
         out=$LAB_OUT/fio-$job-$fabric-$rw-$bs.json
         lab_step "$fabric: $rw $bs QD$qd"
         lab_signal "start-$job"
+        cpu0=$(guest_ticks)
         fio --name=bench --filename="$dev" --rw="$rw" --bs="$bs" --iodepth="$qd" --size=1g \
             --ioengine=libaio --direct=1 --time_based --runtime="$BENCH_SECONDS" --ramp_time=1 \
             --output-format=json --output="$out" || lab_fail "fio $fabric $rw $bs failed"
+        cpu1=$(guest_ticks)
         lab_signal "end-$job"
         grep -q '"error" : 0' "$out" || lab_fail "fio $fabric $rw $bs reported errors"
-        echo "$job $fabric $rw-$bs-qd$qd $(fio_figures "$out")" | tee -a "$LAB_OUT/bench.txt"
+        figures=$(fio_figures "$out")
+        # The guest's CPU: busy share of its CPUs over the job, and busy CPU time per I/O.
+        guest=$(awk -v a="$cpu0" -v b="$cpu1" -v n="$(nproc)" -v iops="${figures%% *}" 'BEGIN {
+            split(a, x, " "); split(b, y, " "); busy = (y[1] - x[1]) / (y[2] - x[2])
+            printf "%.0f %.1f", busy * 100, (iops > 0) ? busy * n * 1e6 / iops : 0 }')
+        echo "$job $fabric $rw-$bs-qd$qd $figures $guest" | tee -a "$LAB_OUT/bench.txt"
     done
 }
 

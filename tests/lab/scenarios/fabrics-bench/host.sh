@@ -115,27 +115,31 @@ host_check() {
         return 1
     }
     cp "$LAB_WORK/cpu.txt" "$LAB_RESULTS/cpu.txt"
-    # Rows: job, fabric, workload, IOPS, MB/s, mean and p99 latency (us), bytes moved; joined
-    # with rtgtd's CPU ticks over the job.
-    lab_report "fio in the guest (TCG, rxe0, MTU $LAB_MTU), ${BENCH_SECONDS} s per job; rtgtd CPU s per GB moved"
+    # Rows: job, fabric, workload, IOPS, MB/s, mean and p99 latency (us), bytes moved, the
+    # guest's busy CPU share (%) and busy CPU time per I/O (us); joined with rtgtd's CPU
+    # ticks over the job.
+    lab_report "fio in the guest (TCG, rxe0, MTU $LAB_MTU), ${BENCH_SECONDS} s per job; rtgtd CPU s per GB moved; the guest's CPUs busy and its CPU time per I/O"
     awk -v hz="$(getconf CLK_TCK)" '
         NR == FNR { cpu[$1] = $2; next }
         {
             key = $3; fab[FNR] = $2; wl[FNR] = key
             iops[FNR] = $4; mbs[FNR] = $5; mean[FNR] = $6; p99[FNR] = $7
             cpg[FNR] = ($8 > 0) ? cpu[$1] / hz / ($8 / 1e9) : 0
-            if ($2 == "tcp") { tiops[key] = $4; tcpg[key] = cpg[FNR] }
+            gbusy[FNR] = $9; gus[FNR] = $10
+            if ($2 == "tcp") { tiops[key] = $4; tcpg[key] = cpg[FNR]; tgus[key] = $10 }
             if ($2 == "iser") { iiops[key] = $4; icpg[key] = cpg[FNR] }
             n = FNR
         }
         END {
-            printf "%-9s %-18s %10s %9s %10s %10s %9s %8s %8s\n", "fabric", "workload", "IOPS",
-                "MB/s", "mean us", "p99 us", "CPU s/GB", "IOPS/TCP", "CPU/TCP"
+            printf "%-9s %-18s %10s %9s %10s %10s %9s %8s %8s %7s %9s %8s\n", "fabric", "workload",
+                "IOPS", "MB/s", "mean us", "p99 us", "CPU s/GB", "IOPS/TCP", "CPU/TCP", "guest%",
+                "guest us", "gus/TCP"
             for (i = 1; i <= n; i++) {
                 k = wl[i]
-                printf "%-9s %-18s %10.0f %9.1f %10.0f %10.0f %9.2f %7.2fx %7.2fx\n", fab[i], k,
-                    iops[i], mbs[i], mean[i], p99[i], cpg[i],
-                    (tiops[k] > 0 ? iops[i] / tiops[k] : 0), (tcpg[k] > 0 ? cpg[i] / tcpg[k] : 0)
+                printf "%-9s %-18s %10.0f %9.1f %10.0f %10.0f %9.2f %7.2fx %7.2fx %7.0f %9.1f %7.2fx\n",
+                    fab[i], k, iops[i], mbs[i], mean[i], p99[i], cpg[i],
+                    (tiops[k] > 0 ? iops[i] / tiops[k] : 0), (tcpg[k] > 0 ? cpg[i] / tcpg[k] : 0),
+                    gbusy[i], gus[i], (tgus[k] > 0 ? gus[i] / tgus[k] : 0)
             }
             # NVMe/RDMA against iSER, its SCSI counterpart on the same rxe.
             for (i = 1; i <= n; i++) {
