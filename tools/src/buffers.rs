@@ -1,19 +1,22 @@
 //! What the RDMA initiators keep between commands: read buffers (a command takes a zeroed
 //! buffer of its length and gives it back when done, so a run of reads allocates and faults
-//! in its memory once instead of per command) and fast-registration MRs (allocated once,
-//! given a new key for every command that uses one).
+//! in its memory once instead of per command; what the target wrote there reaches the caller
+//! without a copy, [`ReadBuffers::landed`]) and fast-registration MRs (allocated once, given a
+//! new key for every command that uses one).
 
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 
+use bytes::Bytes;
 use rtgt_rdma_channel::{Hold, Link, LinkError, Mr};
 use rtgt_transport::verbs::{Access, FastReg, Pd, Region, SendOp, SgList};
 
 /// Buffers kept per initiator.
 const KEPT: usize = 256;
 
-#[derive(Default)]
-pub struct ReadBuffers(Mutex<Vec<Arc<Region>>>);
+/// An initiator's read buffers; clones share them.
+#[derive(Default, Clone)]
+pub struct ReadBuffers(Arc<Mutex<Vec<Arc<Region>>>>);
 
 impl ReadBuffers {
     /// A zeroed buffer of exactly `len` bytes (zeroed again when reused, so stale data of an
@@ -40,6 +43,50 @@ impl ReadBuffers {
             if b.len() < KEPT {
                 b.push(region);
             }
+        }
+    }
+
+    /// The first `len` bytes of `region`, which the target has written, as the caller's
+    /// data. When the target can no longer reach the region (the command is complete, its
+    /// key invalidated or its MR gone), without a copy, as a kernel initiator's reads land
+    /// in the pages they are for: the region comes back here once the last reference to the
+    /// data is dropped. A region still `reachable` through a valid key is copied from (and
+    /// not reused until that key is gone).
+    pub fn landed(&self, region: Arc<Region>, len: usize, reachable: bool) -> Bytes {
+        let len = len.min(region.len());
+        if reachable {
+            let data = Bytes::copy_from_slice(region.slice(0, len).unwrap_or_default());
+            self.give(region);
+            return data;
+        }
+        Bytes::from_owner(Landed {
+            region: Some(region),
+            len,
+            home: self.clone(),
+        })
+    }
+}
+
+/// Read data in a buffer of [`ReadBuffers`], which it goes back to when dropped.
+struct Landed {
+    region: Option<Arc<Region>>,
+    len: usize,
+    home: ReadBuffers,
+}
+
+impl AsRef<[u8]> for Landed {
+    fn as_ref(&self) -> &[u8] {
+        self.region
+            .as_ref()
+            .and_then(|r| r.slice(0, self.len))
+            .unwrap_or_default()
+    }
+}
+
+impl Drop for Landed {
+    fn drop(&mut self) {
+        if let Some(r) = self.region.take() {
+            self.home.give(r);
         }
     }
 }
@@ -211,6 +258,42 @@ mod tests {
             "a buffer still referred to is not handed out"
         );
         assert_ne!(keep.take(512).len(), 4096);
+    }
+
+    #[test]
+    fn landed_data_is_the_buffer_itself_and_returns_it_when_dropped() {
+        let keep = ReadBuffers::default();
+        let a = keep.take(8192);
+        a.fill(0, 8192, 0x5c);
+        let addr = a.addr();
+        let data = keep.landed(a, 4096, false);
+        assert_eq!(data.as_ptr() as u64, addr, "no copy");
+        assert_eq!(data.len(), 4096, "only what the target wrote");
+        let part = data.slice(1024..2048);
+        drop(data);
+        assert_ne!(
+            keep.take(8192).addr(),
+            addr,
+            "kept while a slice of it lives"
+        );
+        assert!(part.iter().all(|&x| x == 0x5c));
+        drop(part);
+        assert_eq!(
+            keep.take(8192).addr(),
+            addr,
+            "back once the last one is gone"
+        );
+
+        // Still reachable through a key: copied out, and not reused while referred to.
+        let b = keep.take(8192);
+        b.fill(0, 8192, 0x77);
+        let (addr, mr) = (b.addr(), b.clone());
+        let data = keep.landed(b, 100_000, true);
+        assert_ne!(data.as_ptr() as u64, addr, "a copy");
+        assert_eq!(data.len(), 8192, "at most the buffer");
+        assert!(data.iter().all(|&x| x == 0x77));
+        assert_ne!(keep.take(8192).addr(), addr);
+        drop(mr);
     }
 
     #[test]

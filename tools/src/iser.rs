@@ -6,6 +6,7 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
+use bytes::Bytes;
 use rtgt_rdma_channel::Mr;
 use rtgt_transport::cm::{prepare_qp, Cm, CmConn, CmError, ConnParams, Reason};
 use rtgt_transport::verbs::{Access, Pd, Region};
@@ -281,16 +282,23 @@ impl CommandMemory {
         }
     }
 
-    /// Copies the first bytes the target wrote into the read buffer to `out`; returns how
-    /// many.
-    pub fn read_into(&self, out: &mut [u8]) -> usize {
-        match &self.read {
-            Some((region, _)) => {
-                let n = out.len().min(region.len());
-                region.read(0, &mut out[..n]);
-                n
+    /// The length of the read buffer (0 without one).
+    pub fn read_len(&self) -> usize {
+        self.read.as_ref().map_or(0, |(r, _)| r.len())
+    }
+
+    /// The first `n` bytes the target wrote into the read buffer, without a copy when its
+    /// key is gone (the buffer goes back to the transport once they are dropped); the MRs go
+    /// back now.
+    pub fn into_read_data(mut self, n: usize) -> Bytes {
+        match self.read.take() {
+            Some((region, desc)) => {
+                // A key the target did not invalidate still reaches the buffer.
+                let reachable = desc.key().is_some();
+                self.transport.give_mr(desc);
+                self.transport.buffers.landed(region, n, reachable)
             }
-            None => 0,
+            None => Bytes::new(),
         }
     }
 }

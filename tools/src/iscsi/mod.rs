@@ -47,7 +47,8 @@ pub struct ScsiResult {
     pub response: u8,
     pub status: u8,
     pub sense: Vec<u8>,
-    pub data: Vec<u8>,
+    /// The data read; over iSER, the buffer the target wrote into (no copy).
+    pub data: Bytes,
     pub overflow: bool,
     pub underflow: bool,
     pub residual: u32,
@@ -585,7 +586,12 @@ impl Session {
         let pending = |_| {
             Pending::Scsi(ScsiPending {
                 tx,
-                data_in: vec![0; in_len as usize],
+                // Over iSER the data lands in the command's registered buffer.
+                data_in: if mem.is_some() {
+                    Vec::new()
+                } else {
+                    vec![0; in_len as usize]
+                },
                 received: 0,
                 next_data_sn: 0,
                 write: write.clone(),
@@ -1114,7 +1120,7 @@ fn data_in(inner: &Arc<Inner>, d: DataIn, data: &[u8]) -> Result<(), IscsiError>
                 response: 0,
                 status: d.status,
                 sense: Vec::new(),
-                data: p.data_in,
+                data: p.data_in.into(),
                 overflow: d.overflow,
                 underflow: d.underflow,
                 residual: d.residual,
@@ -1134,26 +1140,31 @@ fn scsi_response(inner: &Inner, r: ScsiResponse, data: &[u8], invalidated: Optio
     } else {
         Vec::new()
     };
-    if let Some(m) = &mut p.iser {
-        if let Some(key) = invalidated {
-            m.invalidated(key);
+    let data = match p.iser.take() {
+        Some(mut m) => {
+            if let Some(key) = invalidated {
+                m.invalidated(key);
+            }
+            // The read data is already in the registered buffer (RDMA WRITE precedes the
+            // response on the QP); the residual says how much of it is valid.
+            let want = m.read_len();
+            let n = if r.underflow {
+                want.saturating_sub(r.residual as usize)
+            } else {
+                want
+            };
+            m.into_read_data(n)
         }
-        // The read data is already in the registered buffer (RDMA WRITE precedes the
-        // response on the QP); the residual says how much of it is valid.
-        let want = p.data_in.len();
-        let n = if r.underflow {
-            want.saturating_sub(r.residual as usize)
-        } else {
-            want
-        };
-        p.received = m.read_into(&mut p.data_in[..n]);
-    }
-    p.data_in.truncate(p.received);
+        None => {
+            p.data_in.truncate(p.received);
+            p.data_in.into()
+        }
+    };
     let _ = p.tx.send(Ok(ScsiResult {
         response: r.response,
         status: r.status,
         sense,
-        data: p.data_in,
+        data,
         overflow: r.overflow,
         underflow: r.underflow,
         residual: r.residual,

@@ -12,7 +12,7 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU16, Ordering};
 use std::sync::{Arc, Mutex};
 
-use bytes::Buf;
+use bytes::{Buf, Bytes};
 use rtgt_nvme::admin::{self, IdController, IdNamespace};
 use rtgt_nvme::ctrl::property;
 use rtgt_nvme::fabrics::{ConnectData, FabricsCmd};
@@ -47,7 +47,8 @@ pub enum NvmeError {
 #[derive(Debug, Clone, Default)]
 pub struct Completion {
     pub cqe: Cqe,
-    pub data: Vec<u8>,
+    /// What the controller returned: over RDMA, the buffer it wrote into (no copy).
+    pub data: Bytes,
 }
 
 /// A command in flight: its data to send (if the controller asks), what it received.
@@ -541,7 +542,7 @@ impl Queue {
         slba: u64,
         blocks: u32,
         bs: u32,
-    ) -> Result<Vec<u8>, NvmeError> {
+    ) -> Result<Bytes, NvmeError> {
         let [a, b, c] = rw(slba, blocks, false);
         let r = self
             .submit(
@@ -654,7 +655,10 @@ async fn read_loop(
                         status: Status::SUCCESS,
                         ..Cqe::default()
                     };
-                    let _ = f.done.send(Ok(Completion { cqe, data: f.data }));
+                    let _ = f.done.send(Ok(Completion {
+                        cqe,
+                        data: f.data.into(),
+                    }));
                 }
             }
             continue;
@@ -675,7 +679,10 @@ async fn read_loop(
                     .as_mut()
                     .and_then(|m| m.remove(&cqe.cid));
                 if let Some(f) = f {
-                    let _ = f.done.send(Ok(Completion { cqe, data: f.data }));
+                    let _ = f.done.send(Ok(Completion {
+                        cqe,
+                        data: f.data.into(),
+                    }));
                 }
             }
             Ok((

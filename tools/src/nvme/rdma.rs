@@ -16,6 +16,7 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use bytes::Bytes;
 use rtgt_nvme::rdma::{CmReq, CM_REJ_LEN};
 use rtgt_nvme::sqe::{Cqe, Sgl, Sqe, CQE_LEN, SQE_LEN};
 use rtgt_rdma_channel::{poll_send, Endpoint, Link, LinkError, Mr, Receiver, Rings, RxEvent};
@@ -228,15 +229,11 @@ impl RdmaWire {
                 f.invalidate
             )))
         } else {
+            // The MR (taken above) no longer names the buffer: its key was invalidated, or
+            // the MR registered for the command alone is gone.
             let data = match f.read {
-                Some((region, len)) => {
-                    let mut d = vec![0u8; len];
-                    region.read(0, &mut d);
-                    drop(f.mr);
-                    self.buffers.give(region);
-                    d
-                }
-                None => Vec::new(),
+                Some((region, len)) => self.buffers.landed(region, len, false),
+                None => Bytes::new(),
             };
             Ok(Completion { cqe, data })
         };

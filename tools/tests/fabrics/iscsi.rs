@@ -136,7 +136,7 @@ async fn read(s: &Session, lba: u32, len: usize) -> Vec<u8> {
         .await
         .unwrap();
     assert!(r.is_good(), "read: status {} sense {:?}", r.status, r.sense);
-    r.data
+    r.data.into()
 }
 
 async fn patterns(s: &Session) {

@@ -253,7 +253,7 @@ async fn read(s: &Session, lba: u64, len: usize) -> Vec<u8> {
     let c = cdb16(0x88, lba, (len / BLOCK) as u32, 0);
     let r = s.command(0, &c, None, len as u32).await.unwrap();
     assert!(r.is_good(), "read: status {} sense {:?}", r.status, r.sense);
-    r.data
+    r.data.into()
 }
 
 /// The commands Linux sends to a disk, with data checked end to end.

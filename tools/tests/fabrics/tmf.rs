@@ -353,7 +353,7 @@ impl Iscsi {
                         status: r.status,
                         sense: r.sense_key(),
                     },
-                    data: r.data,
+                    data: r.data.into(),
                 }),
                 Err(e) => Err(e.to_string()),
             }
