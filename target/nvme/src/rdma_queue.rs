@@ -84,10 +84,15 @@ pub async fn serve(targets: Arc<Targets>, req: Request, scope: Scope) {
         }
     };
     let entries = u32::from(cm.hsqsize) + 1;
-    // Receive slots as large as the port's capsules (IOCCSZ).
+    // Receive slots as large as the queue's capsules: an admin queue's are the transport's
+    // 8 KiB; an I/O queue's its controller's (IOCCSZ, fixed when the controller was made),
+    // so for a request that names a live controller that one's size even if its port's has
+    // changed since, else the port's.
     let in_capsule = match scope {
-        Scope::Port(id) => targets.in_capsule(id),
-        Scope::Discovery => ADMIN_IN_CAPSULE,
+        Scope::Port(id) if cm.qid != 0 => targets
+            .controller(cm.cntlid)
+            .map_or_else(|| targets.in_capsule(id), |c| c.in_capsule()),
+        _ => ADMIN_IN_CAPSULE,
     };
     let built = req.endpoint(rings(entries, in_capsule));
     let started = built.map_err(|e| e.to_string()).and_then(|ep| {
@@ -252,7 +257,22 @@ impl Run {
             Err(_) => return false,
         };
         let data = data.as_ref().map_or(&[][..], |b| b.as_slice());
-        match cmd.admit(&self.targets, self.scope, data, Transport::Rdma) {
+        // An I/O queue of a controller that takes larger capsules than its receive slots
+        // hold (its request named no controller, or another, and the port's size has
+        // shrunk since this one was made) could not take what the host was told it may
+        // send: refused, so the host makes a new controller.
+        let admitted = cmd
+            .admit(&self.targets, self.scope, data, Transport::Rdma)
+            .and_then(|ctrl| {
+                if cmd.qid != 0 && ctrl.in_capsule() > self.in_capsule {
+                    tracing::warn!(peer = %self.addrs.0, cntlid = ctrl.cntlid,
+                        in_capsule = ctrl.in_capsule(), slots = self.in_capsule,
+                        "NVMe/RDMA I/O queue refused: its controller's capsules exceed its receive slots");
+                    return Err(ConnectRefused::invalid(false, connect_offset::CNTLID));
+                }
+                Ok(ctrl)
+            });
+        match admitted {
             Ok(ctrl) => {
                 let size = cmd.sqsize + 1;
                 let attached = ctrl.attach(cmd.qid, size, Some(self.addrs), Transport::Rdma);
@@ -263,7 +283,11 @@ impl Run {
                     qid: cmd.qid,
                     sq: SqHead::new(size),
                     entries: u32::from(size),
-                    in_capsule: self.in_capsule,
+                    in_capsule: if cmd.qid == 0 {
+                        self.in_capsule
+                    } else {
+                        ctrl.in_capsule()
+                    },
                     outstanding: AtomicU32::new(0),
                     stats: attached.stats(),
                 });

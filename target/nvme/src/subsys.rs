@@ -433,6 +433,14 @@ impl Targets {
             .collect()
     }
 
+    /// The live controller `cntlid`, if any.
+    pub fn controller(&self, cntlid: u16) -> Option<Arc<Controller>> {
+        lock(&self.controllers)
+            .get(&cntlid)
+            .and_then(Weak::upgrade)
+            .filter(|c| !c.is_closed())
+    }
+
     /// The live controllers of subsystem `nqn`.
     pub fn controllers_of(&self, nqn: &str) -> Vec<Arc<Controller>> {
         let mut all = self.controllers();
@@ -511,10 +519,8 @@ impl Targets {
             Some(s)
         };
         if qid != 0 {
-            let ctrl = lock(&self.controllers)
-                .get(&data.cntlid)
-                .and_then(Weak::upgrade)
-                .filter(|c| !c.is_closed())
+            let ctrl = self
+                .controller(data.cntlid)
                 .ok_or(ConnectRefused::invalid(false, CNTLID))?;
             if ctrl.host_nqn != data.host_nqn || ctrl.subsys_nqn() != data.subsys_nqn {
                 return Err(ConnectRefused::invalid(false, CNTLID));

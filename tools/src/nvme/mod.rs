@@ -133,6 +133,9 @@ pub struct HostConfig {
     /// NVMe/RDMA: keyed SGLs ask the controller to invalidate their key with the
     /// completion (SEND with Invalidate), as Linux's nvme-rdma does.
     pub invalidate: bool,
+    /// NVMe/RDMA: the controller ID a queue's connection request names, when not the one
+    /// its Connect names (tests of hosts that leave it out or name another).
+    pub cm_cntlid: Option<u16>,
 }
 
 impl Default for HostConfig {
@@ -144,6 +147,7 @@ impl Default for HostConfig {
             kato: 0,
             disable_sqflow: false,
             invalidate: true,
+            cm_cntlid: None,
         }
     }
 }

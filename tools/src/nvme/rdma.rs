@@ -137,7 +137,7 @@ impl RdmaWire {
             qid,
             hrqsize: size,
             hsqsize: size - 1,
-            cntlid,
+            cntlid: cfg.cm_cntlid.unwrap_or(cntlid),
         };
         let params = ConnParams {
             private_data: req.to_bytes().to_vec(),

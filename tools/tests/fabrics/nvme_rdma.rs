@@ -206,6 +206,67 @@ async fn nvme_rdma_admin_and_io_queues_move_data() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nvme_rdma_io_queues_take_their_controllers_capsule_size() {
+    let r = rig().await;
+    let port = |in_capsule| Port {
+        id: 1,
+        trtype: trtype::RDMA,
+        adrfam: trtype::ADRFAM_IPV4,
+        traddr: ip(1).to_string(),
+        trsvcid: PORT.to_string(),
+        in_capsule,
+    };
+    let cfg = HostConfig::default();
+    // A controller made while its port took 16 KiB of in-capsule data...
+    r.targets.set_ports(vec![port(16384)]);
+    let admin = r.queue(&cfg, 0, 0, 32).await;
+    assert_eq!(admin.enable(2).await.unwrap(), 2);
+    let id = admin.identify_controller().await.unwrap();
+    assert_eq!(id.ioccsz, (64 + 16384) / 16);
+    // ... keeps that after the port's shrinks to 4 KiB: its I/O queue's connection request
+    // names it, so 8 KiB (all this host puts in a capsule) still goes in one.
+    r.targets.set_ports(vec![port(4096)]);
+    let mut io = r.queue(&cfg, 1, admin.cntlid, 32).await;
+    io.use_ioccsz(id.ioccsz);
+    let data = pattern(8192, 3);
+    io.write(1, 0, data.clone(), BS, false).await.unwrap();
+    assert_eq!(io.read(1, 0, 16, BS).await.unwrap(), data);
+    // A request that names no controller gets the port's 4 KiB receive slots: its Connect
+    // to the controller of 16 KiB is refused, rather than the queue failing on the first
+    // capsule larger than the slots.
+    let anonymous = HostConfig {
+        cm_cntlid: Some(0xffff),
+        ..HostConfig::default()
+    };
+    let e = Queue::connect_rdma(r.host.cm(), r.dst, &anonymous, SUB, 2, admin.cntlid, 32)
+        .await
+        .err()
+        .expect("refused");
+    assert!(
+        status_is(
+            &e,
+            sct::COMMAND_SPECIFIC,
+            fstatus::CONNECT_INVALID_PARAMETERS
+        ),
+        "{e:?}"
+    );
+    // A new controller takes the port's size now.
+    let other = r.queue(&cfg, 0, 0, 32).await;
+    assert_eq!(other.enable(1).await.unwrap(), 1);
+    let id = other.identify_controller().await.unwrap();
+    assert_eq!(id.ioccsz, (64 + 4096) / 16);
+    let mut io2 = r.queue(&cfg, 1, other.cntlid, 32).await;
+    io2.use_ioccsz(id.ioccsz);
+    io2.write(1, 16, data.clone(), BS, false).await.unwrap();
+    assert_eq!(io2.read(1, 16, 16, BS).await.unwrap(), data);
+    assert_eq!(
+        io.read(1, 0, 16, BS).await.unwrap(),
+        data,
+        "the first still serves"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nvme_rdma_refuses_bad_requests_hosts_and_sgls() {
     let r = rig().await;
     let cfg = HostConfig::default();
