@@ -26,7 +26,7 @@ mod uring;
 pub use buf::{BufPool, IoBuf, IO_BUF_ALIGN};
 pub use error::{errno_kind, BackstoreError, IoErrorKind};
 pub use file::{FileBackstore, FileCounters, FileOptions, DEFAULT_QUEUE_DEPTH};
-pub use inline::run_inline;
+pub use inline::{run_inline, Latch};
 pub use mem::{NullBackstore, RamBackstore, RAM_CHUNK};
 pub use policy::{BackstoreRoots, FileRequest, PolicyError};
 pub use shared::{write_atomically, SharedFile, SharedState, Update};

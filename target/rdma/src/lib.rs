@@ -33,18 +33,18 @@ pub mod provider;
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use bytes::Bytes;
-use rtgt_backstore::IoBuf;
+use rtgt_backstore::{IoBuf, Latch};
 use rtgt_transport::rdmacore::{self as rc, sys::ibv_qp_cap};
 use rtgt_transport::verbs::{
     self as soft, Access, QpInitAttr, QpType, RecvWr, Region, SendFlags, SendOp, SendWr, SgList,
     Sge, WcFlags, WcOpcode, WcStatus, WorkCompletion,
 };
-use tokio::sync::{oneshot, Notify, Semaphore};
+use tokio::sync::{oneshot, Semaphore};
 use tokio::time::Instant;
 
 use mem::{Landing, PoolMrs};
@@ -345,8 +345,7 @@ pub struct Link {
     signal_every: u32,
     /// Send completions handled.
     completions: AtomicUsize,
-    closing: AtomicBool,
-    close_notify: Notify,
+    closing: Latch,
     on_close: Mutex<Vec<CloseHook>>,
     /// SENDs held back while a [`SendBatch`] is open (each with its slot and queue credit).
     held: Mutex<Option<Vec<SendWr>>>,
@@ -411,8 +410,7 @@ impl Link {
             }),
             signal_every: (r.send_queue / 4).clamp(1, SIGNAL_EVERY_MAX),
             completions: AtomicUsize::new(0),
-            closing: AtomicBool::new(false),
-            close_notify: Notify::new(),
+            closing: Latch::default(),
             on_close: Mutex::new(Vec::new()),
             held: Mutex::new(None),
             pool_mrs,
@@ -425,20 +423,12 @@ impl Link {
     }
 
     pub fn is_closing(&self) -> bool {
-        self.closing.load(Ordering::Acquire)
+        self.closing.is_set()
     }
 
     /// Resolves once the link is closing.
     pub async fn closed(&self) {
-        loop {
-            let n = self.close_notify.notified();
-            tokio::pin!(n);
-            n.as_mut().enable();
-            if self.is_closing() {
-                return;
-            }
-            n.await;
-        }
+        self.closing.wait().await
     }
 
     /// Runs `f` once when the link closes (at once if it already has): where a fabric fails
@@ -458,7 +448,7 @@ impl Link {
     pub fn close(&self) {
         let hooks = {
             let mut h = lock(&self.on_close);
-            if self.closing.swap(true, Ordering::AcqRel) {
+            if !self.closing.set() {
                 return;
             }
             std::mem::take(&mut *h)
@@ -471,7 +461,6 @@ impl Link {
         for wr in held.unwrap_or_default() {
             self.release(wr.wr_id, None);
         }
-        self.close_notify.notify_waiters();
         self.slots.close();
         self.sq.close();
         self.reads.close();
@@ -1001,9 +990,14 @@ impl Receiver {
             }
             let slot = wc.wr_id as u32;
             let len = (wc.byte_len as usize).min(slot_len);
-            // The one copy out of the ring: the buffer is posted again right away.
-            let mut buf = vec![0u8; len];
-            self.ep.recv_region.read(slot as usize * slot_len, &mut buf);
+            // The one copy out of the ring (into memory not zeroed first): the buffer is
+            // posted again right away.
+            let buf = self
+                .ep
+                .recv_region
+                .slice(slot as usize * slot_len, len)
+                .map(Bytes::copy_from_slice)
+                .unwrap_or_default();
             if let Err(e) = self.ep.post_recv(slot) {
                 tracing::debug!(error = %e, "reposting a receive");
             }
@@ -1011,7 +1005,7 @@ impl Receiver {
                 .flags
                 .contains(WcFlags::WITH_INVALIDATE)
                 .then_some(wc.imm_or_inv);
-            out.push(RxEvent::Msg(Bytes::from(buf), invalidated));
+            out.push(RxEvent::Msg(buf, invalidated));
         }
     }
 

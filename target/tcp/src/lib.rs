@@ -29,7 +29,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use bytes::Bytes;
-use rtgt_backstore::{FileSpan, IoBuf};
+use rtgt_backstore::{FileSpan, IoBuf, Latch};
 use tokio::io::Interest;
 use tokio::sync::{Notify, Semaphore};
 
@@ -267,8 +267,7 @@ pub struct Outbox<F: Framer> {
     blocked: AtomicBool,
     /// Asks the writer task to wait for room in the socket.
     want_room: Notify,
-    closing: AtomicBool,
-    close_notify: Notify,
+    closing: Latch,
 }
 
 struct TxState<F: Framer> {
@@ -307,8 +306,7 @@ impl<F: Framer> Outbox<F> {
             batching: AtomicBool::new(false),
             blocked: AtomicBool::new(false),
             want_room: Notify::new(),
-            closing: AtomicBool::new(false),
-            close_notify: Notify::new(),
+            closing: Latch::default(),
         }
     }
 
@@ -385,27 +383,18 @@ impl<F: Framer> Outbox<F> {
     }
 
     pub fn is_closing(&self) -> bool {
-        self.closing.load(Ordering::Acquire)
+        self.closing.is_set()
     }
 
     /// Stops taking PDUs; the writer task sends what is queued and shuts the socket's
     /// sending side down.
     pub fn close(&self) {
-        self.closing.store(true, Ordering::Release);
-        self.close_notify.notify_waiters();
+        self.closing.set();
     }
 
     /// Returns once the outbox is closed.
     pub async fn closed(&self) {
-        loop {
-            let n = self.close_notify.notified();
-            tokio::pin!(n);
-            n.as_mut().enable();
-            if self.is_closing() {
-                return;
-            }
-            n.await;
-        }
+        self.closing.wait().await
     }
 
     /// Writes unless another task is writing (it will see `dirty`) or the writer task waits
