@@ -4,9 +4,10 @@
 //! task management).
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use rtgt_backstore::Latch;
 use rtgt_transport::cm::{Cm, CmConn, CmError, ConnParams};
 use rtgt_transport::verbs::{
     Access, Cq, Mr, Pd, Qp, QpInitAttr, QpType, RecvWr, Region, SendFlags, SendOp, SendWr,
@@ -96,8 +97,7 @@ pub struct Initiator {
     inner: Mutex<Inner>,
     next_tag: AtomicU64,
     next_wr: AtomicU64,
-    closed: AtomicBool,
-    closed_notify: tokio::sync::Notify,
+    closed: Latch,
     pub stats: InitiatorStats,
     /// Read buffers of finished commands, for the next ones.
     buffers: crate::buffers::ReadBuffers,
@@ -302,8 +302,7 @@ impl Initiator {
             inner: Mutex::new(Inner::default()),
             next_tag: AtomicU64::new(1),
             next_wr: AtomicU64::new(SEND_WR_BASE),
-            closed: AtomicBool::new(false),
-            closed_notify: tokio::sync::Notify::new(),
+            closed: Latch::default(),
             buffers: Default::default(),
             stats: InitiatorStats::default(),
         });
@@ -319,18 +318,12 @@ impl Initiator {
     }
 
     pub fn is_closed(&self) -> bool {
-        self.closed.load(Ordering::Acquire)
+        self.closed.is_set()
     }
 
     /// Resolves when the channel closed (QP error, SRP_T_LOGOUT).
     pub async fn closed(&self) {
-        loop {
-            let n = self.closed_notify.notified();
-            if self.is_closed() {
-                return;
-            }
-            n.await;
-        }
+        self.closed.wait().await
     }
 
     fn repost(&self, slot: u32) -> Result<(), VerbsError> {
@@ -342,14 +335,13 @@ impl Initiator {
     }
 
     fn close(&self) {
-        self.closed.store(true, Ordering::Release);
+        self.closed.set();
         let mut g = lock(&self.inner);
         g.closed = true;
         g.pending.clear();
         drop(g);
         self.cmd_credits.close();
         self.tmf_credits.close();
-        self.closed_notify.notify_waiters();
     }
 
     async fn completions(self: Arc<Self>) {

@@ -3,7 +3,6 @@
 //! graceful shutdown with Async logout requests, §11.9.1).
 
 use std::io;
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -46,14 +45,11 @@ impl IscsiServer {
         mut shutdown: watch::Receiver<bool>,
     ) -> io::Result<()> {
         loop {
-            let stop = self.shared.stop.notified();
-            tokio::pin!(stop);
-            stop.as_mut().enable();
-            if *shutdown.borrow() || self.shared.is_stopping() {
+            if *shutdown.borrow() {
                 return Ok(());
             }
             tokio::select! {
-                _ = stop => return Ok(()),
+                _ = self.shared.stopping.wait() => return Ok(()),
                 r = listener.accept() => {
                     let (stream, peer) = match r {
                         Ok(x) => x,
@@ -85,8 +81,7 @@ impl IscsiServer {
     /// Stops accepting, asks every session to log out within `grace` (Async Message
     /// event 1), then closes what is left, aborting commands still in flight.
     pub async fn shutdown(&self, grace: Duration) {
-        self.shared.stopping.store(true, Ordering::Release);
-        self.shared.stop.notify_waiters();
+        self.shared.stopping.set();
         let secs = grace.as_secs().clamp(1, u16::MAX as u64) as u16;
         for c in self.shared.conns() {
             if c.session.session_type == SessionType::Normal {

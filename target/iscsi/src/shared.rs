@@ -4,11 +4,11 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use rtgt_backstore::BufPool;
+use rtgt_backstore::{BufPool, Latch};
 
 use rtgt_scsi::core::{IscsiParams, Registry};
 
@@ -39,8 +39,8 @@ pub struct ServerShared {
     pub sessions: Arc<SessionTable>,
     conns: Mutex<HashMap<u64, Arc<Conn>>>,
     next_conn: AtomicU64,
-    pub(super) stopping: AtomicBool,
-    pub(super) stop: tokio::sync::Notify,
+    /// Set when the server stops: no new connections or sessions.
+    pub(super) stopping: Latch,
 }
 
 impl ServerShared {
@@ -51,13 +51,12 @@ impl ServerShared {
             sessions: SessionTable::new(MAX_SESSIONS),
             conns: Mutex::new(HashMap::new()),
             next_conn: AtomicU64::new(1),
-            stopping: AtomicBool::new(false),
-            stop: tokio::sync::Notify::new(),
+            stopping: Latch::default(),
         })
     }
 
     pub fn is_stopping(&self) -> bool {
-        self.stopping.load(Ordering::Acquire)
+        self.stopping.is_set()
     }
 
     /// The context a login on a new connection runs in.

@@ -5,11 +5,11 @@
 //! commands but which way their data goes ([`Controller::data_out_len`]).
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU16, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
-use rtgt_backstore::{BackstoreError, FileSlice, FileSpan, IoBuf, IoErrorKind};
+use rtgt_backstore::{BackstoreError, FileSlice, FileSpan, IoBuf, IoErrorKind, Latch};
 use tokio::sync::Notify;
 
 use crate::admin::{self, ana, cns, feature, log, nidt, IdController, IdNamespace, IDENTIFY_LEN};
@@ -266,8 +266,7 @@ pub struct Controller {
     state: Mutex<State>,
     aers: AtomicU32,
     event: Notify,
-    closed: AtomicBool,
-    close: Notify,
+    closed: Latch,
     /// The counters of the queues attached now, by queue ID.
     queues: Mutex<Vec<(u16, Arc<QueueStats>)>>,
     /// The counters of queues gone, and of commands run outside a queue.
@@ -308,8 +307,7 @@ impl Controller {
             state: Mutex::new(State::default()),
             aers: AtomicU32::new(0),
             event: Notify::new(),
-            closed: AtomicBool::new(false),
-            close: Notify::new(),
+            closed: Latch::default(),
             queues: Mutex::new(Vec::new()),
             retired: QueueStats::default(),
             created: Instant::now(),
@@ -435,25 +433,20 @@ impl Controller {
 
     /// Ends the association: every queue's connection closes.
     pub fn close(&self) {
-        if !self.closed.swap(true, Ordering::SeqCst) {
+        if self.closed.set() {
             tracing::info!(cntlid = self.cntlid, host = %self.host_nqn,
                 subsystem = %self.subsys_nqn(), "controller closed");
         }
-        self.close.notify_waiters();
         self.event.notify_waiters();
     }
 
     pub fn is_closed(&self) -> bool {
-        self.closed.load(Ordering::SeqCst)
+        self.closed.is_set()
     }
 
     /// Resolves once the controller is closed (keep alive expired, the admin queue gone).
     pub async fn closed(&self) {
-        let wait = self.close.notified();
-        if self.is_closed() {
-            return;
-        }
-        wait.await;
+        self.closed.wait().await
     }
 
     fn touch(&self) {
