@@ -205,6 +205,27 @@ pub async fn read_data<R: AsyncRead + Unpin>(
     Ok(tcp::check_data(dst, &ddgst[..l.ddgst], digests))
 }
 
+/// As [`read_data`], the data appended to `dst` (read into its spare capacity, not zeroed
+/// first): a host gathering a read's C2HData PDUs in order.
+pub async fn read_data_appending<R: AsyncRead + Unpin>(
+    rd: &mut R,
+    l: &tcp::Layout,
+    digests: Digests,
+    dst: &mut Vec<u8>,
+) -> std::io::Result<bool> {
+    let mut pad = [0u8; 256];
+    rd.read_exact(&mut pad[..l.pad]).await?;
+    let start = dst.len();
+    dst.reserve_exact(l.data);
+    let got = rd.take(l.data as u64).read_to_end(dst).await?;
+    if got < l.data {
+        return Err(std::io::ErrorKind::UnexpectedEof.into());
+    }
+    let mut ddgst = [0u8; tcp::DIGEST_LEN];
+    rd.read_exact(&mut ddgst[..l.ddgst]).await?;
+    Ok(tcp::check_data(&dst[start..], &ddgst[..l.ddgst], digests))
+}
+
 /// Reads one whole PDU into `b` (reused from PDU to PDU), as [`read_head`] checks it.
 pub async fn read_pdu<R: AsyncRead + Unpin>(
     rd: &mut R,

@@ -87,10 +87,65 @@ enum Reply {
     Rejected(u8),
 }
 
+/// A read's data as Data-In PDUs bring it over TCP: the first PDU's data as it came while
+/// it is the only one at offset 0 (a whole read in one PDU is never copied), else placed by
+/// offset into memory of the read's length.
+struct ReadData {
+    /// The most the command reads.
+    len: usize,
+    first: Option<Bytes>,
+    placed: Vec<u8>,
+    /// The end of the furthest data received.
+    received: usize,
+}
+
+impl ReadData {
+    fn new(len: usize) -> ReadData {
+        ReadData {
+            len,
+            first: None,
+            placed: Vec::new(),
+            received: 0,
+        }
+    }
+
+    /// Takes `data` at offset `off`; false if it goes beyond the read's length.
+    fn put(&mut self, off: usize, data: &Bytes) -> bool {
+        let Some(end) = off.checked_add(data.len()).filter(|&e| e <= self.len) else {
+            return false;
+        };
+        if off == 0 && self.received == 0 {
+            self.first = Some(data.clone());
+        } else {
+            if let Some(f) = self.first.take() {
+                self.placed = f.to_vec();
+            }
+            if self.placed.len() < end {
+                self.placed.resize(end, 0);
+            }
+            self.placed[off..end].copy_from_slice(data);
+        }
+        self.received = self.received.max(end);
+        true
+    }
+
+    /// The data received, up to the end of the furthest (gaps read as zeros).
+    fn finish(self) -> Bytes {
+        match self.first {
+            Some(f) => f,
+            None => {
+                let mut v = self.placed;
+                v.truncate(self.received);
+                v.into()
+            }
+        }
+    }
+}
+
 struct ScsiPending {
     tx: oneshot::Sender<Result<ScsiResult, IscsiError>>,
-    data_in: Vec<u8>,
-    received: usize,
+    /// Over TCP (over iSER the data lands in the command's registered buffer).
+    data_in: ReadData,
     next_data_sn: u32,
     write: Option<Bytes>,
     lun: [u8; 8],
@@ -586,13 +641,7 @@ impl Session {
         let pending = |_| {
             Pending::Scsi(ScsiPending {
                 tx,
-                // Over iSER the data lands in the command's registered buffer.
-                data_in: if mem.is_some() {
-                    Vec::new()
-                } else {
-                    vec![0; in_len as usize]
-                },
-                received: 0,
+                data_in: ReadData::new(if mem.is_some() { 0 } else { in_len as usize }),
                 next_data_sn: 0,
                 write: write.clone(),
                 lun: lun_b,
@@ -1082,7 +1131,7 @@ fn handle_pdu(inner: &Arc<Inner>, pdu: RxPdu, invalidated: Option<u32>) -> Resul
     }
 }
 
-fn data_in(inner: &Arc<Inner>, d: DataIn, data: &[u8]) -> Result<(), IscsiError> {
+fn data_in(inner: &Arc<Inner>, d: DataIn, data: &Bytes) -> Result<(), IscsiError> {
     update_sequence(
         inner,
         d.status_present.then_some(d.stat_sn),
@@ -1096,10 +1145,7 @@ fn data_in(inner: &Arc<Inner>, d: DataIn, data: &[u8]) -> Result<(), IscsiError>
     let off = d.buffer_offset as usize;
     let bad = if d.data_sn != p.next_data_sn {
         Some("Data-In DataSN out of order")
-    } else if off
-        .checked_add(data.len())
-        .is_none_or(|e| e > p.data_in.len())
-    {
+    } else if !p.data_in.put(off, data) {
         Some("Data-In beyond the expected length")
     } else {
         None
@@ -1110,17 +1156,14 @@ fn data_in(inner: &Arc<Inner>, d: DataIn, data: &[u8]) -> Result<(), IscsiError>
         }
         return Ok(());
     }
-    p.data_in[off..off + data.len()].copy_from_slice(data);
-    p.received = p.received.max(off + data.len());
     p.next_data_sn = p.next_data_sn.wrapping_add(1);
     if d.status_present {
-        if let Some(Pending::Scsi(mut p)) = st.pending.remove(&d.itt) {
-            p.data_in.truncate(p.received);
+        if let Some(Pending::Scsi(p)) = st.pending.remove(&d.itt) {
             let _ = p.tx.send(Ok(ScsiResult {
                 response: 0,
                 status: d.status,
                 sense: Vec::new(),
-                data: p.data_in.into(),
+                data: p.data_in.finish(),
                 overflow: d.overflow,
                 underflow: d.underflow,
                 residual: d.residual,
@@ -1155,10 +1198,7 @@ fn scsi_response(inner: &Inner, r: ScsiResponse, data: &[u8], invalidated: Optio
             };
             m.into_read_data(n)
         }
-        None => {
-            p.data_in.truncate(p.received);
-            p.data_in.into()
-        }
+        None => p.data_in.finish(),
     };
     let _ = p.tx.send(Ok(ScsiResult {
         response: r.response,
@@ -1291,6 +1331,39 @@ pub async fn resolve(host: &str, port: u16) -> Result<SocketAddr, IscsiError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn read_data_keeps_a_whole_pdu_and_places_the_others() {
+        let whole = Bytes::from(vec![7u8; 4096]);
+        let mut r = ReadData::new(4096);
+        assert!(r.put(0, &whole));
+        let got = r.finish();
+        assert_eq!(
+            got.as_ptr(),
+            whole.as_ptr(),
+            "one PDU with it all: not copied"
+        );
+
+        // Out of order, with a gap: placed by offset, the gap zero, up to the furthest.
+        let mut r = ReadData::new(8192);
+        assert!(r.put(0, &Bytes::from(vec![1u8; 1024])));
+        assert!(r.put(2048, &Bytes::from(vec![2u8; 1024])));
+        assert!(
+            !r.put(8000, &Bytes::from(vec![3u8; 1024])),
+            "beyond the length"
+        );
+        let got = r.finish();
+        assert_eq!(got.len(), 3072);
+        assert!(got[..1024].iter().all(|&b| b == 1));
+        assert!(got[1024..2048].iter().all(|&b| b == 0));
+        assert!(got[2048..].iter().all(|&b| b == 2));
+        // First at an offset, then at 0.
+        let mut r = ReadData::new(2048);
+        assert!(r.put(1024, &Bytes::from(vec![5u8; 1024])));
+        assert!(r.put(0, &Bytes::from(vec![4u8; 1024])));
+        let got = r.finish();
+        assert_eq!((got.len(), got[0], got[2047]), (2048, 4, 5));
+    }
 
     #[test]
     fn urls() {

@@ -635,11 +635,16 @@ async fn read_loop(
                 .map(|f| std::mem::take(&mut f.data));
             let mut data = taken.unwrap_or_default();
             let end = offset as usize + l.data;
-            if data.len() < end {
-                data.resize(end, 0);
-            }
-            match tcp_queue::read_data(&mut rd, &l, digests, &mut data[offset as usize..end]).await
-            {
+            // In order (as controllers send them), appended without zeroing first.
+            let read = if offset as usize == data.len() {
+                tcp_queue::read_data_appending(&mut rd, &l, digests, &mut data).await
+            } else {
+                if data.len() < end {
+                    data.resize(end, 0);
+                }
+                tcp_queue::read_data(&mut rd, &l, digests, &mut data[offset as usize..end]).await
+            };
+            match read {
                 Ok(true) => {}
                 Ok(false) | Err(_) => {
                     fail_all(&flights, &|| protocol("C2HData lost or failed its digest"));
